@@ -1,0 +1,1 @@
+"""Sans-I/O codecs: framing, serialization, compression. No asyncio, no sockets."""

@@ -1,0 +1,287 @@
+"""Node settings: TOML file -> validated dataclasses, with ``AIONET_<SECTION>_<KEY>`` overrides.
+
+Plain dataclasses rather than pydantic: the schema is small and flat, import time stays low
+(``aionet`` is imported by every worker process), and we control the error text exactly
+(unknown keys are named, with the closest valid key suggested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+ENV_PREFIX = "AIONET_"
+
+
+@dataclass
+class NodeSection:
+    name: str = ""
+    listen: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:0"])
+    join: list[str] = field(default_factory=list)
+    advertise: str = ""
+
+
+@dataclass
+class TransportSection:
+    tcp: dict[str, Any] = field(default_factory=dict)
+    zmq: dict[str, Any] = field(default_factory=dict)
+    inproc: dict[str, Any] = field(default_factory=dict)
+    ucx: dict[str, Any] = field(default_factory=dict)
+    rdma: dict[str, Any] = field(default_factory=dict)
+    connect_timeout: float = 5.0
+
+
+@dataclass
+class CodecSection:
+    compression: str = "none"  # "none" | "lz4"
+    compress_min_bytes: int = 65536
+    oob_min_bytes: int = 2048  # bytes-like objects at least this large travel out of band
+
+
+@dataclass
+class LimitsSection:
+    max_message_bytes: int = 16 * 2**30  # one message, all frames together
+    max_frame_bytes: int = 16 * 2**30  # one out-of-band buffer
+    max_header_bytes: int = 16 * 2**20  # frame 0 (the msgpack header)
+    max_frames: int = 4096  # buffers per message
+    max_str_len: int = 16 * 2**20
+    max_bin_len: int = 16 * 2**20
+    max_array_len: int = 2**20
+    max_map_len: int = 2**20
+    max_depth: int = 64
+
+
+@dataclass
+class LinkSection:
+    max_inflight_bytes: int = 256 * 2**20
+    mailbox_size: int = 65536  # messages per mailbox before senders are back-pressured
+    handshake_timeout: float = 5.0
+    give_up_after: float = 30.0
+
+
+@dataclass
+class HeartbeatSection:
+    interval: float = 0.2
+    phi_threshold: float = 8.0
+
+
+@dataclass
+class SchedulerSection:
+    policy: str = "least-loaded"
+
+
+@dataclass
+class SecuritySection:
+    token_file: str = ""
+    token: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    allow_pickle: bool = False
+
+
+@dataclass
+class HttpSection:
+    port: int = 0
+
+
+@dataclass
+class LogSection:
+    level: str = "info"
+    format: str = "console"  # "console" | "json"
+
+
+@dataclass
+class Config:
+    node: NodeSection = field(default_factory=NodeSection)
+    transport: TransportSection = field(default_factory=TransportSection)
+    codec: CodecSection = field(default_factory=CodecSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+    link: LinkSection = field(default_factory=LinkSection)
+    heartbeat: HeartbeatSection = field(default_factory=HeartbeatSection)
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
+    http: HttpSection = field(default_factory=HttpSection)
+    log: LogSection = field(default_factory=LogSection)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Config:
+        """Build from a nested mapping (as read from TOML), then apply environment overrides."""
+        cfg = cls()
+        _apply(cfg, data, where="")
+        if env is None:
+            env = os.environ
+        apply_env(cfg, env)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
+        p = Path(path)
+        try:
+            with p.open("rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {p}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: invalid TOML: {exc}") from exc
+        try:
+            return cls.from_dict(data, env=env)
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
+
+    def validate(self) -> None:
+        if self.codec.compression not in ("none", "lz4"):
+            raise ConfigError(f"codec.compression must be 'none' or 'lz4', not {self.codec.compression!r}")
+        for name in ("max_message_bytes", "max_frame_bytes", "max_header_bytes", "max_frames"):
+            if getattr(self.limits, name) <= 0:
+                raise ConfigError(f"limits.{name} must be positive")
+        if self.heartbeat.interval <= 0:
+            raise ConfigError("heartbeat.interval must be positive")
+        if self.link.max_inflight_bytes <= 0:
+            raise ConfigError("link.max_inflight_bytes must be positive")
+        if isinstance(self.node.listen, str):
+            self.node.listen = [self.node.listen]
+        if self.log.format not in ("console", "json"):
+            raise ConfigError(f"log.format must be 'console' or 'json', not {self.log.format!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_token(self) -> bytes | None:
+        """The cluster secret, from ``security.token`` or ``security.token_file``; None if unset."""
+        if self.security.token:
+            return self.security.token.encode()
+        if self.security.token_file:
+            try:
+                return Path(self.security.token_file).read_bytes().strip()
+            except OSError as exc:
+                raise ConfigError(f"security.token_file: {exc}") from exc
+        return None
+
+
+def _section_types(section: Any) -> dict[str, Any]:
+    return typing.get_type_hints(type(section))
+
+
+def _suggest(key: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(key, options, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _apply(cfg: Config, data: Mapping[str, Any], where: str) -> None:
+    sections = {f.name: f for f in dataclasses.fields(cfg)}
+    unknown = [k for k in data if k not in sections]
+    if unknown:
+        k = unknown[0]
+        raise ConfigError(
+            f"unknown config section{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+            f"{_suggest(k, list(sections))}; valid sections: {', '.join(sections)}"
+        )
+    for sname, values in data.items():
+        section = getattr(cfg, sname)
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"[{sname}] must be a table")
+        types = _section_types(section)
+        bad = [k for k in values if k not in types]
+        if bad:
+            raise ConfigError(
+                f"unknown key{'s' if len(bad) > 1 else ''} {', '.join(f'{sname}.{k}' for k in bad)}"
+                f"{_suggest(bad[0], list(types))}; valid keys in [{sname}]: {', '.join(types)}"
+            )
+        for key, value in values.items():
+            setattr(section, key, _coerce(value, types[key], f"{sname}.{key}"))
+
+
+def _coerce(value: Any, typ: Any, name: str) -> Any:
+    origin = typing.get_origin(typ)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{name} must be a boolean, not {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} must be an integer, not {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be an integer, not {value!r}") from None
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} must be a number, not {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a number, not {value!r}") from None
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, not {value!r}")
+        return value
+    if origin is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{name} must be a list of strings, not {value!r}")
+        return list(value)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{name} must be a table, not {value!r}")
+        return dict(value)
+    return value
+
+
+def apply_env(cfg: Config, env: Mapping[str, str]) -> None:
+    """Apply ``AIONET_<SECTION>_<KEY>=value`` overrides; unknown AIONET_ names are an error."""
+    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    for var, raw in env.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        rest = var[len(ENV_PREFIX) :].lower()
+        sname, _, key = rest.partition("_")
+        if sname not in sections or not key:
+            continue  # not a config override (e.g. AIONET_LOG_LEVEL handled as log.level below)
+        section = sections[sname]
+        types = _section_types(section)
+        if key not in types:
+            raise ConfigError(f"environment variable {var}: unknown key {sname}.{key}{_suggest(key, list(types))}")
+        typ = types[key]
+        value: Any = raw
+        if typing.get_origin(typ) is dict:
+            import json
+
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                raise ConfigError(f"environment variable {var} must be a JSON object") from None
+        setattr(section, key, _coerce(value, typ, f"{sname}.{key} (from {var})"))
+
+
+def parse_size(text: str | int) -> int:
+    """'2GiB' -> 2147483648. Accepts plain integers and B/KiB/MiB/GiB/TiB/KB/MB/GB suffixes."""
+    if isinstance(text, int):
+        return text
+    s = text.strip().lower().replace(" ", "")
+    units = {"tib": 2**40, "gib": 2**30, "mib": 2**20, "kib": 2**10, "tb": 10**12, "gb": 10**9,
+             "mb": 10**6, "kb": 10**3, "b": 1}
+    for suffix, mult in units.items():
+        if s.endswith(suffix):
+            try:
+                return int(float(s[: -len(suffix)]) * mult)
+            except ValueError:
+                break
+    try:
+        return int(s)
+    except ValueError:
+        raise ConfigError(f"not a size: {text!r}") from None

@@ -1,0 +1,102 @@
+"""Exceptions users catch. Every aionet error derives from :class:`AionetError`.
+
+Library errors from below (OSError, zmq.ZMQError, msgpack errors, ...) are mapped to these
+types at the transport/codec boundary so that callers never depend on which transport ran.
+"""
+
+from __future__ import annotations
+
+
+class AionetError(Exception):
+    """Base class of every error raised by aionet."""
+
+
+class ConfigError(AionetError, ValueError):
+    """Invalid configuration: unknown key, wrong type, bad value."""
+
+
+class ProtocolError(AionetError):
+    """The peer sent bytes that violate the wire protocol; the connection is closed."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame, header or message announced a size above the configured limit."""
+
+
+class TooManyFrames(ProtocolError):
+    """A message announced more out-of-band buffers than the configured limit."""
+
+
+class BadMagic(ProtocolError):
+    """The stream does not start with aionet's magic bytes (not an aionet peer)."""
+
+
+class UnsupportedVersion(ProtocolError):
+    """The peer speaks a protocol version this node does not understand."""
+
+
+class DecodeError(ProtocolError):
+    """A header or payload could not be decoded (malformed msgpack, missing buffer, ...)."""
+
+
+class HandshakeError(ProtocolError):
+    """The connection handshake failed (wrong version, duplicate name, timeout, ...)."""
+
+
+class SerializationError(AionetError, TypeError):
+    """An object cannot be serialized (unsupported type, pickle disabled, ...)."""
+
+
+class TransportError(AionetError, ConnectionError):
+    """A transport-level failure: connect refused, connection lost, ..."""
+
+
+class ConnectionClosed(TransportError):
+    """The connection was closed (by us, by the peer, or because the peer died)."""
+
+
+class TransportUnavailable(AionetError):
+    """A transport cannot run here (missing library, no device, unknown URL scheme)."""
+
+
+class PeerUnavailable(AionetError):
+    """A peer is dead, unknown or unreachable past its deadline."""
+
+
+class RemoteError(AionetError):
+    """A remote handler raised. Carries the remote exception type, message and traceback."""
+
+    def __init__(self, remote_type: str, message: str, traceback: str = "", peer: str = ""):
+        self.remote_type = remote_type
+        self.remote_message = message
+        self.remote_traceback = traceback
+        self.peer = peer
+        where = f" on {peer}" if peer else ""
+        super().__init__(f"{remote_type}{where}: {message}")
+
+    def __reduce__(self):  # keep picklable for users' own process pools
+        return (type(self), (self.remote_type, self.remote_message, self.remote_traceback, self.peer))
+
+
+class TaskError(AionetError):
+    """A task failed: not importable, raised, or exhausted its retries."""
+
+
+__all__ = [
+    "AionetError",
+    "BadMagic",
+    "ConfigError",
+    "ConnectionClosed",
+    "DecodeError",
+    "FrameTooLarge",
+    "HandshakeError",
+    "PeerUnavailable",
+    "ProtocolError",
+    "RemoteError",
+    "SerializationError",
+    "TaskError",
+    "TooManyFrames",
+    "TransportError",
+    "TransportUnavailable",
+    "UnsupportedVersion",
+]

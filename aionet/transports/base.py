@@ -1,0 +1,143 @@
+"""The transport contract: move *messages*, each a list of frames, between two endpoints.
+
+A transport knows frames, never envelopes, peers or services. Every transport implements
+the three classes below and passes ``tests/test_transport_conformance.py``.
+
+Buffer ownership: ``await Connection.send(frames)`` returns once the transport no longer
+needs the caller's buffers (they were copied or written to the kernel), except for
+zero-copy in-process transports, which hand the very same buffer objects to the receiver
+(document such sharing in the transport's docstring). Received frames are ``bytes``,
+``bytearray`` or ``memoryview``; large ones are writable and owned by the receiver.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
+
+from ..errors import TransportUnavailable
+
+if TYPE_CHECKING:
+    from ..config import LimitsSection
+
+Buffer = bytes | bytearray | memoryview
+Message = list[Buffer]
+ConnectionHandler = Callable[["Connection"], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Address:
+    """A parsed transport URL: ``scheme://host:port`` or ``scheme://name`` or ``scheme:///path``."""
+
+    scheme: str
+    host: str
+    port: int | None
+    path: str
+
+    @classmethod
+    def parse(cls, url: str) -> Address:
+        if "://" not in url:
+            raise TransportUnavailable(f"not a transport URL (expected scheme://...): {url!r}")
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        try:
+            port = parts.port
+        except ValueError:
+            raise TransportUnavailable(f"bad port in {url!r}") from None
+        host = parts.hostname or ""
+        if parts.netloc.startswith("[") and host:  # keep IPv6 literals bracket-free
+            host = host.strip("[]")
+        return cls(scheme=scheme, host=host, port=port, path=parts.path)
+
+    def url(self) -> str:
+        if self.port is not None:
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            return f"{self.scheme}://{host}:{self.port}{self.path}"
+        return f"{self.scheme}://{self.host}{self.path}"
+
+
+class Connection(abc.ABC):
+    """One bidirectional, ordered, reliable message stream (while it lives)."""
+
+    #: True when frames may be device (GPU) buffers that this transport moves natively.
+    moves_device_memory: ClassVar[bool] = False
+
+    local_address: str = ""
+    peer_address: str = ""
+
+    @abc.abstractmethod
+    async def send(self, frames: Sequence[Buffer]) -> None:
+        """Send one message (a list of 0..N frames). Waits while the peer is slow
+        (back-pressure). Raises :class:`~aionet.errors.ConnectionClosed` if closed."""
+
+    @abc.abstractmethod
+    async def recv(self) -> Message:
+        """Receive one message. Raises ConnectionClosed at the end of the stream or when
+        the connection failed (the exception's ``__cause__`` says why)."""
+
+    async def recv_many(self) -> list[Message]:
+        """Receive at least one message, plus whatever else is already buffered.
+
+        Transports override this to drain without one await per message."""
+        return [await self.recv()]
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close both directions; idempotent. Pending ``recv`` calls raise ConnectionClosed."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool: ...
+
+    def abort(self) -> None:
+        """Close immediately without flushing (used on protocol violations). Default: schedule close."""
+        import asyncio
+
+        asyncio.get_running_loop().create_task(self.close())
+
+    def extra_info(self) -> dict[str, Any]:
+        """Transport-specific details for ``aionet.info`` (e.g. write buffer size)."""
+        return {}
+
+
+class Listener(abc.ABC):
+    """A bound endpoint accepting connections; reports the address it really bound."""
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> str:
+        """The bound URL (port 0 replaced by the actual port)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop accepting; idempotent. Established connections are not closed by this."""
+
+
+class Transport(abc.ABC):
+    """Factory for listeners and connections of one URL scheme (or family of schemes)."""
+
+    schemes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, options: dict[str, Any] | None = None, limits: LimitsSection | None = None):
+        from ..config import LimitsSection
+
+        self.options: dict[str, Any] = dict(options or {})
+        self.limits: LimitsSection = limits or LimitsSection()
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise TransportUnavailable naming what is missing if this cannot run here."""
+
+    @abc.abstractmethod
+    async def listen(self, url: str, handler: ConnectionHandler) -> Listener:
+        """Bind ``url`` and call ``handler(conn)`` (as a task) for each accepted connection."""
+
+    @abc.abstractmethod
+    async def connect(self, url: str, *, timeout: float | None = None) -> Connection:
+        """Open a connection to a listener at ``url``. Raises TransportError on failure."""
+
+    async def aclose(self) -> None:
+        """Release transport-wide resources (contexts, workers). Idempotent."""
