@@ -15,8 +15,13 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+from .config import Config  # noqa: E402
+from .node import Node  # noqa: E402
+
 __all__ = [
     "AionetError",
+    "Config",
+    "Node",
     "ConfigError",
     "ConnectionClosed",
     "PeerUnavailable",

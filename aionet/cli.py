@@ -119,7 +119,7 @@ def info(url: str, config: str | None, timeout: float) -> None:
 
     try:
         out = run(go())
-    except (AionetError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, AionetError, OSError) as exc:
         raise click.ClickException(f"{url}: {exc}") from None
     click.echo(json.dumps(out, indent=2, default=str))
 

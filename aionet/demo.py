@@ -154,7 +154,7 @@ async def _demo(size_mb: int, scheme: str) -> int:
         for p in procs:
             try:
                 codes.append(await asyncio.wait_for(p.wait(), 15))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 _kill(p)
                 codes.append(await p.wait())
     clean = all(c == 0 for c in codes)

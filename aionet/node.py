@@ -1,15 +1,15 @@
-"""Node: the public object. Owns listeners, connections to peers, the router and services."""
+"""Node: the public object. Owns listeners, per-peer reliable links, the router and services."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import __version__
@@ -18,14 +18,13 @@ from .codecs.serialize import Serializer
 from .config import Config
 from .errors import (
     AionetError,
-    ConfigError,
     ConnectionClosed,
     HandshakeError,
     PeerUnavailable,
     ProtocolError,
-    SerializationError,
     TransportError,
 )
+from .link import ACK, Link, close_conn, nbytes_of
 from .log import get_logger
 from .router import BYE, ERR, PEERS, REP, REQ, SEND, Router
 from .transports.base import Address, Connection, Listener
@@ -33,6 +32,7 @@ from .transports.registry import TransportRegistry
 
 _SERVICE_INFO = "aionet.info"
 _SERVICE_ECHO = "aionet.echo"
+MAX_UNAUTHENTICATED = 64
 
 
 @dataclass
@@ -51,16 +51,23 @@ class _Conn:
 class _Peer:
     name: str
     addresses: list[str] = field(default_factory=list)
-    node_id: str = ""
-    conns: list[_Conn] = field(default_factory=list)
-    dialing: asyncio.Future[_Conn] | None = None
-    left: bool = False
+    link: Link | None = None
+    dialing: asyncio.Future[Link] | None = None
+    pending_tx: str = ""  # stream id promised in a handshake before the link existed
 
-    def current(self) -> _Conn | None:
-        for c in self.conns:
-            if not c.conn.closed:
-                return c
-        return None
+
+def _is_local(address: str) -> bool:
+    """True for peers on this host: loopback IPs, inproc, ipc."""
+    try:
+        a = Address.parse(address)
+    except AionetError:
+        return False
+    if a.scheme in ("inproc", "zmq+ipc"):
+        return True
+    try:
+        return ipaddress.ip_address(a.host).is_loopback
+    except ValueError:
+        return a.host == "localhost"
 
 
 class Node:
@@ -70,7 +77,7 @@ class Node:
         self,
         name: str | None = None,
         listen: str | Sequence[str] | None = None,
-        join: Sequence[str] | None = None,
+        join: str | Sequence[str] | None = None,
         advertise: str | None = None,
         *,
         config: Config | None = None,
@@ -95,14 +102,18 @@ class Node:
         self.serializer = Serializer.from_config(cfg)
         self.transports = TransportRegistry(transports)
         self.router = Router(self.name, cfg.link.mailbox_size, self.log)
+        self._token = cfg.load_token()
         self._peers: dict[str, _Peer] = {}
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_conn_id = 0
+        self._unauthenticated = 0
         self._started_at = 0.0
         self._running = False
         self._closing = False
         self._compression = cfg.codec.compression != "none"
+        self._control_handlers: dict[int, Callable[[str, list[Any]], None]] = {}
+        self._conn_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, lambda _arg: self.info())
 
@@ -126,6 +137,8 @@ class Node:
             return
         self._started_at = time.time()
         self._running = True
+        if self._token is None:
+            self.log.warning("no cluster token configured: accepting connections from this host only")
         try:
             for url in self.config.node.listen:
                 transport = self._transport(url)
@@ -164,14 +177,15 @@ class Node:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
-        conns = [c for p in self._peers.values() for c in p.conns]
-        bye = self.serializer.dumps([BYE])
-        for c in conns:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(c.conn.send(bye), 1.0)
-        for c in conns:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(c.conn.close(), 2.0)
+        links = [p.link for p in self._peers.values() if p.link is not None and p.link.dead is None]
+        byes = [asyncio.ensure_future(self._say_bye(link)) for link in links if link.current is not None]
+        if byes:
+            await asyncio.wait(byes, timeout=2.0)
+        for link in links:
+            link.left = True
+            for c in list(link.conns):
+                await close_conn(c.conn)
+            link.fail(PeerUnavailable(f"{link.peer}: local node is shutting down"))
         self.router.fail_all("local node is shutting down")
         for t in list(self._tasks):
             t.cancel()
@@ -180,6 +194,11 @@ class Node:
         await self.transports.aclose()
         self._running = False
         self.log.info("stopped")
+
+    async def _say_bye(self, link: Link) -> None:
+        with contextlib.suppress(Exception):
+            await link.send(BYE, [])
+            await link.wait_acked(link.state.next_seq - 1)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -203,21 +222,50 @@ class Node:
     def peers(self) -> dict[str, dict[str, Any]]:
         """Known peers: name -> {addresses, connected}."""
         return {
-            n: {"addresses": list(p.addresses), "connected": p.current() is not None, "left": p.left}
+            n: {"addresses": list(p.addresses), "connected": p.link is not None and p.link.current is not None}
             for n, p in self._peers.items()
         }
 
+    def _state(self, p: _Peer) -> str:
+        link = p.link
+        if link is None:
+            return "unknown"
+        if link.left:
+            return "left"
+        if link.dead is not None:
+            return "dead"
+        return "alive" if link.current is not None else "suspect"
+
     def members(self) -> dict[str, dict[str, Any]]:
-        """name -> state and address, this node included (full membership comes with heartbeats)."""
+        """name -> state and addresses, this node included."""
         out: dict[str, dict[str, Any]] = {
             self.name: {"state": "alive", "addresses": self._advertised(), "self": True}
         }
         for n, p in self._peers.items():
-            state = "left" if p.left else ("alive" if p.current() is not None else "unknown")
-            out[n] = {"state": state, "addresses": list(p.addresses), "self": False}
+            out[n] = {"state": self._state(p), "addresses": list(p.addresses), "self": False}
         return out
 
     def info(self) -> dict[str, Any]:
+        peers: dict[str, Any] = {}
+        for n, p in self._peers.items():
+            link = p.link
+            conns = [
+                {
+                    "outgoing": c.outgoing,
+                    "local": c.conn.local_address,
+                    "remote": c.conn.peer_address,
+                    "compress": c.compress,
+                    **c.conn.extra_info(),
+                }
+                for c in (link.conns if link else [])
+                if not c.conn.closed
+            ]
+            peers[n] = {
+                "state": self._state(p),
+                "addresses": list(p.addresses),
+                "link": link.info() if link else None,
+                "connections": conns,
+            }
         return {
             "name": self.name,
             "node_id": self.node_id,
@@ -228,24 +276,9 @@ class Node:
             "advertise": self.config.node.advertise or None,
             "transports": sorted({Address.parse(a).scheme for a in self.addresses}),
             "uptime": time.time() - self._started_at if self._started_at else 0.0,
-            "peers": {
-                n: {
-                    "addresses": list(p.addresses),
-                    "connections": [
-                        {
-                            "outgoing": c.outgoing,
-                            "local": c.conn.local_address,
-                            "remote": c.conn.peer_address,
-                            "compress": c.compress,
-                            **c.conn.extra_info(),
-                        }
-                        for c in p.conns
-                        if not c.conn.closed
-                    ],
-                }
-                for n, p in self._peers.items()
-            },
+            "peers": peers,
             "services": sorted(self.router.services),
+            "mailboxes": {ch: mb.qsize() for ch, mb in self.router.mailboxes.items()},
         }
 
     # ------------------------------------------------------------------ services & types
@@ -265,18 +298,59 @@ class Node:
         """Register a dataclass so instances travel (do it on every node that sends or receives it)."""
         return self.serializer.register(cls, name)
 
+    # ------------------------------------------------------------------ hooks for services
+    def add_control_handler(self, kind: int, fn: Callable[[str, list[Any]], None]) -> None:
+        """Handle unsequenced control envelopes ``[kind, ...]`` (kind >= 11) from peers,
+        e.g. heartbeats: ``fn(peer_name, envelope)`` runs inline on the reader; keep it quick."""
+        if kind < 11 or kind in self._control_handlers:
+            raise ValueError(f"control kind {kind} is reserved or taken")
+        self._control_handlers[kind] = fn
+
+    def send_control(self, peer: str, envelope: list[Any]) -> bool:
+        """Best-effort, unsequenced, not replayed (heartbeats, probes). False if not connected."""
+        p = self._peers.get(peer)
+        link = p.link if p is not None else None
+        if link is None or link.current is None or link.dead is not None:
+            return False
+        link.send_control(self.serializer.dumps(envelope))
+        return True
+
+    def on_connection_event(self, fn: Callable[[str, str, dict[str, Any]], None]) -> None:
+        """``fn(peer, event, details)`` for event in "connected", "lost", "left", "dead".
+        "lost" details carry ``reason`` and ``reset`` (True when the peer's socket was reset
+        or refused: usually a killed process)."""
+        self._conn_listeners.append(fn)
+
+    def _emit(self, peer: str, event: str, **details: Any) -> None:
+        for fn in list(self._conn_listeners):
+            try:
+                fn(peer, event, details)
+            except Exception as exc:  # a listener bug must not break the reader
+                self.log.error("connection event listener failed", error=repr(exc))
+
+    def declare_dead(self, peer: str, reason: str) -> None:
+        """Fail the link to ``peer`` now (membership decided it is dead): pending sends and
+        requests raise PeerUnavailable; a later handshake from it starts a fresh link."""
+        p = self._peers.get(peer)
+        if p is not None and p.link is not None and p.link.dead is None:
+            p.link.fail(PeerUnavailable(f"{peer}: declared dead ({reason})"))
+
+    def known_peers(self) -> dict[str, list[str]]:
+        """name -> advertised addresses, for every peer this node has heard of."""
+        return {n: list(p.addresses) for n, p in self._peers.items()}
+
     # ------------------------------------------------------------------ messaging API
     async def send(self, peer: str, channel: str, obj: Any) -> None:
-        """Send ``obj`` to ``peer``'s mailbox ``channel``: ordered per peer, back-pressured."""
+        """Send ``obj`` to ``peer``'s mailbox ``channel``: ordered, exactly once while both
+        nodes live, back-pressured by ``link.max_inflight_bytes``."""
         if peer == self.name:
             await self.router.mailbox(channel).put((self.name, obj))
             return
-        c = await self._conn_to(peer)
-        try:
-            frames = self.serializer.dumps([SEND, channel, obj], compress=c.compress)
-            await c.conn.send(frames)
-        except ConnectionClosed as exc:
-            raise PeerUnavailable(f"{peer}: connection lost while sending: {exc}") from exc
+        p = self._peers.get(peer)
+        link = p.link if p is not None else None
+        if link is None or link.dead is not None:
+            link = await self._link_to(peer)
+        await link.send(SEND, [channel, obj])
 
     async def recv(self, channel: str, timeout: float | None = None) -> Any:
         """Next object from mailbox ``channel`` (any sender)."""
@@ -299,142 +373,217 @@ class Node:
         if peer == self.name:
             coro = self.router.call_local(service, obj)
             return await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
-        c = await self._conn_to(peer)
+        p = self._peers.get(peer)
+        link = p.link if p is not None else None
+        if link is None or link.dead is not None:
+            link = await self._link_to(peer)
         router = self.router
-        rid, fut = router.new_request(peer, c.id)
+        rid, fut = router.new_request(peer)
+        handle = None
+        if timeout is not None:
+            handle = asyncio.get_running_loop().call_later(timeout, _expire, fut, peer, service, timeout)
         try:
-            frames = self.serializer.dumps([REQ, rid, service, obj], compress=c.compress)
-            await c.conn.send(frames)
-        except BaseException as exc:
-            router.forget(rid)
-            if isinstance(exc, ConnectionClosed):
-                raise PeerUnavailable(f"{peer}: connection lost while sending: {exc}") from exc
-            raise
-        if timeout is None:
-            return await fut
-        handle = asyncio.get_running_loop().call_later(timeout, _expire, fut, peer, service, timeout)
-        try:
+            await link.send(REQ, [rid, service, obj])
             return await fut
         finally:
-            handle.cancel()
+            if handle is not None:
+                handle.cancel()
             router.forget(rid)
 
     async def connect(self, url: str) -> str:
         """Dial ``url`` and return the peer's node name (also learns its peers)."""
         return (await self._dial(url)).peer
 
-    # ------------------------------------------------------------------ connections
-    def _transport(self, url: str) -> Any:
-        return self.transports.get(url, self.config.transport.__dict__, self.config.limits)
-
-    async def _conn_to(self, name: str) -> _Conn:
+    # ------------------------------------------------------------------ links
+    async def _link_to(self, name: str) -> Link:
+        """A live link to ``name``, dialing it if needed."""
         p = self._peers.get(name)
-        if p is not None:
-            c = p.current()
-            if c is not None:
-                return c
+        if p is not None and p.link is not None and p.link.dead is None:
+            return p.link
         if not self._running or self._closing:
             raise PeerUnavailable(f"{name}: local node is not running")
         if p is None or not p.addresses:
             known = ", ".join(sorted(self._peers)) or "none"
             raise PeerUnavailable(f"unknown peer {name!r} (known peers: {known})")
-        if p.left:
+        if p.link is not None and p.link.left:
             raise PeerUnavailable(f"{name}: peer has left the cluster")
         if p.dialing is not None:
             return await asyncio.shield(p.dialing)
-        loop = asyncio.get_running_loop()
-        p.dialing = loop.create_future()
+        fut: asyncio.Future[Link] = asyncio.get_running_loop().create_future()
+        p.dialing = fut
         try:
-            errors = []
-            for url in p.addresses:
-                try:
-                    c = await self._dial(url, expect=name)
-                except (TransportError, HandshakeError, OSError, asyncio.TimeoutError) as exc:
-                    errors.append(f"{url}: {exc}")
-                    continue
-                p.dialing.set_result(c)
-                return c
-            err = PeerUnavailable(f"{name}: unreachable ({'; '.join(errors)})")
-            p.dialing.set_exception(err)
-            p.dialing.exception()  # mark retrieved
-            raise err
+            await self._dial_peer(name)
+            link = p.link
+            assert link is not None
+            fut.set_result(link)
+            return link
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()
+            raise
         finally:
             p.dialing = None
 
+    async def _dial_peer(self, name: str) -> None:
+        p = self._peers[name]
+        errors = []
+        for url in list(p.addresses):
+            try:
+                await self._dial(url, expect=name)
+                return
+            except (TimeoutError, TransportError, HandshakeError, OSError) as exc:
+                errors.append(f"{url}: {exc}")
+        raise PeerUnavailable(f"{name}: unreachable ({'; '.join(errors) or 'no address'})")
+
+    def _new_link(self, name: str, tx_id: str = "") -> Link:
+        link = Link(
+            name,
+            dumps=self.serializer.dumps,
+            max_inflight_bytes=self.config.link.max_inflight_bytes,
+            give_up_after=self.config.link.give_up_after,
+            log=self.log,
+            redial=lambda: self._dial_peer(name),
+            on_dead=self._on_link_dead,
+        )
+        if tx_id:
+            link.tx_id = tx_id
+        return link
+
+    def _on_link_dead(self, name: str, exc: BaseException) -> None:
+        self.router.fail_peer(name, exc if isinstance(exc, PeerUnavailable) else PeerUnavailable(str(exc)))
+        link = self._peers[name].link if name in self._peers else None
+        self._emit(name, "left" if link is not None and link.left else "dead", reason=str(exc))
+        if not self._closing and not (link is not None and link.left):
+            self.log.warning("peer link failed", peer=name, error=str(exc))
+
+    def _peer(self, name: str) -> _Peer:
+        p = self._peers.get(name)
+        if p is None:
+            p = self._peers[name] = _Peer(name)
+        return p
+
+    def _live_link(self, name: str, tx_id: str = "") -> Link:
+        """The peer's link, replacing one that died (a fresh stream)."""
+        p = self._peer(name)
+        if p.link is None or p.link.dead is not None:
+            p.link = self._new_link(name, tx_id)
+        return p.link
+
+    # ------------------------------------------------------------------ handshake
+    def _transport(self, url: str) -> Any:
+        return self.transports.get(url, self.config.transport.__dict__, self.config.limits)
+
+    def _hello(self, nonce: bytes, mac: bytes, link_info: dict[str, Any]) -> handshake.Hello:
+        peers = {
+            n: p.addresses for n, p in self._peers.items()
+            if p.addresses and p.link is not None and not p.link.left and p.link.dead is None
+        }
+        features = {"compression": ["lz4"] if self._compression else []}
+        return handshake.Hello(
+            handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, peers,
+            nonce, mac, link_info,
+        )
+
     async def _dial(self, url: str, expect: str | None = None) -> _Conn:
         transport = self._transport(url)
-        timeout = self.config.transport.connect_timeout
-        conn = await transport.connect(url, timeout=timeout)
+        conn = await transport.connect(url, timeout=self.config.transport.connect_timeout)
+        timeout = self.config.link.handshake_timeout
         try:
-            await conn.send([self._hello().encode()])
-            frames = await asyncio.wait_for(conn.recv(), self.config.link.handshake_timeout)
-            hello = handshake.parse(frames)
+            nonce_d = handshake.new_nonce()
+            await conn.send([self._hello(nonce_d, b"", {}).encode()])
+            hello = handshake.parse(await asyncio.wait_for(conn.recv(), timeout))
             if expect is not None and hello.name != expect:
                 raise HandshakeError(f"{url} is node {hello.name!r}, expected {expect!r}")
             if hello.name == self.name:
                 raise HandshakeError(f"{url} is this node itself ({self.name!r}); node names must be unique")
+            expected = handshake.mac(self._token, b"A", nonce_d, hello.nonce, hello.name, self.name)
+            if self._token and not handshake.verify(expected, hello.mac):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.send([handshake.reject("authentication failed")]), 1.0)
+                raise HandshakeError(f"{url}: peer {hello.name!r} failed to prove the cluster token")
+            link = self._live_link(hello.name)
+            notes = link.apply_resume(hello.link, hello.node_id)
+            confirm = handshake.Confirm(
+                handshake.mac(self._token, b"D", hello.nonce, nonce_d, self.name, hello.name), link.resume_info()
+            )
+            await conn.send([confirm.encode()])
         except BaseException as exc:
-            await _close_quietly(conn)
+            await close_conn(conn)
             if isinstance(exc, asyncio.TimeoutError):
-                raise HandshakeError(f"{url}: no handshake reply within the handshake timeout") from None
+                raise HandshakeError(f"{url}: no handshake reply within {timeout} s") from None
             if isinstance(exc, ConnectionClosed):
                 cause = exc.__cause__ or exc
                 raise HandshakeError(f"{url}: connection closed during handshake ({cause})") from exc
             raise
-        return self._register(conn, hello, outgoing=True)
-
-    def _hello(self) -> handshake.Hello:
-        peers = {n: p.addresses for n, p in self._peers.items() if p.addresses and not p.left}
-        features = {"compression": ["lz4"] if self._compression else []}
-        return handshake.Hello(
-            handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, peers
-        )
+        for note in notes:
+            self.log.info("link resumed", peer=hello.name, note=note)
+        return await self._register(conn, hello, link, outgoing=True)
 
     async def _on_accept(self, conn: Connection) -> None:
+        if self._unauthenticated >= MAX_UNAUTHENTICATED:
+            self.log.warning("too many connections in handshake; refusing one", peer=conn.peer_address)
+            await close_conn(conn)
+            return
+        self._unauthenticated += 1
         try:
-            frames = await asyncio.wait_for(conn.recv(), self.config.link.handshake_timeout)
-            hello = handshake.parse(frames)
-            if hello.name == self.name:
-                raise HandshakeError(f"peer uses this node's own name {self.name!r}; names must be unique")
-        except (ProtocolError, ConnectionClosed, asyncio.TimeoutError) as exc:
-            reason = (
-                "no handshake within the handshake timeout" if isinstance(exc, asyncio.TimeoutError) else str(exc)
-            )
+            result = await asyncio.wait_for(self._accept_handshake(conn), self.config.link.handshake_timeout)
+        except (TimeoutError, ProtocolError, ConnectionClosed) as exc:
+            reason = "no complete handshake within the timeout" if isinstance(exc, asyncio.TimeoutError) else str(exc)
             self.log.warning("handshake failed; closing connection", peer=conn.peer_address, error=reason)
             if isinstance(exc, ProtocolError) and not conn.closed:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(conn.send([handshake.reject(reason)]), 1.0)
-            await _close_quietly(conn)
+            await close_conn(conn)
             return
-        if self._closing:
-            await _close_quietly(conn)
+        finally:
+            self._unauthenticated -= 1
+        if result is None or self._closing:
+            await close_conn(conn)
             return
-        try:
-            await conn.send([self._hello().encode()])
-        except ConnectionClosed:
-            await _close_quietly(conn)
-            return
-        self._register(conn, hello, outgoing=False)
+        hello, link = result
+        await self._register(conn, hello, link, outgoing=False)
 
-    def _register(self, conn: Connection, hello: handshake.Hello, outgoing: bool) -> _Conn:
-        p = self._peers.get(hello.name)
-        if p is None:
-            p = self._peers[hello.name] = _Peer(hello.name)
-        is_new_peer = not p.conns and (p.node_id != hello.node_id)
-        p.node_id = hello.node_id
-        p.left = False
+    async def _accept_handshake(self, conn: Connection) -> tuple[handshake.Hello, Link] | None:
+        hello = handshake.parse(await conn.recv())
+        if hello.name == self.name:
+            raise HandshakeError(f"peer uses this node's own name {self.name!r}; names must be unique")
+        if self._token is None and not _is_local(conn.peer_address):
+            raise HandshakeError("this node has no cluster token and accepts local peers only")
+        p = self._peer(hello.name)
+        if p.link is not None and p.link.dead is None:
+            info = p.link.resume_info()
+        else:
+            p.pending_tx = p.pending_tx or uuid.uuid4().hex[:16]
+            info = {"tx": p.pending_tx, "rx": "", "recv": 0}
+        nonce_a = handshake.new_nonce()
+        mac_a = handshake.mac(self._token, b"A", hello.nonce, nonce_a, self.name, hello.name)
+        await conn.send([self._hello(nonce_a, mac_a, info).encode()])
+        confirm = handshake.parse_confirm(await conn.recv())
+        expected = handshake.mac(self._token, b"D", nonce_a, hello.nonce, hello.name, self.name)
+        if self._token and not handshake.verify(expected, confirm.mac):
+            raise HandshakeError(f"peer {hello.name!r} failed to prove the cluster token (wrong token?)")
+        link = self._live_link(hello.name, p.pending_tx)
+        p.pending_tx = ""
+        for note in link.apply_resume(confirm.link, hello.node_id):
+            self.log.info("link resumed", peer=hello.name, note=note)
+        return hello, link
+
+    async def _register(self, conn: Connection, hello: handshake.Hello, link: Link, outgoing: bool) -> _Conn:
+        p = self._peer(hello.name)
+        is_new_peer = p.link is not link or (not link.conns and link.state.next_seq == 1)
         if hello.addresses:
             p.addresses = list(hello.addresses)
         self._next_conn_id += 1
         theirs = hello.features.get("compression", [])
         compress = self._compression and isinstance(theirs, list) and "lz4" in theirs
         c = _Conn(self._next_conn_id, conn, hello.name, outgoing, compress)
-        p.conns.append(c)
         self.log.info(
             "peer connected", peer=hello.name, direction="out" if outgoing else "in", remote=conn.peer_address
         )
         self._learn_peers(hello.peers)
-        self._spawn(self._read_loop(c), name=f"aionet-read-{hello.name}")
+        self._spawn(self._read_loop(c, link), name=f"aionet-read-{hello.name}")
+        await link.attach(c, outgoing)
+        self._emit(hello.name, "connected", outgoing=outgoing, node_id=hello.node_id)
         if is_new_peer:
             self._announce({hello.name: p.addresses}, exclude=hello.name)
         return c
@@ -443,22 +592,17 @@ class Node:
         for name, addrs in table.items():
             if name == self.name or not addrs:
                 continue
-            p = self._peers.get(name)
-            if p is None:
-                self._peers[name] = _Peer(name, list(addrs))
-            elif not p.conns:
+            p = self._peer(name)
+            if p.link is None or p.link.current is None:
                 p.addresses = list(addrs)
 
     def _announce(self, table: dict[str, list[str]], exclude: str) -> None:
         """Tell connected peers about a newly connected one (simple dissemination)."""
         for n, p in self._peers.items():
-            if n == exclude:
+            link = p.link
+            if n == exclude or link is None or link.current is None or link.dead is not None:
                 continue
-            c = p.current()
-            if c is None:
-                continue
-            frames = self.serializer.dumps([PEERS, table])
-            self._spawn(_send_quietly(c.conn, frames), name="aionet-announce")
+            self._spawn(_quiet(link.send(PEERS, [table])), name="aionet-announce")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         t = asyncio.get_running_loop().create_task(coro, name=name)
@@ -466,58 +610,77 @@ class Node:
         t.add_done_callback(self._tasks.discard)
         return t
 
-    async def _read_loop(self, c: _Conn) -> None:
+    # ------------------------------------------------------------------ receiving
+    async def _read_loop(self, c: _Conn, link: Link) -> None:
         conn = c.conn
         loads = self.serializer.loads
         router = self.router
         mailbox = router.mailbox
         peer = c.peer
         why = "connection closed"
+        reset = False
 
-        async def reply(env: list[Any]) -> None:
+        async def reply(kind: int, fields: list[Any]) -> None:
             try:
-                frames = self.serializer.dumps(env, compress=c.compress)
-            except SerializationError as exc:
-                frames = self.serializer.dumps(
-                    [ERR, env[1], "aionet.SerializationError", f"cannot serialize the reply: {exc}", ""]
-                )
-            await conn.send(frames)
+                await link.send(kind, fields)
+            except AionetError as exc:
+                if isinstance(exc, PeerUnavailable):
+                    raise
+                await link.send(ERR, [fields[0], "aionet.SerializationError", f"cannot send the reply: {exc}", ""])
 
         try:
             while True:
                 batch = await conn.recv_many()
+                if link.dead is not None:
+                    break
+                nbytes = 0
                 for frames in batch:
+                    if len(frames) > 1:
+                        nbytes += nbytes_of(frames)
                     env = loads(frames)
                     if type(env) is not list or not env:
                         raise ProtocolError("envelope is not a non-empty list")
                     kind = env[0]
+                    if kind >= ACK:
+                        if kind == ACK:
+                            link.on_ack(env[1])
+                        else:
+                            handler = self._control_handlers.get(kind)
+                            if handler is None:
+                                raise ProtocolError(f"unknown control kind {kind!r}")
+                            handler(peer, env)
+                        continue
+                    if not link.state.on_receive(env[1]):
+                        continue  # duplicate from a replay
+                    if env[2] > link.state.acked:
+                        link.on_ack(env[2])
                     if kind == SEND:
-                        mb = mailbox(env[1])
-                        item = (peer, env[2])
+                        mb = mailbox(env[3])
+                        item = (peer, env[4])
                         if not mb.put_nowait(item):
                             await mb.put(item)  # full mailbox: stop reading -> back-pressure
                     elif kind == REQ:
-                        aw = router.on_request(env, reply)
+                        aw = router.on_request(env[3], env[4], env[5], reply)
                         if aw is not None:
                             await aw
-                    elif kind == REP or kind == ERR:
-                        router.on_reply(env, peer)
+                    elif kind in (REP, ERR):
+                        router.on_reply(kind, env[3], env[4:], peer)
                     elif kind == PEERS:
-                        self._learn_peers(env[1])
+                        self._learn_peers(env[3])
                     elif kind == BYE:
-                        p = self._peers.get(peer)
-                        if p is not None:
-                            p.left = True
                         why = "peer left the cluster"
                         self.log.info("peer left", peer=peer)
+                        link.peer_left()
                     else:
                         raise ProtocolError(f"unknown envelope kind {kind!r}")
+                link.received(nbytes)
         except ConnectionClosed as exc:
             cause = exc.__cause__
             if isinstance(cause, ProtocolError):
                 why = f"protocol error: {cause}"
             elif cause is not None:
                 why = f"connection lost: {cause}"
+                reset = isinstance(cause, (ConnectionResetError, ConnectionRefusedError, BrokenPipeError))
         except (ProtocolError, ValueError, TypeError, IndexError, KeyError) as exc:
             why = f"protocol error: {exc}"
             self.log.warning("bad message from peer; closing connection", peer=peer, error=str(exc))
@@ -526,14 +689,12 @@ class Node:
             why = "local node is shutting down"
             raise
         finally:
-            p = self._peers.get(peer)
-            if p is not None and c in p.conns:
-                p.conns.remove(c)
-            router.fail_conn(c.id, peer, why)
             if not conn.closed:
-                await _close_quietly(conn)
+                await close_conn(conn)
             if not self._closing:
+                link.connection_lost(c)
                 self.log.info("peer connection closed", peer=peer, reason=why)
+                self._emit(peer, "lost", reason=why, reset=reset)
 
 
 def _echo(x: Any) -> Any:
@@ -542,29 +703,9 @@ def _echo(x: Any) -> Any:
 
 def _expire(fut: asyncio.Future[Any], peer: str, service: str, timeout: float) -> None:
     if not fut.done():
-        fut.set_exception(asyncio.TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s"))
+        fut.set_exception(TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s"))
 
 
-async def _close_quietly(conn: Connection) -> None:
+async def _quiet(aw: Any) -> None:
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(conn.close(), 2.0)
-
-
-async def _send_quietly(conn: Connection, frames: list[Any]) -> None:
-    with contextlib.suppress(Exception):
-        await conn.send(frames)
-
-
-def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
-    """Config from an optional file, with CLI-style overrides ``{"node.name": "a"}``."""
-    cfg = Config.from_file(path) if path else Config.from_dict({})
-    for dotted, value in (overrides or {}).items():
-        if value is None:
-            continue
-        section, _, key = dotted.partition(".")
-        sec = getattr(cfg, section, None)
-        if sec is None or not hasattr(sec, key):
-            raise ConfigError(f"unknown setting {dotted}")
-        setattr(sec, key, value)
-    cfg.validate()
-    return cfg
+        await aw

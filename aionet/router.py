@@ -14,16 +14,17 @@ from typing import Any
 
 from .errors import AionetError, PeerUnavailable, RemoteError
 
-# Envelope kinds (element 0 of every application message header).
-SEND = 1  # [SEND, channel, payload]
-REQ = 2  # [REQ, req_id, service, payload]
-REP = 3  # [REP, req_id, payload]
-ERR = 4  # [ERR, req_id, remote_type, message, traceback]
-PEERS = 5  # [PEERS, {name: [addresses]}]
-BYE = 6  # [BYE]  graceful leave
+# Envelope kinds (element 0 of every application message header). Kinds 1..6 are sequenced
+# by the link: [kind, seq, ack, *fields] with the fields below.
+SEND = 1  # channel, payload
+REQ = 2  # req_id, service, payload
+REP = 3  # req_id, payload
+ERR = 4  # req_id, remote_type, message, traceback
+PEERS = 5  # {name: [addresses]}
+BYE = 6  # (none)  graceful leave
 
 Handler = Callable[[Any], Any]
-Reply = Callable[[list[Any]], Awaitable[None]]
+Reply = Callable[[int, list[Any]], Awaitable[None]]  # reply(kind, fields)
 
 
 class Mailbox:
@@ -67,8 +68,8 @@ class Router:
         self.log = log
         self.services: dict[str, tuple[Handler, bool]] = {}
         self.mailboxes: dict[str, Mailbox] = {}
-        # req_id -> (future, peer, conn-id) ; conn-id lets a dropped connection fail its requests
-        self.pending: dict[int, tuple[asyncio.Future[Any], str, int]] = {}
+        # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
+        self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._next_id = 0
         self.tasks: set[asyncio.Task[Any]] = set()
 
@@ -86,42 +87,43 @@ class Router:
         return mb
 
     # ------------------------------------------------------------------ requests
-    def new_request(self, peer: str, conn_id: int) -> tuple[int, asyncio.Future[Any]]:
+    def new_request(self, peer: str) -> tuple[int, asyncio.Future[Any]]:
         self._next_id += 1
         rid = self._next_id
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pending[rid] = (fut, peer, conn_id)
+        self.pending[rid] = (fut, peer)
         return rid, fut
 
     def forget(self, rid: int) -> None:
         self.pending.pop(rid, None)
 
-    def fail_conn(self, conn_id: int, peer: str, why: str) -> None:
-        """Fail every request that went out on a connection that is gone."""
-        for rid, (fut, p, cid) in list(self.pending.items()):
-            if cid == conn_id:
+    def fail_peer(self, peer: str, exc: BaseException) -> None:
+        """Fail every request waiting on ``peer`` (its link died or it left)."""
+        for rid, (fut, p) in list(self.pending.items()):
+            if p == peer:
                 del self.pending[rid]
                 if not fut.done():
-                    fut.set_exception(PeerUnavailable(f"{p}: {why}"))
+                    fut.set_exception(exc)
 
     def fail_all(self, why: str) -> None:
-        for _rid, (fut, p, _cid) in list(self.pending.items()):
+        for _rid, (fut, p) in list(self.pending.items()):
             if not fut.done():
                 fut.set_exception(PeerUnavailable(f"{p}: {why}"))
         self.pending.clear()
 
     # ------------------------------------------------------------------ dispatch
-    def on_reply(self, env: list[Any], peer: str) -> None:
-        entry = self.pending.pop(env[1], None)
+    def on_reply(self, kind: int, rid: Any, body: list[Any], peer: str) -> None:
+        """REP body: [payload]; ERR body: [type, message, traceback]."""
+        entry = self.pending.pop(rid, None)
         if entry is None:
             return  # late reply after a timeout: drop
         fut = entry[0]
         if fut.done():
             return
-        if env[0] == REP:
-            fut.set_result(env[2])
+        if kind == REP:
+            fut.set_result(body[0])
         else:
-            _, _, rtype, msg, tb = env
+            rtype, msg, tb = body
             fut.set_exception(RemoteError(str(rtype), str(msg), str(tb), peer))
 
     async def call_local(self, service: str, payload: Any) -> Any:
@@ -138,12 +140,11 @@ class Router:
     def _not_found(self, service: str) -> str:
         return f"no service {service!r} on node {self.node_name!r}; services: {', '.join(sorted(self.services))}"
 
-    def on_request(self, env: list[Any], reply: Reply) -> Awaitable[None] | None:
+    def on_request(self, rid: Any, service: Any, payload: Any, reply: Reply) -> Awaitable[None] | None:
         """Handle REQ. Sync handlers answer inline (returns the send awaitable); async ones get a task."""
-        _, rid, service, payload = env
         entry = self.services.get(service)
         if entry is None:
-            return reply([ERR, rid, "aionet.ServiceNotFound", self._not_found(service), ""])
+            return reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""])
         fn, is_async = entry
         if is_async:
             task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply))
@@ -153,26 +154,24 @@ class Router:
         try:
             result = fn(payload)
         except Exception as exc:
-            return reply(_error_env(rid, exc))
-        return reply([REP, rid, result])
+            return reply(ERR, _error_fields(rid, exc))
+        return reply(REP, [rid, result])
 
     async def _run_async(self, fn: Handler, rid: int, payload: Any, reply: Reply) -> None:
         try:
             result = await fn(payload)
         except asyncio.CancelledError:
-            await _quiet(reply([ERR, rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
+            await _quiet(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
             raise
         except Exception as exc:
-            await _quiet(reply(_error_env(rid, exc)))
+            await _quiet(reply(ERR, _error_fields(rid, exc)))
             return
         try:
-            await reply([REP, rid, result])
+            await reply(REP, [rid, result])
+        except PeerUnavailable:
+            self.log.info("reply dropped: the caller is gone", rid=rid)
         except AionetError as exc:
-            # e.g. the result cannot be serialized: tell the caller instead of leaving it waiting
-            if isinstance(exc, PeerUnavailable) or "closed" in str(exc).lower():
-                self.log.info("reply dropped: connection gone", rid=rid)
-                return
-            await _quiet(reply(_error_env(rid, exc)))
+            await _quiet(reply(ERR, _error_fields(rid, exc)))
 
 
 async def _quiet(aw: Awaitable[None]) -> None:
@@ -187,6 +186,6 @@ def _type_name(exc: BaseException) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def _error_env(rid: int, exc: BaseException) -> list[Any]:
+def _error_fields(rid: Any, exc: BaseException) -> list[Any]:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return [ERR, rid, _type_name(exc), str(exc), tb]
+    return [rid, _type_name(exc), str(exc), tb]

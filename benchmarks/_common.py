@@ -211,6 +211,43 @@ class RSSSampler:
         return self.peak
 
 
+class PeakTracker:
+    """Peak RSS increase of this process over a window, two ways, reporting the larger:
+
+    the kernel high-water mark (VmHWM, exact, after resetting it with clear_refs) and a
+    sampling thread (works everywhere, may miss a spike shorter than its interval)."""
+
+    def __init__(self, interval: float = 0.002):
+        self.interval = interval
+        self.base = 0
+        self.hwm_exact = False
+        self._sampler: RSSSampler | None = None
+
+    def start(self) -> PeakTracker:
+        self.base = rss_bytes()
+        reset = reset_peak_rss()
+        hwm0 = peak_rss_bytes()
+        # VmHWM is usable if it was reset now, or if the process never exceeded today's RSS
+        self.hwm_exact = hwm0 is not None and (reset or hwm0 <= self.base)
+        self._sampler = RSSSampler(self.interval).start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        assert self._sampler is not None
+        sampled = self._sampler.stop()
+        hwm = peak_rss_bytes() if self.hwm_exact else None
+        peak = max(sampled, hwm or 0)
+        return {
+            "base_rss": self.base,
+            "peak_rss": peak,
+            "peak_increase": peak - self.base,
+            "peak_sampled": sampled,
+            "peak_vmhwm": hwm,
+            "samples": self._sampler.samples,
+            "end_rss": rss_bytes(),
+        }
+
+
 # --------------------------------------------------------------------------- child processes
 
 _CHILDREN: set[Child] = set()
@@ -432,9 +469,7 @@ def environment() -> dict[str, Any]:
         "loadavg": load,
         "git": git,
         "loop": loop_name(),
-        "versions": {
-            p: _pkg_version(p) for p in ("aionet", "uvloop", "pyzmq", "numpy", "msgpack", "distributed")
-        },
+        "versions": {p: _pkg_version(p) for p in ("aionet", "uvloop", "pyzmq", "numpy", "msgpack", "distributed")},
     }
 
 
@@ -486,10 +521,18 @@ def print_table(
     widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
     print(title)
     sep = "  "
-    print(sep.join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(columns, widths, strict=True))))
+    print(
+        sep.join(
+            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(columns, widths, strict=True))
+        )
+    )
     print(sep.join("-" * w for w in widths))
     for r in rows:
-        print(sep.join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        print(
+            sep.join(
+                str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
     if footer:
         print(footer)
     print()

@@ -136,14 +136,13 @@ async def test_registered_dataclass(pair):
 
 async def test_three_nodes_learn_each_other(scheme):
     a = Node(name="a", listen=listen_url(scheme))
-    async with a:
-        async with Node(name="b", listen=listen_url(scheme), join=[a.address]) as b, \
+    async with a, Node(name="b", listen=listen_url(scheme), join=[a.address]) as b, \
                 Node(name="c", listen=listen_url(scheme), join=[a.address]) as c:
-            # b joined before c: it learns c from a's announcement, then dials c directly
-            await wait_for(lambda: "c" in b.peers())
-            assert await b.request("c", "aionet.echo", "via-direct", timeout=5) == "via-direct"
-            assert await c.request("b", "aionet.echo", 3, timeout=5) == 3
-            assert set(a.members()) == {"a", "b", "c"}
+        # b joined before c: it learns c from a's announcement, then dials c directly
+        await wait_for(lambda: "c" in b.peers())
+        assert await b.request("c", "aionet.echo", "via-direct", timeout=5) == "via-direct"
+        assert await c.request("b", "aionet.echo", 3, timeout=5) == 3
+        assert set(a.members()) == {"a", "b", "c"}
 
 
 async def test_peer_stop_fails_pending_requests(scheme):
@@ -214,10 +213,13 @@ async def test_bad_input_closes_only_that_connection(kind):
         s = await asyncio.to_thread(_raw_send, a.address, BAD_INPUTS[kind], False)
         # the node closes the offending socket (recv returns b"" or a reset)
         def closed_by_peer():
+            s.settimeout(10)
             try:
-                return s.recv(1024) == b""
+                while s.recv(65536):  # a REJECT may come first; then the close
+                    pass
             except ConnectionResetError:
-                return True
+                pass
+            return True
         assert await asyncio.to_thread(closed_by_peer)
         s.close()
         assert await b.request("a", "aionet.echo", kind, timeout=5) == kind

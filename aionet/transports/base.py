@@ -78,6 +78,18 @@ class Connection(abc.ABC):
         """Receive one message. Raises ConnectionClosed at the end of the stream or when
         the connection failed (the exception's ``__cause__`` says why)."""
 
+    def send_nowait(self, frames: Sequence[Buffer]) -> None:
+        """Queue a small control message without waiting (ignores back-pressure; for acks
+        and heartbeats). Raises ConnectionClosed if closed. Default: a task running send()."""
+        import asyncio
+
+        if self.closed:
+            from ..errors import ConnectionClosed
+
+            raise ConnectionClosed("connection is closed")
+        task = asyncio.get_running_loop().create_task(self.send(list(frames)))
+        task.add_done_callback(_consume_exception)
+
     async def recv_many(self) -> list[Message]:
         """Receive at least one message, plus whatever else is already buffered.
 
@@ -101,6 +113,11 @@ class Connection(abc.ABC):
     def extra_info(self) -> dict[str, Any]:
         """Transport-specific details for ``aionet.info`` (e.g. write buffer size)."""
         return {}
+
+
+def _consume_exception(task: Any) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class Listener(abc.ABC):
@@ -128,7 +145,7 @@ class Transport(abc.ABC):
         self.limits: LimitsSection = limits or LimitsSection()
 
     @classmethod
-    def check_available(cls) -> None:
+    def check_available(cls) -> None:  # noqa: B027 - optional hook
         """Raise TransportUnavailable naming what is missing if this cannot run here."""
 
     @abc.abstractmethod
@@ -139,5 +156,5 @@ class Transport(abc.ABC):
     async def connect(self, url: str, *, timeout: float | None = None) -> Connection:
         """Open a connection to a listener at ``url``. Raises TransportError on failure."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release transport-wide resources (contexts, workers). Idempotent."""

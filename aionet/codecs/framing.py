@@ -1,0 +1,484 @@
+"""Sans-I/O message framing for stream transports (TCP, TLS, ...).
+
+A message is a list of 0..N frames. On the wire (all integers little-endian)::
+
+    preamble   8 bytes   "<2sBBI": magic b"AN", version u8, flags u8 (reserved, 0), nframes u32
+    lengths    nframes x u64
+    payload    the frames back to back
+
+This module does no I/O and never imports asyncio or socket: bytes go in, messages come out,
+so it is tested by feeding bytes split at every point. :class:`FrameDecoder` is shaped for
+``asyncio.BufferedProtocol``: small data is parsed out of one reusable staging buffer while a
+large frame is allocated once at its final size and received straight into by the kernel.
+Limits are checked as soon as a preamble or length is seen, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..config import LimitsSection
+from ..errors import (
+    BadMagic,
+    FrameTooLarge,
+    ProtocolError,
+    SerializationError,
+    TooManyFrames,
+    UnsupportedVersion,
+)
+
+Buffer = bytes | bytearray | memoryview
+Message = list[Buffer]
+
+MAGIC = b"AN"
+VERSION = 1
+
+PREAMBLE = struct.Struct("<2sBBI")
+PREAMBLE_SIZE = PREAMBLE.size  # 8
+LENGTH = struct.Struct("<Q")
+
+#: The first 4 preamble bytes (magic, version, flags=0) read as one little-endian u32: a
+#: single compare validates them on the hot path.
+HEAD = struct.unpack("<I", MAGIC + bytes((VERSION, 0)))[0]
+#: ``pack(HEAD, 1, length)`` is the whole 16-byte prefix of a 1-frame message.
+ONE_FRAME_PREFIX = struct.Struct("<IIQ")
+_HEAD = HEAD
+_HEAD_N = struct.Struct("<II")  # head, nframes
+_HEAD_N_LEN = ONE_FRAME_PREFIX
+_ONE_PREFIX = ONE_FRAME_PREFIX.size  # 16
+_KEY_LEN = struct.Struct("<QQ")  # (head | nframes << 32), first length
+_ONE_KEY = _HEAD | (1 << 32)
+
+#: Frames shorter than this are merged into the prefix by :func:`encode` (one iovec instead of
+#: two). Measured: below ~1 KiB the copy is cheaper than another buffer in writev/writelines.
+MERGE_BELOW = 1024
+
+#: Large frames at least this big get an anonymous mmap advised for transparent huge pages;
+#: smaller ones a bytearray from the malloc heap (measured on 64 KiB..256 MiB receives).
+MMAP_ALLOC_BYTES = 16 * 2**20
+
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def default_alloc(n: int) -> Buffer:
+    """A writable buffer of ``n`` bytes for a large incoming frame.
+
+    Measured for 64 MiB loopback receives: a bytearray runs at ~1.4 GB/s (it is zero-filled
+    in user space, page by page), an anonymous mmap with MAP_POPULATE ~1.5 GB/s (4 KiB pages
+    pre-faulted), numpy.empty and an anonymous mmap advised MADV_HUGEPAGE both ~3 GB/s (the
+    kernel faults 2 MiB pages while writing into them). Below ~16 MiB malloc reuses heap
+    memory and a bytearray is as fast as anything, without the mmap/munmap syscalls.
+    """
+    if n < MMAP_ALLOC_BYTES:
+        return bytearray(n)
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if _MADV_HUGEPAGE is not None:
+        try:
+            m.madvise(_MADV_HUGEPAGE)
+        except OSError:  # THP disabled or unsupported: plain pages still work
+            pass
+    return memoryview(m)
+
+
+def as_frame(f: Any) -> Buffer:
+    """A bytes-like object whose ``len`` is its size in bytes (1-D, unsigned bytes)."""
+    t = type(f)
+    if t is bytes or t is bytearray:
+        return f
+    try:
+        mv = memoryview(f)
+    except TypeError:
+        raise SerializationError(f"frame must be bytes-like, not {t.__name__}") from None
+    if not mv.c_contiguous:
+        raise SerializationError(f"frame must be a C-contiguous buffer (got shape {mv.shape}, strides {mv.strides})")
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    return mv.cast("B")
+
+
+def encode(frames: Sequence[Any]) -> list[Buffer]:
+    """Encode one message as ``[prefix, *frames]`` for a scatter-gather write.
+
+    Payload frames are never concatenated, so large buffers go to the kernel without a copy.
+    Frames below :data:`MERGE_BELOW` that directly follow the prefix are merged into it
+    (small headers are the common case; one buffer fewer per message is measurably faster).
+    Non-``bytes`` frames come back as 1-D unsigned-byte views of the caller's memory.
+    """
+    n = len(frames)
+    if n == 1:
+        f = frames[0]
+        if type(f) is not bytes:
+            f = as_frame(f)
+        ln = len(f)
+        prefix = _HEAD_N_LEN.pack(_HEAD, 1, ln)
+        if ln < MERGE_BELOW:
+            return [prefix + f]
+        return [prefix, f]
+    fs = [as_frame(f) for f in frames]
+    lens = [len(f) for f in fs]
+    prefix = _HEAD_N.pack(_HEAD, n) + struct.pack(f"<{n}Q", *lens)
+    i = 0
+    while i < n and lens[i] < MERGE_BELOW:
+        i += 1
+    if i:
+        prefix = b"".join([prefix, *fs[:i]])
+    return [prefix, *fs[i:]]
+
+
+def encode_prefix(frames: Sequence[Buffer]) -> bytes:
+    """Only the preamble and length table for ``frames`` (already 1-D byte buffers)."""
+    n = len(frames)
+    if n == 1:
+        return _HEAD_N_LEN.pack(_HEAD, 1, len(frames[0]))
+    return _HEAD_N.pack(_HEAD, n) + struct.pack(f"<{n}Q", *map(len, frames))
+
+
+# decoder states
+_IDLE = 0  # between messages (expecting a preamble)
+_TABLE = 1  # reading the length table
+_FRAMES = 2  # reading payload frames out of staging
+_LARGE = 3  # the kernel writes straight into an allocated frame
+
+
+class FrameDecoder:
+    """Incremental decoder: ``get_buffer`` says where received bytes go, ``buffer_updated``
+    returns the messages they completed.
+
+    Small frames are parsed out of a reusable staging buffer and returned as ``bytes``. A frame
+    of at least ``large_frame_bytes`` is allocated once with ``alloc(n)`` and ``get_buffer``
+    then points into it, so its payload is never copied (only the part that had already
+    landed in staging when the frame started). After a protocol error the decoder stays
+    failed: every later call raises the same error.
+    """
+
+    __slots__ = (
+        "_alloc",
+        "_buf",
+        "_cap",
+        "_delivered",
+        "_end",
+        "_error",
+        "_fast_max",
+        "_fi",
+        "_frames",
+        "_large",
+        "_lengths",
+        "_max_frame",
+        "_max_frames",
+        "_max_header",
+        "_max_message",
+        "_min_free",
+        "_mv",
+        "_nframes",
+        "_start",
+        "_state",
+        "_target",
+        "_target_obj",
+        "_target_off",
+        "_total",
+    )
+
+    def __init__(
+        self,
+        limits: LimitsSection | None = None,
+        *,
+        alloc: Callable[[int], Any] | None = None,
+        large_frame_bytes: int = 65536,
+        staging_bytes: int = 262144,
+    ) -> None:
+        lim = limits or LimitsSection()
+        self._max_message = lim.max_message_bytes
+        self._max_frame = lim.max_frame_bytes
+        self._max_header = lim.max_header_bytes
+        self._max_frames = lim.max_frames
+        self._large = max(1, large_frame_bytes)
+        # Whatever is left unparsed in staging is less than one small frame plus a prefix, so
+        # twice that always fits after compaction and the kernel can always make progress.
+        self._cap = max(staging_bytes, 2 * self._large + 2 * _ONE_PREFIX, 64)
+        self._buf = bytearray(self._cap)
+        self._mv = memoryview(self._buf)
+        self._min_free = self._cap // 4
+        self._start = 0
+        self._end = 0
+        self._alloc = alloc or default_alloc
+        self._fast_max = min(self._max_header, self._max_message, self._large - 1)
+        self._error: ProtocolError | None = None
+        self._delivered = 0
+        self._state = _IDLE
+        self._nframes = 0
+        self._lengths: list[int] = []
+        self._frames: list[Buffer] = []
+        self._fi = 0
+        self._total = 0
+        self._target: memoryview | None = None
+        self._target_obj: Any = None
+        self._target_off = 0
+
+    # ----------------------------------------------------------------- public API
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the incomplete message currently held (staged, parsed frames, large frame)."""
+        held = self._end - self._start + self._target_off
+        if self._state in (_FRAMES, _LARGE):
+            held += sum(map(len, self._frames))
+        return held
+
+    @property
+    def delivered_bytes(self) -> int:
+        """Total payload bytes of all messages returned so far (for receive-queue accounting)."""
+        return self._delivered
+
+    @property
+    def failed(self) -> ProtocolError | None:
+        """The protocol error this decoder failed with, if any."""
+        return self._error
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes must be written (never empty)."""
+        if self._error is not None:
+            raise self._error
+        target = self._target
+        if target is not None:
+            return target[self._target_off :]
+        start = self._start
+        end = self._end
+        if start == end:
+            self._start = self._end = 0
+            return self._mv
+        if self._cap - end < self._min_free:
+            n = end - start
+            self._buf[:n] = self._mv[start:end]
+            self._start = 0
+            self._end = end = n
+        return self._mv[end:]
+
+    def buffer_updated(self, nbytes: int) -> list[Message]:
+        """Account ``nbytes`` written into the last :meth:`get_buffer`; return completed messages."""
+        if self._error is not None:
+            raise self._error
+        if self._target is not None:
+            self._target_off += nbytes
+            if self._target_off < len(self._target):
+                return []
+            out: list[Message] = []
+            try:
+                self._finish_large()
+                self._parse_frames(out)
+            except ProtocolError as exc:
+                self._fail(exc)
+            return out
+        self._end += nbytes
+        try:
+            return self._parse()
+        except ProtocolError as exc:
+            self._fail(exc)
+            raise  # unreachable: _fail raises
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        """Decode ``data`` by copying it through get_buffer/buffer_updated (tests, datagrams)."""
+        src = memoryview(data).cast("B")
+        out: list[Message] = []
+        pos = 0
+        n = len(src)
+        while pos < n:
+            buf = self.get_buffer(n - pos)
+            k = min(len(buf), n - pos)
+            buf[:k] = src[pos : pos + k]
+            pos += k
+            out.extend(self.buffer_updated(k))
+        if not n and self._error is not None:  # zero bytes fed: still surface a stored error
+            raise self._error
+        return out
+
+    # ----------------------------------------------------------------- internals
+    def _fail(self, exc: ProtocolError) -> None:
+        self._error = exc
+        self._release_target()
+        self._frames = []
+        self._lengths = []
+        raise exc
+
+    def _release_target(self) -> None:
+        self._target = None
+        self._target_obj = None
+        self._target_off = 0
+
+    def _parse(self) -> list[Message]:
+        out: list[Message] = []
+        mv = self._mv
+        end = self._end
+        while True:
+            state = self._state
+            if state == _IDLE:
+                # Hot path: whole 1-frame messages sitting in staging. (magic, version, flags,
+                # nframes=1) compare as one u64.
+                pos = self._start
+                fast_max = self._fast_max
+                unpack = _KEY_LEN.unpack_from
+                append = out.append
+                delivered = 0
+                while end - pos >= _ONE_PREFIX:
+                    key, ln = unpack(mv, pos)
+                    if key != _ONE_KEY or ln > fast_max:
+                        break
+                    start = pos + _ONE_PREFIX
+                    stop = start + ln
+                    if stop > end:
+                        break
+                    append([mv[start:stop].tobytes()])
+                    delivered += ln
+                    pos = stop
+                self._start = pos
+                self._delivered += delivered
+                if pos == end or not self._parse_preamble(out):
+                    return out
+            elif state == _TABLE:
+                if not self._parse_table():
+                    return out
+            elif not self._parse_frames(out):
+                return out
+
+    def _parse_preamble(self, out: list[Message]) -> bool:
+        pos = self._start
+        avail = self._end - pos
+        if avail < PREAMBLE_SIZE:
+            if avail:
+                self._check_partial_preamble(bytes(self._mv[pos : self._end]))
+            return False
+        head, n = _HEAD_N.unpack_from(self._mv, pos)
+        if head != _HEAD:
+            self._check_partial_preamble(bytes(self._mv[pos : pos + PREAMBLE_SIZE]))
+        if n > self._max_frames:
+            raise TooManyFrames(f"message announces {n} frames; limit is {self._max_frames} (limits.max_frames)")
+        self._start = pos + PREAMBLE_SIZE
+        if n == 0:
+            out.append([])
+            return True
+        self._nframes = n
+        self._lengths = []
+        self._total = 0
+        self._state = _TABLE
+        return True
+
+    def _check_partial_preamble(self, got: bytes) -> None:
+        """Raise the precise error for the first bad preamble byte(s) seen, if any."""
+        if got[:2] != MAGIC[: len(got[:2])]:
+            raise BadMagic(f"stream does not start with aionet magic {MAGIC!r}: got {got[:8]!r} (not an aionet peer?)")
+        if len(got) > 2 and got[2] != VERSION:
+            raise UnsupportedVersion(f"peer speaks framing version {got[2]}; this node speaks {VERSION}")
+        if len(got) > 3 and got[3] != 0:
+            raise ProtocolError(f"reserved preamble flags set: 0x{got[3]:02x}")
+
+    def _parse_table(self) -> bool:
+        pos = self._start
+        lengths = self._lengths
+        want = self._nframes - len(lengths)
+        k = min(want, (self._end - pos) // 8)
+        if k == 0:
+            return False
+        got = struct.unpack_from(f"<{k}Q", self._mv, pos)
+        total = self._total
+        max_frame = self._max_frame
+        for ln in got:
+            if not lengths:
+                if ln > self._max_header:
+                    raise FrameTooLarge(
+                        f"header frame announces {ln} bytes; limit is {self._max_header} (limits.max_header_bytes)"
+                    )
+            elif ln > max_frame:
+                raise FrameTooLarge(
+                    f"frame {len(lengths)} announces {ln} bytes; limit is {max_frame} (limits.max_frame_bytes)"
+                )
+            total += ln
+            if total > self._max_message:
+                raise FrameTooLarge(
+                    f"message of {self._nframes} frames announces at least {total} bytes; "
+                    f"limit is {self._max_message} (limits.max_message_bytes)"
+                )
+            lengths.append(ln)
+        self._total = total
+        self._start = pos + 8 * k
+        if k < want:
+            return False
+        self._state = _FRAMES
+        self._frames = []
+        self._fi = 0
+        return True
+
+    def _parse_frames(self, out: list[Message]) -> bool:
+        """Extract as many frames of the current message as staging holds.
+
+        Returns True when the message completed (parsing may continue), False when more bytes
+        are needed (possibly now into a large frame's own buffer)."""
+        lengths = self._lengths
+        frames = self._frames
+        n = self._nframes
+        fi = self._fi
+        mv = self._mv
+        pos = self._start
+        end = self._end
+        large = self._large
+        while fi < n:
+            ln = lengths[fi]
+            if ln >= large:
+                have = min(end - pos, ln)
+                self._fi = fi
+                self._start = pos + have
+                self._start_large(ln, mv[pos : pos + have])
+                if self._target is not None:  # waiting for the kernel to fill it
+                    return False
+                pos = self._start
+                fi = self._fi
+                continue
+            if end - pos < ln:
+                break
+            frames.append(mv[pos : pos + ln].tobytes())
+            pos += ln
+            fi += 1
+        self._start = pos
+        self._fi = fi
+        if fi < n:
+            return False
+        out.append(frames)
+        self._delivered += self._total
+        self._frames = []
+        self._lengths = []
+        self._state = _IDLE
+        return True
+
+    def _start_large(self, n: int, initial: memoryview) -> None:
+        """Allocate a frame's final buffer and copy in the part already staged."""
+        try:
+            obj = self._alloc(n)
+        except MemoryError:
+            raise FrameTooLarge(f"cannot allocate {n} bytes for an incoming frame") from None
+        view = memoryview(obj)
+        if view.readonly:
+            raise TypeError("FrameDecoder alloc() must return a writable buffer")
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")
+        if len(view) < n:
+            raise TypeError(f"FrameDecoder alloc({n}) returned only {len(view)} bytes")
+        if len(view) > n:
+            view = view[:n]
+            obj = view
+        elif type(obj) not in (bytearray, memoryview):
+            obj = view
+        have = len(initial)
+        if have:
+            view[:have] = initial
+        self._target = view
+        self._target_obj = obj
+        self._target_off = have
+        self._state = _LARGE
+        if have == n:
+            self._finish_large()
+
+    def _finish_large(self) -> None:
+        self._frames.append(self._target_obj)
+        self._fi += 1
+        self._release_target()
+        self._state = _FRAMES

@@ -1,0 +1,877 @@
+"""Objects <-> messages: frame 0 is a msgpack header, frames 1..N are out-of-band buffers.
+
+The node calls :meth:`Serializer.dumps` / :meth:`Serializer.loads` once per message, mostly on
+small envelopes such as ``[2, 17, "echo", payload]``, so the common case is one
+``msgpack.Packer.pack`` and one ``msgpack.unpackb`` with extension hooks and no per-message
+objects beyond the header itself. Large payloads take the other road: numpy arrays and
+bytes-likes of at least ``oob_min_bytes`` leave the header as separate frames that alias the
+caller's memory (no copy on the sender), and the receiver builds arrays directly on the
+received frames (no copy on the receiver).
+
+What round-trips, and what it costs on the receiver:
+
+* msgpack types; ``tuple``, ``set``, ``frozenset``, ``complex``, integers beyond 64 bits,
+  ``datetime``/``date``/``time``/``timedelta`` (time zones travel as fixed UTC offsets),
+  numpy scalars (as the same numpy type) and dict keys of any of these hashable types.
+* ``numpy.ndarray`` of any fixed-size dtype (no object or StringDType fields), any shape and
+  memory order. The array aliases the received frame and is writable when the frame is
+  (``bytearray`` or a writable ``memoryview``); a read-only frame (``bytes``) is copied once
+  so users always get a writable array.
+* ``bytearray`` (zero-copy when the frame is a ``bytearray``), ``memoryview`` (a flat
+  unsigned-byte view over the received frame) and ``bytes``. Producing ``bytes`` from a
+  frame that is not already ``bytes`` costs one copy on the receiver: numpy arrays,
+  ``bytearray`` and ``memoryview`` are the zero-copy types.
+* dataclasses registered with :meth:`Serializer.register` on both ends (restored like
+  pickle restores objects: fields are set without calling ``__init__``).
+* anything else only with ``allow_pickle=True`` (pickle protocol 5, large buffers still out of
+  band). With pickle off, a pickle record from the network is rejected without unpickling.
+
+Subclasses of ``int``/``float``/``str``/``bytes``/``list``/``dict``/``tuple`` (enums with a
+value mixin, named tuples, ``OrderedDict``...) travel as their base type.
+
+Every decoding failure raises :class:`~aionet.errors.DecodeError` (a
+:class:`~aionet.errors.ProtocolError`): the input is treated as hostile. A serializer is safe
+to share between threads (a busy or re-entered encoder falls back to a fresh one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+import pickle
+import re
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import msgpack
+import numpy as np
+from msgpack import ExtType
+
+from ..config import LimitsSection
+from ..errors import ConfigError, DecodeError, FrameTooLarge, ProtocolError, SerializationError, TooManyFrames
+from .compression import CODECS, LZ4, compress_buffer, decompress
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+__all__ = ["Buffer", "Serializer"]
+
+Buffer = bytes | bytearray | memoryview
+T = TypeVar("T", bound=type)
+
+# ---------------------------------------------------------------- wire format
+# Extension codes in the header. Each record's payload is msgpack; buffer references ("ref")
+# are ``bytes`` (inline data), ``int`` (index of an out-of-band frame) or
+# ``[index, codec, raw_len]`` (a compressed out-of-band frame).
+EXT_TUPLE = 1  # [items...]
+EXT_SET = 2  # [items...]
+EXT_FROZENSET = 3  # [items...]
+EXT_COMPLEX = 4  # struct "<dd"
+EXT_BIGINT = 5  # little-endian two's complement
+EXT_NPSCALAR = 6  # [dtype, raw bytes]
+EXT_NDARRAY = 7  # [dtype, shape, fortran_order, ref]
+EXT_BUFFER = 8  # [kind, ref]
+EXT_DATACLASS = 9  # [name, [field values...]]
+EXT_DATETIME = 10  # [kind, value...]
+EXT_PICKLE = 11  # [pickle bytes, [refs...]]
+
+_BYTES, _BYTEARRAY, _MEMORYVIEW = 0, 1, 2
+_DATETIME, _DATE, _TIME, _TIMEDELTA = 0, 1, 2, 3
+
+# Types the pre-pack walk must look at: containers msgpack packs natively (so ``default``
+# never sees their items) and bytes-likes (packed inline by msgpack unless lifted out).
+_WALK = frozenset({list, dict, bytes, bytearray, memoryview})
+_SCAN_MIN = 16  # lists/dicts longer than this are first scanned at C speed via set(map(type))
+_MAX_WALK_DEPTH = 500  # below msgpack's own nesting limit (511), before RecursionError
+_MAX_NDIM = 64
+_COMPLEX = struct.Struct("<dd")
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+
+# Array dtypes that may travel: fixed-size plain data only. Object fields hold pointers and
+# StringDType ("T") holds arena pointers; both would be memory-unsafe to rebuild from bytes.
+_SENDABLE_KINDS = frozenset("biufcmMSUV")
+_DTYPE_STR = re.compile(r"[<>|=][biufcmMSUV]\d{1,10}(\[\d{0,10}[a-zA-Z]{1,3}\])?")
+_DTYPE_CACHE_MAX = 256
+_MAX_DESCR_DEPTH = 8
+
+
+# ---------------------------------------------------------------- dtypes
+def _descr_to_wire(descr: Any) -> Any:
+    """numpy's descr (lists of tuples) -> plain nested lists msgpack packs without hooks."""
+    if isinstance(descr, str):
+        return descr
+    return [
+        [_descr_to_wire(x) if isinstance(x, list) else (list(x) if isinstance(x, tuple) else x) for x in field]
+        for field in descr
+    ]
+
+
+def _descr_from_wire(w: Any, depth: int = 0) -> Any:
+    """Validate a hostile wire descr and rebuild numpy's tuple form."""
+    if type(w) is str:
+        if not _DTYPE_STR.fullmatch(w):
+            raise DecodeError(f"bad dtype {w[:80]!r}")
+        return w
+    if type(w) is not list or not w or depth > _MAX_DESCR_DEPTH:
+        raise DecodeError("bad structured dtype description")
+    out = []
+    for field in w:
+        if type(field) is not list or len(field) not in (2, 3):
+            raise DecodeError("bad structured dtype field")
+        name = field[0]
+        if type(name) is list:
+            if len(name) != 2 or not all(type(x) is str for x in name):
+                raise DecodeError("bad structured dtype field title")
+            name = tuple(name)
+        elif type(name) is not str:
+            raise DecodeError("bad structured dtype field name")
+        item: tuple[Any, ...] = (name, _descr_from_wire(field[1], depth + 1))
+        if len(field) == 3:
+            shape = field[2]
+            if type(shape) is not list or len(shape) > _MAX_NDIM:
+                raise DecodeError("bad structured dtype field shape")
+            for s in shape:
+                if type(s) is not int or s < 0:
+                    raise DecodeError("bad structured dtype field shape")
+            item += (tuple(shape),)
+        out.append(item)
+    return out
+
+
+def _dtype_ok(dt: np.dtype) -> bool:
+    if dt.hasobject:
+        return False
+    if dt.fields is not None:
+        return all(_dtype_ok(f[0]) for f in dt.fields.values())
+    if dt.subdtype is not None:
+        return _dtype_ok(dt.subdtype[0])
+    return dt.kind in _SENDABLE_KINDS and type(dt) is np.dtype(dt.str).__class__
+
+
+def _dtype_from_wire_uncached(w: Any) -> np.dtype:
+    descr = _descr_from_wire(w)
+    dt = np.dtype(descr) if type(descr) is str else np.lib.format.descr_to_dtype(descr)
+    if not _dtype_ok(dt):
+        raise DecodeError(f"dtype {dt} cannot be received (object or variable-size fields)")
+    return dt
+
+
+# ---------------------------------------------------------------- encoder
+class _Encoder:
+    """Encoding state for one message at a time. The serializer keeps one per thread and
+    builds a throw-away one on re-entry (user code running inside pickle calling dumps),
+    because msgpack packers are neither re-entrant nor thread-safe."""
+
+    __slots__ = (
+        "_compress",
+        "_depth",
+        "_dispatch",
+        "_max_depth",
+        "_meta",
+        "_oob",
+        "_oob_min",
+        "_packers",
+        "_ser",
+        "busy",
+    )
+
+    def __init__(self, ser: Serializer) -> None:
+        self._ser = ser
+        self.busy = False
+        self._oob_min = ser._oob_min
+        self._max_depth = ser.limits.max_depth
+        self._oob: list[Buffer] = []
+        self._compress = False
+        self._depth = 0
+        # Packer for plain metadata lists: it has no default hook, so it can never be
+        # re-entered and is safe to use from inside any other packer's hook.
+        self._meta = msgpack.Packer(use_bin_type=True, buf_size=1024)
+        # One packer per extension nesting level (a tuple inside a tuple packs its items
+        # with the next packer while the outer one is mid-pack).
+        self._packers = [self._new_packer(64 * 1024)]
+        self._dispatch: dict[type, Callable[[Any], Any]] = {
+            tuple: self._tuple,
+            set: self._set,
+            frozenset: self._set,
+            complex: self._complex,
+            int: self._bigint,
+            np.ndarray: self._ndarray,
+            _dt.datetime: self._datetime,
+            _dt.date: self._datetime,
+            _dt.time: self._datetime,
+            _dt.timedelta: self._datetime,
+        }
+
+    def _new_packer(self, buf_size: int = 4096) -> msgpack.Packer:
+        # strict_types routes tuples and subclasses (np.float64, IntEnum, ...) to _default.
+        return msgpack.Packer(
+            default=self._default, strict_types=True, use_bin_type=True, datetime=False, buf_size=buf_size
+        )
+
+    def encode(self, obj: Any, compress: bool) -> list[Buffer]:
+        self.busy = True
+        self._compress = compress
+        try:
+            t = type(obj)
+            if t is list or t is dict:
+                if self._has_buffers(obj, 0):
+                    obj = self._lift(obj)
+            elif t in _WALK:
+                obj = self._lift(obj)
+            header = self._packers[0].pack(obj)
+        except SerializationError:
+            raise
+        except (TypeError, ValueError, OverflowError, RecursionError, BufferError) as exc:
+            raise SerializationError(f"cannot serialize {type(obj).__name__} message: {exc}") from exc
+        finally:
+            oob = self._oob
+            if oob:
+                self._oob = []  # hand the frames to the caller, keep no references
+            self.busy = False
+        if len(header) > self._ser._max_header:
+            raise SerializationError(_header_too_big(len(header), self._ser._max_header))
+        if not oob:
+            return [header]
+        if len(oob) > self._ser.limits.max_frames:
+            raise SerializationError(
+                f"message has {len(oob)} out-of-band buffers, above limits.max_frames "
+                f"({self._ser.limits.max_frames}); batch small arrays into one"
+            )
+        oob.insert(0, header)
+        return oob
+
+    # -------------------------------------------------------------- pre-pack walk
+    # msgpack packs bytes-likes inline and never shows them to ``default``, so before packing
+    # we walk plain lists/dicts and replace large bytes (and every bytearray/memoryview, to
+    # keep their type) by buffer records. Containers are copied only along the path to a
+    # replacement; when nothing changes the caller's object is packed as is.
+    def _has_buffers(self, obj: list[Any] | dict[Any, Any], depth: int) -> bool:
+        """Does this plain list/dict hold, at any depth, a bytes-like that must be lifted?
+
+        The cheap question asked of every message; only a yes pays for :meth:`_lift`.
+        """
+        if depth > _MAX_WALK_DEPTH:
+            raise SerializationError(f"message nests deeper than {_MAX_WALK_DEPTH} levels")
+        items = obj if type(obj) is list else obj.values()
+        if len(obj) > _SCAN_MIN and _WALK.isdisjoint(set(map(type, items))):
+            return False  # C-speed scan of long containers of scalars
+        oob_min = self._oob_min
+        for x in items:
+            t = type(x)
+            if t is bytes:
+                if len(x) >= oob_min:
+                    return True
+            elif t is list or t is dict:
+                if self._has_buffers(x, depth + 1):
+                    return True
+            elif t is bytearray or t is memoryview:
+                return True
+        return False
+
+    def _lift(self, obj: Any, depth: int = 0) -> Any:
+        """Return ``obj`` with its bytes-likes replaced by buffer records; copies only the
+        containers on the path to a replacement (the caller's objects are never modified)."""
+        t = type(obj)
+        if t is list:
+            if depth > _MAX_WALK_DEPTH:
+                raise SerializationError(f"message nests deeper than {_MAX_WALK_DEPTH} levels")
+            out = None
+            for i, x in enumerate(obj):
+                if type(x) in _WALK:
+                    y = self._lift(x, depth + 1)
+                    if y is not x:
+                        if out is None:
+                            out = obj.copy()
+                        out[i] = y
+            return obj if out is None else out
+        if t is dict:
+            if depth > _MAX_WALK_DEPTH:
+                raise SerializationError(f"message nests deeper than {_MAX_WALK_DEPTH} levels")
+            dout = None
+            for k, v in obj.items():
+                if type(v) in _WALK:
+                    y = self._lift(v, depth + 1)
+                    if y is not v:
+                        if dout is None:
+                            dout = obj.copy()
+                        dout[k] = y
+            return obj if dout is None else dout
+        if t is bytes:
+            return obj if len(obj) < self._oob_min else self._buffer(obj, _BYTES)
+        if t is bytearray:
+            return self._buffer(obj, _BYTEARRAY)
+        if t is memoryview:
+            return self._buffer(obj, _MEMORYVIEW)
+        return obj
+
+    def _lift_owned(self, items: list[Any]) -> list[Any]:
+        """Lift the items of a list this encoder built itself (safe to modify in place)."""
+        for i, x in enumerate(items):
+            if type(x) in _WALK:
+                items[i] = self._lift(x)
+        return items
+
+    def _nested(self, obj: Any) -> bytes:
+        """Pack ``obj`` as the payload of an extension record, one nesting level down."""
+        d = self._depth + 1
+        if d > self._max_depth:
+            raise SerializationError(f"objects nest deeper than limits.max_depth ({self._max_depth})")
+        packers = self._packers
+        if d == len(packers):
+            packers.append(self._new_packer())
+        self._depth = d
+        try:
+            return packers[d].pack(obj)
+        finally:
+            self._depth = d - 1
+
+    # -------------------------------------------------------------- buffers
+    def _add_frame(self, buf: Buffer, nbytes: int) -> int | list[Any]:
+        """Append ``buf`` (no copy) or its compressed form as a frame; return the reference."""
+        oob = self._oob
+        idx = len(oob) + 1
+        if self._compress and nbytes >= self._ser.compress_min_bytes:
+            packed = compress_buffer(buf, self._ser._codec)
+            if packed is not None:
+                oob.append(packed[1])
+                return [idx, packed[0], nbytes]
+        oob.append(buf)
+        return idx
+
+    def _buffer(self, obj: bytes | bytearray | memoryview, kind: int) -> ExtType:
+        if kind == _MEMORYVIEW and (obj.format != "B" or obj.ndim != 1):
+            obj = obj.cast("B") if obj.c_contiguous else memoryview(obj.tobytes())
+        elif kind == _MEMORYVIEW and not obj.c_contiguous:
+            obj = memoryview(obj.tobytes())
+        n = len(obj)
+        ref: Any = bytes(obj) if n < self._oob_min else self._add_frame(obj, n)
+        return ExtType(EXT_BUFFER, self._meta.pack([kind, ref]))
+
+    # -------------------------------------------------------------- msgpack default hook
+    def _default(self, o: Any) -> Any:
+        fn = self._dispatch.get(type(o))
+        if fn is not None:
+            return fn(o)
+        return self._fallback(o)
+
+    def _tuple(self, o: tuple[Any, ...]) -> ExtType:
+        return ExtType(EXT_TUPLE, self._nested(self._lift_owned(list(o))))
+
+    def _set(self, o: set[Any] | frozenset[Any]) -> ExtType:
+        code = EXT_SET if type(o) is set else EXT_FROZENSET
+        return ExtType(code, self._nested(self._lift_owned(list(o))))
+
+    def _complex(self, o: complex) -> ExtType:
+        return ExtType(EXT_COMPLEX, _COMPLEX.pack(o.real, o.imag))
+
+    def _bigint(self, o: int) -> Any:
+        v = int(o)
+        if _INT64_MIN <= v <= _UINT64_MAX:
+            return v  # an int subclass (IntEnum ...) that fits: send the plain value
+        return ExtType(EXT_BIGINT, v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True))
+
+    def _datetime(self, o: Any) -> ExtType:
+        t = type(o)
+        if t is _dt.timedelta:
+            rec: list[Any] = [_TIMEDELTA, o.days, o.seconds, o.microseconds]
+        else:
+            rec = [_DATETIME if t is _dt.datetime else _DATE if t is _dt.date else _TIME, o.isoformat()]
+        return ExtType(EXT_DATETIME, self._meta.pack(rec))
+
+    def _ndarray(self, a: np.ndarray) -> Any:
+        wire = self._ser._dtype_wire(a.dtype)
+        if wire is None:
+            return self._unsendable(a, f"numpy arrays of dtype {a.dtype} cannot be sent as raw memory")
+        flags = a.flags
+        if flags.c_contiguous:
+            order = "C"
+        elif flags.f_contiguous:
+            order = "F"
+        else:
+            a = np.ascontiguousarray(a)  # the one copy a strided view needs
+            order = "C"
+        nbytes = a.nbytes
+        if nbytes < self._oob_min or nbytes == 0:
+            ref: Any = a.tobytes(order=order)
+        else:
+            # ravel in the array's own order is a view; viewing as bytes makes any dtype
+            # (datetime, structured, ...) exportable through the buffer protocol.
+            ref = self._add_frame(memoryview(a.ravel(order=order).view(np.uint8)), nbytes)
+        return ExtType(EXT_NDARRAY, self._meta.pack([wire, a.shape, order == "F", ref]))
+
+    def _npscalar(self, o: np.generic) -> Any:
+        wire = self._ser._dtype_wire(o.dtype)
+        if wire is None:
+            return self._unsendable(o, f"numpy scalars of dtype {o.dtype} cannot be sent")
+        return ExtType(EXT_NPSCALAR, self._meta.pack([wire, o.tobytes()]))
+
+    def _dataclass(self, o: Any, name: str, fields: tuple[str, ...]) -> ExtType:
+        values = self._lift_owned([getattr(o, f) for f in fields])
+        return ExtType(EXT_DATACLASS, self._nested([name, values]))
+
+    def _pickle(self, o: Any) -> ExtType:
+        refs: list[Any] = []
+
+        def out_of_band(pb: pickle.PickleBuffer) -> bool:
+            try:
+                raw = pb.raw()
+            except BufferError:
+                return True  # not contiguous: let pickle keep it in-band
+            if raw.nbytes < self._oob_min:
+                return True
+            refs.append(self._add_frame(raw, raw.nbytes))
+            return False
+
+        try:
+            data = pickle.dumps(o, protocol=5, buffer_callback=out_of_band)
+        except Exception as exc:
+            raise SerializationError(f"cannot pickle {_qualname(type(o))}: {exc}") from exc
+        return ExtType(EXT_PICKLE, self._meta.pack([data, refs]))
+
+    def _fallback(self, o: Any) -> Any:
+        t = type(o)
+        if isinstance(o, np.generic):
+            self._dispatch[t] = self._npscalar  # numpy has many scalar types: learn them as seen
+            return self._npscalar(o)
+        entry = self._ser._by_type.get(t)
+        if entry is not None:
+            return self._dataclass(o, entry[0], entry[1])
+        if isinstance(o, np.memmap):
+            return self._ndarray(o.view(np.ndarray))
+        if isinstance(o, np.ndarray):
+            return self._unsendable(o, f"numpy array subclass {_qualname(t)} is not supported")
+        # Subclasses of plain types travel as their base type (what msgpack would do).
+        if isinstance(o, int):
+            return self._bigint(o)
+        if isinstance(o, float):
+            return float(o)
+        if isinstance(o, str):
+            return str.__str__(o)
+        if isinstance(o, bytes):
+            return self._lift(bytes(o))
+        if isinstance(o, bytearray):
+            return self._buffer(bytearray(o), _BYTEARRAY)
+        if isinstance(o, list):
+            return self._lift(list(o))
+        if isinstance(o, dict):
+            return self._lift(dict(o))
+        if isinstance(o, tuple):
+            return self._tuple(o)
+        if isinstance(o, (set, frozenset)):
+            return ExtType(
+                EXT_FROZENSET if isinstance(o, frozenset) else EXT_SET,
+                self._nested(self._lift_owned(list(o))),
+            )
+        return self._unsendable(o, None)
+
+    def _unsendable(self, o: Any, why: str | None) -> Any:
+        if self._ser.allow_pickle:
+            return self._pickle(o)
+        t = type(o)
+        if why is None and dataclasses.is_dataclass(o):
+            raise SerializationError(
+                f"cannot serialize {_qualname(t)}: it is a dataclass but is not registered with this "
+                f"serializer; call serializer.register({t.__qualname__}) (or decorate the class with "
+                f"@serializer.register) on every node that sends or receives it"
+            )
+        if why is None:
+            why = f"cannot serialize an object of type {_qualname(t)}"
+        raise SerializationError(
+            f"{why}: aionet sends msgpack types, tuples, sets, complex, datetime, numpy arrays and "
+            f"scalars of fixed-size dtypes, bytes-likes and registered dataclasses "
+            f"(serializer.register(cls)); convert the value, or let the cluster opt into pickle "
+            f"(security.allow_pickle = true)"
+        )
+
+
+def _qualname(t: type) -> str:
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _header_too_big(n: int, limit: int) -> str:
+    return (
+        f"message header is {n} bytes, above limits.max_header_bytes ({limit}); send bulk data "
+        f"as numpy arrays or bytes, which travel out of band"
+    )
+
+
+# ---------------------------------------------------------------- decoder
+class _Decoder:
+    """Decoding state at one extension nesting level. The frameless root (single-frame
+    messages) and its children are immutable and shared; a multi-frame message builds its own
+    chain so that it can track which frames the header referenced."""
+
+    __slots__ = ("_child", "_frames", "_ser", "_used", "depth", "hook_kw")
+
+    def __init__(self, ser: Serializer, frames: Sequence[Buffer], used: bytearray | None, depth: int) -> None:
+        self._ser = ser
+        self._frames = frames
+        self._used = used
+        self.depth = depth
+        self._child: _Decoder | None = None
+
+    def unpack(self, data: Any) -> Any:
+        lim = self._ser.limits
+        return msgpack.unpackb(
+            data,
+            ext_hook=self.hook,
+            raw=False,
+            strict_map_key=False,
+            max_str_len=lim.max_str_len,
+            max_bin_len=lim.max_bin_len,
+            max_array_len=lim.max_array_len,
+            max_map_len=lim.max_map_len,
+            max_ext_len=self._ser._max_header,
+        )
+
+    def _child_unpack(self, data: bytes) -> list[Any]:
+        c = self._child
+        if c is None:
+            if self.depth >= self._ser.limits.max_depth:
+                raise DecodeError(f"objects nest deeper than limits.max_depth ({self._ser.limits.max_depth})")
+            c = self._child = _Decoder(self._ser, self._frames, self._used, self.depth + 1)
+        items = c.unpack(data)
+        if type(items) is not list:
+            raise DecodeError("malformed container record")
+        return items
+
+    def _frame(self, idx: Any) -> Buffer:
+        frames = self._frames
+        if type(idx) is not int or not 0 < idx < len(frames):
+            raise DecodeError(f"header references frame {idx!r}, message has {max(len(frames), 1)} frame(s)")
+        used = self._used
+        assert used is not None  # frames is non-empty only for multi-frame decoders
+        if used[idx]:
+            raise DecodeError(f"header references frame {idx} twice")
+        used[idx] = 1
+        return frames[idx]
+
+    def _take(self, ref: Any) -> Buffer:
+        t = type(ref)
+        if t is bytes:
+            return ref
+        if t is int:
+            return self._frame(ref)
+        if t is list and len(ref) == 3:
+            idx, codec, raw_len = ref
+            data = self._frame(idx)
+            if type(codec) is not str:
+                raise DecodeError("bad compression codec")
+            return decompress(codec, data, raw_len, self._ser.limits.max_frame_bytes)
+        raise DecodeError("malformed buffer reference")
+
+    def hook(self, code: int, data: bytes) -> Any:
+        if code == EXT_BUFFER:
+            return self._buffer(data)
+        if code == EXT_NDARRAY:
+            return self._ndarray(data)
+        if code == EXT_TUPLE:
+            return tuple(self._child_unpack(data))
+        if code == EXT_NPSCALAR:
+            return self._npscalar(data)
+        if code == EXT_SET:
+            return set(self._child_unpack(data))
+        if code == EXT_FROZENSET:
+            return frozenset(self._child_unpack(data))
+        if code == EXT_COMPLEX:
+            if len(data) != _COMPLEX.size:
+                raise DecodeError("malformed complex record")
+            return complex(*_COMPLEX.unpack(data))
+        if code == EXT_BIGINT:
+            if not data:
+                raise DecodeError("empty integer record")
+            return int.from_bytes(data, "little", signed=True)
+        if code == EXT_DATACLASS:
+            return self._dataclass(data)
+        if code == EXT_DATETIME:
+            return _decode_datetime(_meta(data))
+        if code == EXT_PICKLE:
+            return self._pickle(data)
+        raise DecodeError(f"unknown extension type {code}")
+
+    def _buffer(self, data: bytes) -> Buffer:
+        m = _meta(data)
+        if type(m) is not list or len(m) != 2:
+            raise DecodeError("malformed buffer record")
+        kind, ref = m
+        buf = self._take(ref)
+        if kind == _BYTES:
+            return buf if type(buf) is bytes else bytes(buf)
+        if kind == _BYTEARRAY:
+            return buf if type(buf) is bytearray else bytearray(buf)
+        if kind == _MEMORYVIEW:
+            return buf if type(buf) is memoryview else memoryview(buf)
+        raise DecodeError(f"unknown buffer kind {kind!r}")
+
+    def _ndarray(self, data: bytes) -> np.ndarray:
+        m = _meta(data)
+        if type(m) is not list or len(m) != 4:
+            raise DecodeError("malformed array record")
+        wire, shape, fortran, ref = m
+        dt = self._ser._dtype_from_wire(wire)
+        if type(shape) is not list or len(shape) > _MAX_NDIM or type(fortran) is not bool:
+            raise DecodeError("malformed array record")
+        for s in shape:
+            if type(s) is not int or s < 0:
+                raise DecodeError(f"bad array shape {shape[:_MAX_NDIM]!r}")
+        buf = self._take(ref)
+        need = math.prod(shape) * dt.itemsize
+        if len(buf) != need:
+            raise DecodeError(f"array {tuple(shape)} of {dt} needs {need} bytes, its buffer has {len(buf)}")
+        arr = np.ndarray(shape, dt, buffer=buf, order="F" if fortran else "C")
+        if not arr.flags.writeable:
+            arr = arr.copy(order="K")  # read-only frame (bytes): copy once, users get a writable array
+        return arr
+
+    def _npscalar(self, data: bytes) -> np.generic:
+        m = _meta(data)
+        if type(m) is not list or len(m) != 2 or type(m[1]) is not bytes:
+            raise DecodeError("malformed numpy scalar record")
+        dt = self._ser._dtype_from_wire(m[0])
+        if len(m[1]) != dt.itemsize or dt.itemsize == 0 or dt.subdtype is not None:
+            raise DecodeError(f"numpy scalar of {dt} with {len(m[1])} bytes")
+        arr = np.frombuffer(m[1], dt)
+        return (arr if dt.fields is None else arr.copy())[0]
+
+    def _dataclass(self, data: bytes) -> Any:
+        m = self._child_unpack(data)
+        if len(m) != 2 or type(m[0]) is not str or type(m[1]) is not list:
+            raise DecodeError("malformed dataclass record")
+        name, values = m
+        entry = self._ser._by_name.get(name)
+        if entry is None:
+            raise DecodeError(
+                f"unknown registered type {name[:200]!r}: register it with serializer.register(...) on this node"
+            )
+        cls, fields = entry
+        if len(values) != len(fields):
+            raise DecodeError(f"{name}: sender has {len(values)} fields, this node's class has {len(fields)}")
+        # Restore the way pickle does: no __init__ runs on data from the network.
+        obj = cls.__new__(cls)
+        for f, v in zip(fields, values, strict=True):
+            object.__setattr__(obj, f, v)
+        return obj
+
+    def _pickle(self, data: bytes) -> Any:
+        if not self._ser.allow_pickle:
+            raise DecodeError("received a pickled object but pickle is disabled (security.allow_pickle)")
+        m = _meta(data)
+        if type(m) is not list or len(m) != 2 or type(m[0]) is not bytes or type(m[1]) is not list:
+            raise DecodeError("malformed pickle record")
+        buffers = [self._take(r) for r in m[1]]
+        return pickle.loads(m[0], buffers=buffers)
+
+
+def _meta(data: bytes) -> Any:
+    """Unpack a plain metadata record (no extensions allowed inside)."""
+    return msgpack.unpackb(data, raw=False)
+
+
+def _decode_datetime(m: Any) -> Any:
+    if type(m) is not list or not m:
+        raise DecodeError("malformed datetime record")
+    kind = m[0]
+    if kind == _TIMEDELTA and len(m) == 4 and all(type(x) is int for x in m[1:]):
+        return _dt.timedelta(days=m[1], seconds=m[2], microseconds=m[3])
+    if len(m) != 2 or type(m[1]) is not str or len(m[1]) > 64:
+        raise DecodeError("malformed datetime record")
+    if kind == _DATETIME:
+        return _dt.datetime.fromisoformat(m[1])
+    if kind == _DATE:
+        return _dt.date.fromisoformat(m[1])
+    if kind == _TIME:
+        return _dt.time.fromisoformat(m[1])
+    raise DecodeError(f"unknown datetime kind {kind!r}")
+
+
+def _frame_len(f: Any, i: int) -> tuple[Buffer, int]:
+    """Check one received frame's type; return it as a flat byte buffer and its size."""
+    t = type(f)
+    if t is bytes or t is bytearray:
+        return f, len(f)
+    if t is memoryview:
+        if f.format != "B" or f.ndim != 1:
+            if not f.c_contiguous:
+                raise DecodeError(f"frame {i} is a non-contiguous memoryview")
+            f = f.cast("B")
+        elif not f.contiguous:
+            raise DecodeError(f"frame {i} is a non-contiguous memoryview")
+        return f, len(f)
+    raise DecodeError(f"frame {i} is a {t.__name__}, not a buffer")
+
+
+# ---------------------------------------------------------------- public API
+class Serializer:
+    """Turns Python objects into messages (lists of frames) and back.
+
+    Keep one per node and reuse it: it caches its encoder, dtype translations and the
+    dataclass registry. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        *,
+        oob_min_bytes: int = 2048,
+        compression: str = "none",
+        compress_min_bytes: int = 65536,
+        allow_pickle: bool = False,
+        limits: LimitsSection | None = None,
+    ) -> None:
+        if compression != "none" and compression not in CODECS:
+            raise ConfigError(f"compression must be 'none' or one of {sorted(CODECS)}, not {compression!r}")
+        if oob_min_bytes < 0 or compress_min_bytes < 0:
+            raise ConfigError("oob_min_bytes and compress_min_bytes must not be negative")
+        self.oob_min_bytes = oob_min_bytes
+        self.compression = compression
+        self.compress_min_bytes = compress_min_bytes
+        self.allow_pickle = allow_pickle
+        self.limits = limits if limits is not None else LimitsSection()
+        self._oob_min = max(1, oob_min_bytes)  # empty buffers always stay inline
+        self._max_header = self.limits.max_header_bytes
+        self._codec = compression if compression != "none" else LZ4
+        self._compress_default = compression != "none"
+        self._by_type: dict[type, tuple[str, tuple[str, ...]]] = {}
+        self._by_name: dict[str, tuple[type, tuple[str, ...]]] = {}
+        self._dtype_out: dict[np.dtype, Any] = {}
+        self._dtype_in: dict[str, np.dtype] = {}
+        # msgpack packers are neither thread-safe nor re-entrant: one encoder per thread.
+        self._tls = threading.local()
+        self._root = _Decoder(self, (), None, 0)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Serializer:
+        """Build from the ``[codec]``, ``[limits]`` and ``[security]`` sections."""
+        return cls(
+            oob_min_bytes=cfg.codec.oob_min_bytes,
+            compression=cfg.codec.compression,
+            compress_min_bytes=cfg.codec.compress_min_bytes,
+            allow_pickle=cfg.security.allow_pickle,
+            limits=cfg.limits,
+        )
+
+    @overload
+    def register(self, cls: T, name: str | None = None) -> T: ...
+    @overload
+    def register(self, cls: None = None, name: str | None = None) -> Callable[[T], T]: ...
+    def register(self, cls: T | None = None, name: str | None = None) -> Any:
+        """Let dataclass ``cls`` travel under ``name`` (default ``module:qualname``).
+
+        Both ends must register the same name. Usable as ``@ser.register`` or
+        ``@ser.register(name="geo.Point")``; returns the class.
+        """
+        if cls is None:
+            return lambda c: self.register(c, name)
+        if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+            raise SerializationError(f"only dataclasses can be registered, not {cls!r}")
+        key = name if name is not None else f"{cls.__module__}:{cls.__qualname__}"
+        other = self._by_name.get(key)
+        if other is not None and other[0] is not cls:
+            raise SerializationError(f"name {key!r} is already registered for {_qualname(other[0])}")
+        fields = tuple(f.name for f in dataclasses.fields(cls))
+        old = self._by_type.get(cls)
+        if old is not None and old[0] != key:
+            del self._by_name[old[0]]
+        self._by_type[cls] = (key, fields)
+        self._by_name[key] = (cls, fields)
+        return cls
+
+    def dumps(self, obj: Any, *, compress: bool | None = None) -> list[Buffer]:
+        """Encode ``obj`` into frames. Large buffers in the result alias ``obj``'s memory:
+        do not mutate them until the transport is done sending.
+
+        ``compress=None`` follows the configured compression; True/False force it.
+        Raises :class:`~aionet.errors.SerializationError` for unsupported objects.
+        """
+        try:
+            enc = self._tls.encoder
+        except AttributeError:
+            enc = self._tls.encoder = _Encoder(self)
+        if enc.busy:  # re-entered from user code running inside this encoder (pickle hooks)
+            enc = _Encoder(self)
+        return enc.encode(obj, self._compress_default if compress is None else compress)
+
+    def loads(self, frames: Sequence[Buffer]) -> Any:
+        """Decode a message produced by :meth:`dumps` (on any node).
+
+        Arrays and buffers alias the given frames where possible, so hand over ownership.
+        Raises :class:`~aionet.errors.ProtocolError` (normally DecodeError) on any bad input.
+        """
+        try:
+            if len(frames) == 1:
+                header = frames[0]
+                if len(header) > self._max_header:
+                    raise FrameTooLarge(
+                        f"header of {len(header)} bytes exceeds limits.max_header_bytes ({self._max_header})"
+                    )
+                return self._root.unpack(header)
+            return self._loads_frames(frames)
+        except ProtocolError:
+            raise
+        except Exception as exc:
+            raise DecodeError(f"cannot decode message: {type(exc).__name__}: {exc}") from exc
+
+    def _loads_frames(self, frames: Sequence[Buffer]) -> Any:
+        n = len(frames)
+        if n == 0:
+            raise DecodeError("empty message (no header frame)")
+        lim = self.limits
+        if n - 1 > lim.max_frames:
+            raise TooManyFrames(f"message has {n - 1} buffers, above limits.max_frames ({lim.max_frames})")
+        header, hlen = _frame_len(frames[0], 0)
+        if hlen > self._max_header:
+            raise FrameTooLarge(f"header of {hlen} bytes exceeds limits.max_header_bytes ({self._max_header})")
+        flat: list[Buffer] = [header]
+        total = hlen
+        for i in range(1, n):
+            f, size = _frame_len(frames[i], i)
+            if size > lim.max_frame_bytes:
+                raise FrameTooLarge(f"frame {i} of {size} bytes exceeds limits.max_frame_bytes")
+            total += size
+            flat.append(f)
+        if total > lim.max_message_bytes:
+            raise FrameTooLarge(f"message of {total} bytes exceeds limits.max_message_bytes")
+        used = bytearray(n)
+        used[0] = 1
+        obj = _Decoder(self, flat, used, 0).unpack(header)
+        if 0 in used:
+            raise DecodeError(f"frame {used.index(0)} is not referenced by the header (corrupt message?)")
+        return obj
+
+    # -------------------------------------------------------------- dtype translation
+    def _dtype_wire(self, dt: np.dtype) -> Any:
+        """Wire form of ``dt``, or None when it cannot travel as raw memory (cached)."""
+        try:
+            return self._dtype_out[dt]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable exotic dtype
+            return None
+        wire: Any = None
+        try:
+            if _dtype_ok(dt):
+                if dt.fields is None and dt.subdtype is None:
+                    cand: Any = dt.str
+                else:
+                    cand = _descr_to_wire(np.lib.format.dtype_to_descr(dt))
+                if _dtype_from_wire_uncached(cand) == dt:
+                    wire = cand
+        except (DecodeError, TypeError, ValueError):
+            wire = None
+        if len(self._dtype_out) >= _DTYPE_CACHE_MAX:
+            self._dtype_out.clear()
+        self._dtype_out[dt] = wire
+        return wire
+
+    def _dtype_from_wire(self, wire: Any) -> np.dtype:
+        if type(wire) is str:
+            dt = self._dtype_in.get(wire)
+            if dt is None:
+                dt = _dtype_from_wire_uncached(wire)
+                if len(self._dtype_in) >= _DTYPE_CACHE_MAX:
+                    self._dtype_in.clear()
+                self._dtype_in[wire] = dt
+            return dt
+        return _dtype_from_wire_uncached(wire)

@@ -1,0 +1,344 @@
+"""Reliable per-peer link over whatever connection is current.
+
+Every application envelope to a peer gets a sequence number and carries a cumulative ack;
+it stays in a bounded replay buffer until acknowledged. When a connection drops, the side
+that dialed reconnects (jittered exponential backoff) and, after the resume handshake, the
+unacknowledged messages are replayed in order before anything new; the receiver drops
+duplicates. A link that stays disconnected for ``give_up_after`` seconds, or whose peer is
+declared dead, fails: blocked senders and pending requests get PeerUnavailable.
+
+The bookkeeping itself is :class:`aionet.link_state.LinkState` (sans-I/O); this module
+adds the asyncio side: waiting for space, ack timers, replay and reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .errors import ConnectionClosed, PeerUnavailable, SerializationError
+from .link_state import LinkState
+from .transports.base import Connection
+
+ACK = 7  # [ACK, recv_seq]                    unsequenced
+SEQUENCED_MAX = 6  # envelope kinds 1..6 are sequenced: [kind, seq, ack, *fields]
+BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
+
+
+def nbytes_of(frames: list[Any]) -> int:
+    n = 0
+    for f in frames:
+        n += f.nbytes if type(f) is memoryview else len(f)
+    return n
+
+
+class Link:
+    """The reliable channel to one peer (one per peer name and incarnation)."""
+
+    def __init__(
+        self,
+        peer: str,
+        *,
+        dumps: Callable[..., list[Any]],
+        max_inflight_bytes: int,
+        give_up_after: float,
+        ack_delay: float = 0.005,
+        log: Any,
+        redial: Callable[[], Awaitable[None]] | None = None,
+        on_dead: Callable[[str, BaseException], None] | None = None,
+    ):
+        self.peer = peer
+        self.dumps = dumps
+        self.state = LinkState(max_inflight_bytes)
+        self.tx_id = uuid.uuid4().hex[:16]  # our outgoing stream toward this peer
+        self.rx_id = ""  # the peer's outgoing stream toward us, as last seen
+        self.peer_node_id = ""
+        self.compress = False
+        self.conns: list[Any] = []  # live handshaken connections (node's _Conn objects)
+        self.current: Any = None  # the one we send on
+        self.dialer = False  # we dialed: we are the one who reconnects
+        self.dead: BaseException | None = None
+        self.left = False
+        self.give_up_after = give_up_after
+        self.ack_delay = ack_delay
+        self.log = log
+        self._redial = redial
+        self._on_dead = on_dead
+        self._space = asyncio.Event()
+        self._space.set()
+        self._ack_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._replaying = False
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._switch_task: asyncio.Task[None] | None = None
+        self._bytes_owed = 0
+        self.disconnected_since: float | None = None
+
+    # ------------------------------------------------------------------ sending
+    async def send(self, kind: int, fields: list[Any]) -> None:
+        """Send a sequenced envelope. Returns when the transport took it; for messages of at
+        least BIG_MESSAGE bytes, when the peer acknowledged it (so the caller may reuse its
+        buffers). Never raises for a dropped connection: the message is replayed later."""
+        if self.dead is not None:
+            raise self.dead
+        st = self.state
+        if st.inflight_bytes >= st.max_inflight_bytes:
+            await self._wait_space()
+        seq, ack = st.stamp()
+        try:
+            frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
+        except BaseException:
+            st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
+            raise
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+            self._bytes_owed = 0
+        nbytes = len(frames[0]) if len(frames) == 1 else nbytes_of(frames)
+        st.record(seq, frames, nbytes)
+        c = self.current
+        if c is not None and not self._replaying:
+            try:
+                await c.conn.send(frames)
+            except ConnectionClosed:
+                self.connection_lost(c)
+        if nbytes >= BIG_MESSAGE:
+            await self.wait_acked(seq)
+
+    async def _wait_space(self) -> None:
+        st = self.state
+        while st.inflight_bytes >= st.max_inflight_bytes:
+            if self.dead is not None:
+                raise self.dead
+            self._space.clear()
+            await self._space.wait()
+        if self.dead is not None:
+            raise self.dead
+
+    async def wait_acked(self, seq: int) -> None:
+        if self.state.acked >= seq:
+            return
+        if self.dead is not None:
+            raise self.dead
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ack_waiters.append((seq, fut))
+        await fut
+
+    def send_control(self, frames: list[Any]) -> None:
+        """Unsequenced, best-effort (acks): sent on the current connection if any."""
+        c = self.current
+        if c is not None:
+            try:
+                c.conn.send_nowait(frames)
+            except ConnectionClosed:
+                pass
+
+    # ------------------------------------------------------------------ receiving
+    def on_ack(self, ack: int) -> None:
+        st = self.state
+        if ack <= st.acked:
+            return
+        st.on_ack(ack)
+        if st.inflight_bytes < st.max_inflight_bytes:
+            self._space.set()
+        waiters = self._ack_waiters
+        while waiters and waiters[0][0] <= ack:
+            fut = waiters.popleft()[1]
+            if not fut.done():
+                fut.set_result(None)
+
+    def received(self, nbytes: int) -> None:
+        """After delivering a batch: ack now if much arrived, else within ack_delay."""
+        if self.state.ack_owed == 0:
+            return
+        self._bytes_owed += nbytes
+        if self._bytes_owed >= BIG_MESSAGE or self.state.should_ack():
+            self.flush_ack()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self.flush_ack)
+
+    def flush_ack(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        self._bytes_owed = 0
+        if self.state.ack_owed and self.current is not None:
+            self.send_control(self.dumps([ACK, self.state.acked_now()]))
+
+    # ------------------------------------------------------------------ connections
+    def resume_info(self) -> dict[str, Any]:
+        """What the handshake tells the peer about this link (for trimming and resets)."""
+        return {"tx": self.tx_id, "rx": self.rx_id, "recv": self.state.recv_seq}
+
+    def apply_resume(self, info: dict[str, Any] | None, peer_node_id: str) -> list[str]:
+        """Reconcile with the peer's view from its handshake; returns notes for the log."""
+        notes: list[str] = []
+        info = info if isinstance(info, dict) else {}
+        if self.peer_node_id and peer_node_id != self.peer_node_id:
+            notes.append("peer restarted (new incarnation): messages to the old one are lost")
+            self._reset_tx(PeerUnavailable(f"{self.peer}: peer restarted; in-flight messages to it are lost"))
+            self._reset_rx()
+        self.peer_node_id = peer_node_id
+        their_tx = info.get("tx")
+        if isinstance(their_tx, str) and their_tx != self.rx_id:
+            if self.rx_id:
+                notes.append("peer started a new stream")
+            self._reset_rx()
+            self.rx_id = their_tx
+        if info.get("rx") == self.tx_id:
+            recv = info.get("recv")
+            if isinstance(recv, int) and self.state.acked < recv < self.state.next_seq:
+                self.on_ack(recv)
+        elif self.state.next_seq > 1:
+            notes.append("peer lost our stream: restarting it")
+            self._reset_tx(PeerUnavailable(f"{self.peer}: link reset by peer; in-flight messages are lost"))
+        return notes
+
+    def _reset_tx(self, exc: BaseException) -> None:
+        old = self.state
+        self.state = LinkState(old.max_inflight_bytes, old.ack_every)
+        self.state.recv_seq, self.state.ack_owed = old.recv_seq, old.ack_owed
+        self.tx_id = uuid.uuid4().hex[:16]
+        self._fail_waiters(exc)
+        self._space.set()
+
+    def _reset_rx(self) -> None:
+        self.state.recv_seq = 0
+        self.state.ack_owed = 0
+
+    async def attach(self, c: Any, dialer: bool) -> None:
+        """Make ``c`` current and replay everything unacknowledged on it, in order."""
+        self.conns.append(c)
+        if dialer:
+            self.dialer = True
+        self.compress = c.compress
+        self.disconnected_since = None
+        if self.current is not None and not self.current.conn.closed:
+            return  # keep sending on the existing connection; this one is read from
+        self.current = c
+        st = self.state
+        if not st.unacked:
+            return
+        self._replaying = True
+        try:
+            nxt = st.unacked[0][0]
+            while True:
+                if not st.unacked or self.current is not c:
+                    break
+                first = st.unacked[0][0]
+                idx = max(nxt - first, 0)
+                if idx >= len(st.unacked):
+                    break
+                seq, frames, _n = st.unacked[idx]
+                await c.conn.send(frames)
+                nxt = seq + 1
+        except ConnectionClosed:
+            self.connection_lost(c)
+        finally:
+            self._replaying = False
+
+    def connection_lost(self, c: Any) -> None:
+        if c in self.conns:
+            self.conns.remove(c)
+        if self.current is c:
+            self.current = next((x for x in self.conns if not x.conn.closed), None)
+            if self.current is not None:
+                self._switch_task = asyncio.get_running_loop().create_task(self._switch(self.current))
+        if self.current is None and self.dead is None and not self.left:
+            if self.disconnected_since is None:
+                self.disconnected_since = time.monotonic()
+            if self._reconnect_task is None or self._reconnect_task.done():
+                self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _switch(self, c: Any) -> None:
+        self.current = None
+        self.conns.remove(c)
+        await self.attach(c, False)
+
+    async def _reconnect(self) -> None:
+        delay = 0.02
+        deadline = (self.disconnected_since or time.monotonic()) + self.give_up_after
+        while self.current is None and self.dead is None and not self.left:
+            if self.dialer and self._redial is not None:
+                try:
+                    await self._redial()
+                except Exception as exc:  # any dial failure: try again until the deadline
+                    self.log.debug("reconnect attempt failed", peer=self.peer, error=str(exc))
+                if self.current is not None:
+                    self.log.info("reconnected", peer=self.peer, replayed=len(self.state.unacked))
+                    return
+            if time.monotonic() >= deadline:
+                self.fail(PeerUnavailable(f"{self.peer}: no connection for {self.give_up_after} s (gave up)"))
+                return
+            await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - time.monotonic(), 0)))
+            delay = min(delay * 2, 1.0)
+
+    # ------------------------------------------------------------------ ending
+    def _fail_waiters(self, exc: BaseException) -> None:
+        while self._ack_waiters:
+            fut = self._ack_waiters.popleft()[1]
+            if not fut.done():
+                fut.set_exception(exc)
+        self._space.set()
+
+    def fail(self, exc: BaseException) -> None:
+        """The peer is dead (or gave up): fail everything waiting on this link."""
+        if self.dead is not None:
+            return
+        self.dead = exc
+        self._fail_waiters(exc)
+        self.state.unacked.clear()
+        self.state.inflight_bytes = 0
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        for c in list(self.conns):
+            c.conn.abort()
+        self.conns.clear()
+        self.current = None
+        if self._reconnect_task is not None and self._reconnect_task is not asyncio.current_task():
+            self._reconnect_task.cancel()
+        if self._on_dead is not None:
+            self._on_dead(self.peer, exc)
+
+    def peer_left(self) -> None:
+        """The peer said BYE: nothing more will be delivered; fail waiters without reconnecting."""
+        self.left = True
+        if self.dead is None:
+            self.flush_ack()
+            self.dead = PeerUnavailable(f"{self.peer}: peer left the cluster")
+            self._fail_waiters(self.dead)
+            self.state.unacked.clear()
+            self.state.inflight_bytes = 0
+            if self._on_dead is not None:
+                self._on_dead(self.peer, self.dead)
+
+    def info(self) -> dict[str, Any]:
+        st = self.state
+        return {
+            "inflight_bytes": st.inflight_bytes,
+            "unacked_messages": len(st.unacked),
+            "next_seq": st.next_seq,
+            "acked": st.acked,
+            "recv_seq": st.recv_seq,
+            "connected": self.current is not None,
+            "dead": str(self.dead) if self.dead else None,
+        }
+
+
+def is_sequenced(kind: int) -> bool:
+    return 1 <= kind <= SEQUENCED_MAX
+
+
+async def close_conn(conn: Connection) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), 2.0)
+    except Exception:
+        conn.abort()
+
+
+__all__ = ["ACK", "BIG_MESSAGE", "Link", "SerializationError", "is_sequenced", "nbytes_of"]

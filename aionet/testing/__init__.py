@@ -1,0 +1,5 @@
+"""Tools for testing applications built on aionet (fault injection)."""
+
+from .proxy import FaultProxy
+
+__all__ = ["FaultProxy"]

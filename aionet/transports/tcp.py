@@ -1,0 +1,603 @@
+"""TCP transport (``tcp://host:port``): aionet framing over asyncio streams, tuned for both
+floods of small messages and multi-GiB buffers.
+
+Receive: an ``asyncio.BufferedProtocol`` lets the kernel write straight into
+:class:`~aionet.codecs.framing.FrameDecoder`'s buffers -- small messages into a reused staging
+buffer, large frames directly into their final allocation. Completed messages wait in a queue
+whose size (in bytes) is bounded: reading pauses above ``max_queued_bytes``.
+
+Send: messages are encoded into a per-connection batch and written with one
+``transport.writelines`` per event-loop iteration, so a burst of small messages becomes one
+``writev`` on uvloop (the stdlib loop joins the buffers; slower, still correct). Frames below
+``copy_below`` are copied into the batch, so callers may reuse them at once; larger ``bytes``
+are written by reference (immutable); larger mutable buffers are written by reference too and
+``send`` returns only once the kernel has them. ``send`` waits while the transport's write
+buffer is above ``write_high_water``.
+
+Options (``[transport] tcp = {...}``): ``nodelay`` (True), ``max_queued_bytes`` (64 MiB),
+``write_high_water`` (4 MiB), ``flush_bytes`` (256 KiB: a batch this big is written without
+waiting for the next loop iteration), ``copy_below`` (64 KiB), ``large_frame_bytes`` (64 KiB),
+``staging_bytes`` (256 KiB), ``close_timeout`` (5 s), ``backlog`` (1024).
+
+Errors: connect failures raise :class:`~aionet.errors.TransportError` (the OSError is the
+``__cause__``); a connect timeout raises :class:`ConnectTimeout`, which is both a
+TransportError and a builtin ``TimeoutError`` (= ``asyncio.TimeoutError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import structlog
+
+from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, as_frame, encode_prefix
+from ..errors import (
+    ConfigError,
+    ConnectionClosed,
+    FrameTooLarge,
+    ProtocolError,
+    TooManyFrames,
+    TransportError,
+    TransportUnavailable,
+)
+from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+
+if TYPE_CHECKING:
+    import ssl
+
+    from ..config import LimitsSection
+
+log = structlog.get_logger("aionet.transports.tcp")
+
+#: Option name -> default. Unknown options are a configuration error.
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "nodelay": True,
+    "max_queued_bytes": 64 * 2**20,
+    "write_high_water": 4 * 2**20,
+    "flush_bytes": 256 * 2**10,
+    "copy_below": 64 * 2**10,
+    "large_frame_bytes": 64 * 2**10,
+    "staging_bytes": 256 * 2**10,
+    "close_timeout": 5.0,
+    "backlog": 1024,
+}
+
+#: Bytes charged per queued message on top of its payload, so that floods of empty messages
+#: are bounded too (roughly the Python objects a message costs).
+MESSAGE_OVERHEAD = 64
+
+_PACK1 = ONE_FRAME_PREFIX.pack  # (HEAD, 1, length) -> the 16-byte prefix of a 1-frame message
+
+
+class ConnectTimeout(TransportError, TimeoutError):
+    """Connecting took longer than the timeout (also an ``asyncio.TimeoutError``)."""
+
+
+def _options(raw: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(raw) - set(DEFAULT_OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown transport.tcp option(s) {', '.join(unknown)}; valid: {', '.join(DEFAULT_OPTIONS)}")
+    opts = dict(DEFAULT_OPTIONS)
+    for key, value in raw.items():
+        default = DEFAULT_OPTIONS[key]
+        try:
+            if isinstance(default, bool):
+                if isinstance(value, str):
+                    value = value.strip().lower() in ("1", "true", "yes", "on")
+                opts[key] = bool(value)
+            else:
+                opts[key] = type(default)(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"transport.tcp.{key} must be a {type(default).__name__}, not {value!r}") from None
+        if not isinstance(default, bool) and opts[key] < 0:
+            raise ConfigError(f"transport.tcp.{key} must not be negative")
+    return opts
+
+
+def _url(sockaddr: Any) -> str:
+    if isinstance(sockaddr, tuple) and len(sockaddr) >= 2:
+        return Address("tcp", str(sockaddr[0]), int(sockaddr[1]), "").url()
+    return f"tcp://{sockaddr}"
+
+
+class TCPConnection(Connection, asyncio.BufferedProtocol):
+    """One TCP connection; it is its own asyncio protocol (one object on the hot paths)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        opts: dict[str, Any],
+        limits: LimitsSection,
+        on_connected: Callable[[TCPConnection], None] | None = None,
+    ) -> None:
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._on_connected = on_connected
+        self._nodelay: bool = opts["nodelay"]
+        self._limits = limits
+        self._max_header = limits.max_header_bytes
+        self._max_frame = limits.max_frame_bytes
+        self._max_message = limits.max_message_bytes
+        self._max_frames = limits.max_frames
+        self._close_timeout: float = opts["close_timeout"]
+        # receive side
+        self._decoder = FrameDecoder(
+            limits, large_frame_bytes=opts["large_frame_bytes"], staging_bytes=opts["staging_bytes"]
+        )
+        # The kernel asks the decoder directly where to put bytes: no extra Python frame per read.
+        self.get_buffer = self._decoder.get_buffer  # type: ignore[method-assign]
+        self._queue: deque[Message] = deque()
+        self._queued_bytes = 0
+        self._delivered_seen = 0
+        self._max_queued: int = max(1, opts["max_queued_bytes"])
+        self._resume_below = self._max_queued // 2
+        self._read_paused = False
+        self._recv_waiters: list[asyncio.Future[None]] = []
+        # send side
+        self._wbuf = bytearray()
+        self._wlist: list[Buffer] = []
+        self._wbytes = 0
+        self._flush_scheduled = False
+        self._flush_bytes: int = max(1, opts["flush_bytes"])
+        self._copy_below: int = opts["copy_below"]
+        self._high: int = opts["write_high_water"]
+        self._write_paused = False
+        self._forced_pause = False
+        self._write_waiters: list[asyncio.Future[None]] = []
+        # lifecycle
+        self._closed = False  # no more sends/recvs (local close, abort, or connection lost)
+        self._local_close = False  # closed by us: recv raises even with messages queued
+        self._lost = False
+        self._lost_fut: asyncio.Future[None] = loop.create_future()
+        self._cause: BaseException | None = None
+        self._close_task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<TCPConnection {self.local_address} -> {self.peer_address} {state}>"
+
+    # ================================================================= asyncio protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self.local_address = _url(transport.get_extra_info("sockname"))
+        self.peer_address = _url(transport.get_extra_info("peername"))
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1 if self._nodelay else 0)
+            except (OSError, AttributeError):  # not a TCP socket (e.g. a test double)
+                pass
+        # Low water 0: resume_writing means everything written before reached the kernel, which
+        # is what a zero-copy send of a mutable buffer waits for.
+        transport.set_write_buffer_limits(high=self._high, low=0)
+        if self._on_connected is not None:
+            cb, self._on_connected = self._on_connected, None
+            cb(self)
+
+    # get_buffer is bound per instance in __init__ (the decoder's); this is the class fallback.
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            msgs = self._decoder.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            self._protocol_violation(exc)
+            return
+        if msgs:
+            self._queue.extend(msgs)
+            delivered = self._decoder.delivered_bytes
+            self._queued_bytes += delivered - self._delivered_seen + MESSAGE_OVERHEAD * len(msgs)
+            self._delivered_seen = delivered
+            if self._queued_bytes > self._max_queued and not self._read_paused:
+                self._pause_reading()
+            if self._recv_waiters:
+                self._wake(self._recv_waiters)
+
+    def eof_received(self) -> bool:
+        return False  # close our side too: a connection is bidirectional or nothing
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._closed = True
+        if self._cause is None:
+            if exc is not None:
+                self._cause = exc
+            elif self._decoder.failed is None and self._decoder.pending_bytes and not self._local_close:
+                err = ProtocolError(
+                    f"connection closed in the middle of a message ({self._decoder.pending_bytes} bytes of it received)"
+                )
+                log.warning("peer closed mid-message", peer=self.peer_address, error=str(err))
+                self._cause = err
+        self._wbuf = bytearray()
+        self._wlist = []
+        self._wbytes = 0
+        self._wake(self._recv_waiters)
+        self._wake(self._write_waiters)
+        if not self._lost_fut.done():
+            self._lost_fut.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._forced_pause:
+            self._forced_pause = False
+            if self._transport is not None and not self._lost:
+                self._transport.set_write_buffer_limits(high=self._high, low=0)
+        self._wake(self._write_waiters)
+
+    # ================================================================= helpers
+    @staticmethod
+    def _wake(waiters: list[asyncio.Future[None]]) -> None:
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+        waiters.clear()
+
+    def _pause_reading(self) -> None:
+        t = self._transport
+        if t is not None and not t.is_closing():
+            t.pause_reading()
+            self._read_paused = True
+
+    def _resume_reading(self) -> None:
+        self._read_paused = False
+        t = self._transport
+        if t is not None and not t.is_closing():
+            t.resume_reading()
+
+    def _protocol_violation(self, exc: ProtocolError) -> None:
+        log.warning(
+            "protocol violation; closing connection",
+            peer=self.peer_address,
+            local=self.local_address,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        if self._cause is None:
+            self._cause = exc
+        self._closed = True
+        self._wake(self._recv_waiters)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _closed_error(self) -> ConnectionClosed:
+        why = "closed" if self._local_close else "closed by peer" if self._cause is None else "failed"
+        err = ConnectionClosed(f"connection {self.local_address} -> {self.peer_address} {why}")
+        err.__cause__ = self._cause
+        return err
+
+    # ================================================================= sending
+    async def send(self, frames: Sequence[Buffer]) -> None:
+        if self._closed:
+            raise self._closed_error()
+        if self._write_paused:
+            await self._wait_writable()
+        if len(frames) == 1:
+            # Fast path: one frame, copied into the batch behind its prefix.
+            f = frames[0]
+            if type(f) is not bytes:
+                f = as_frame(f)
+            ln = len(f)
+            if ln < self._copy_below and ln <= self._max_header:
+                wbuf = self._wbuf
+                wbuf += _PACK1(HEAD, 1, ln)
+                wbuf += f
+                self._wbytes += ln + 16
+                if not self._flush_scheduled:
+                    self._flush_scheduled = True
+                    self._loop.call_soon(self._scheduled_flush)
+                elif self._wbytes >= self._flush_bytes:
+                    self._flush()
+                return
+        if self._append(frames):
+            self._flush()
+            await self._wait_drained()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._scheduled_flush)
+        elif self._wbytes >= self._flush_bytes:
+            self._flush()
+
+    def _append(self, frames: Sequence[Any]) -> bool:
+        """Encode one message into the batch; True if it references caller-mutable memory."""
+        n = len(frames)
+        if n > self._max_frames:
+            raise TooManyFrames(f"message has {n} frames; limit is {self._max_frames} (limits.max_frames)")
+        fs = [as_frame(f) for f in frames]
+        total = 0
+        for i, f in enumerate(fs):
+            ln = len(f)
+            limit = self._max_header if i == 0 else self._max_frame
+            if ln > limit:
+                which = "header frame" if i == 0 else f"frame {i}"
+                raise FrameTooLarge(f"{which} has {ln} bytes; limit is {limit}")
+            total += ln
+        if total > self._max_message:
+            raise FrameTooLarge(f"message has {total} bytes; limit is {self._max_message}")
+        wbuf = self._wbuf
+        prefix = encode_prefix(fs)
+        wbuf += prefix
+        mutable = False
+        copy_below = self._copy_below
+        for f in fs:
+            if len(f) < copy_below:
+                wbuf += f
+                continue
+            # Large: by reference. Close the current batch chunk and start a new one.
+            if type(f) is not bytes:
+                mutable = True
+            if wbuf:
+                self._wlist.append(wbuf)
+                wbuf = self._wbuf = bytearray()
+            self._wlist.append(f)
+        self._wbytes += len(prefix) + total
+        return mutable
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self._flush()
+
+    def _flush(self) -> None:
+        """Hand the whole batch to the transport: one write/writelines call."""
+        wbuf = self._wbuf
+        wlist = self._wlist
+        if not wbuf and not wlist:
+            return
+        self._wbuf = bytearray()  # the transport may keep a view on the old one
+        self._wbytes = 0
+        t = self._transport
+        if t is None or self._lost or t.is_closing():
+            self._wlist = []
+            return
+        if wlist:
+            self._wlist = []
+            if wbuf:
+                wlist.append(wbuf)
+            t.writelines(wlist)
+        else:
+            t.write(wbuf)
+
+    async def _wait_writable(self) -> None:
+        while self._write_paused and not self._closed:
+            fut = self._loop.create_future()
+            self._write_waiters.append(fut)
+            await fut
+        if self._closed:
+            raise self._closed_error()
+
+    async def _wait_drained(self) -> None:
+        """Wait until every byte written so far is in the kernel (write buffer empty)."""
+        t = self._transport
+        while t is not None and not self._closed and t.get_write_buffer_size() > 0:
+            if not self._write_paused:
+                # Pause as soon as anything is buffered, so resume_writing (low water 0)
+                # tells us when the buffer is empty.
+                self._forced_pause = True
+                t.set_write_buffer_limits(high=0, low=0)
+                if not self._write_paused:  # the transport did not pause: nothing buffered
+                    self._forced_pause = False
+                    t.set_write_buffer_limits(high=self._high, low=0)
+                    break
+            fut = self._loop.create_future()
+            self._write_waiters.append(fut)
+            await fut
+        if self._closed:
+            raise self._closed_error()
+
+    # ================================================================= receiving
+    async def _wait_readable(self) -> None:
+        while not self._queue:
+            if self._closed or self._lost:
+                raise self._closed_error()
+            fut = self._loop.create_future()
+            self._recv_waiters.append(fut)
+            await fut
+        if self._local_close:
+            raise self._closed_error()
+
+    async def recv(self) -> Message:
+        q = self._queue
+        if not q or self._local_close:
+            await self._wait_readable()
+        msg = q.popleft()
+        self._queued_bytes -= (len(msg[0]) if len(msg) == 1 else sum(map(len, msg))) + MESSAGE_OVERHEAD
+        if self._read_paused and self._queued_bytes <= self._resume_below:
+            self._resume_reading()
+        return msg
+
+    async def recv_many(self) -> list[Message]:
+        q = self._queue
+        if not q or self._local_close:
+            await self._wait_readable()
+        msgs = list(q)
+        q.clear()
+        self._queued_bytes = 0
+        if self._read_paused:
+            self._resume_reading()
+        return msgs
+
+    # ================================================================= lifecycle
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def extra_info(self) -> dict[str, Any]:
+        t = self._transport
+        return {
+            "write_buffer_size": (t.get_write_buffer_size() if t is not None and not self._lost else 0),
+            "pending_write_bytes": self._wbytes,
+            "queued_recv_bytes": self._queued_bytes,
+            "queued_recv_messages": len(self._queue),
+            "partial_recv_bytes": self._decoder.pending_bytes,
+            "read_paused": self._read_paused,
+            "write_paused": self._write_paused,
+            "peer": self.peer_address,
+            "local": self.local_address,
+        }
+
+    def abort(self) -> None:
+        """Close now without flushing."""
+        self._local_close = True
+        self._closed = True
+        self._wake(self._recv_waiters)
+        self._wake(self._write_waiters)
+        if self._transport is not None and not self._lost:
+            self._transport.abort()
+
+    async def close(self) -> None:
+        """Flush what was sent (within ``close_timeout``), then close; idempotent."""
+        if self._close_task is None:
+            self._close_task = self._loop.create_task(self._close())
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        was_closed = self._closed
+        self._local_close = True
+        self._closed = True
+        self._wake(self._recv_waiters)
+        t = self._transport
+        if t is None or self._lost:
+            return
+        try:
+            async with asyncio.timeout(self._close_timeout):
+                if not was_closed:
+                    self._flush()
+                    # Like _wait_drained, but senders already see the connection closed.
+                    while not self._lost and t.get_write_buffer_size() > 0:
+                        if not self._write_paused:
+                            self._forced_pause = True
+                            t.set_write_buffer_limits(high=0, low=0)
+                            if not self._write_paused:
+                                break
+                        fut = self._loop.create_future()
+                        self._write_waiters.append(fut)
+                        await fut
+                t.close()
+                await asyncio.shield(self._lost_fut)
+        except TimeoutError:
+            log.warning("close timed out; aborting", peer=self.peer_address, timeout=self._close_timeout)
+            t.abort()
+        finally:
+            self._wake(self._write_waiters)
+
+
+class TCPListener(Listener):
+    """A listening socket; runs ``handler(conn)`` as a task per accepted connection."""
+
+    def __init__(self, server: asyncio.AbstractServer, url: str, tasks: set[asyncio.Task[None]]) -> None:
+        self._server = server
+        self._url = url
+        self._tasks = tasks  # handler tasks, referenced so they are not garbage-collected
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return self._url
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._server.close()  # listening sockets close now; accepted connections stay open
+
+    def __repr__(self) -> str:
+        return f"<TCPListener {self._url}{' closed' if self._closed else ''}>"
+
+
+class TCPTransport(Transport):
+    """``tcp://`` listeners and connections carrying aionet framing."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("tcp",)
+
+    def __init__(self, options: dict[str, Any] | None = None, limits: LimitsSection | None = None):
+        super().__init__(options, limits)
+        self._opts = _options(self.options)
+
+    # Hooks for a TLS subclass: an SSLContext turns this into tls:// with no other change.
+    def _server_ssl(self) -> ssl.SSLContext | None:
+        return None
+
+    def _client_ssl(self, addr: Address) -> ssl.SSLContext | None:
+        return None
+
+    def _check_url(self, url: str) -> Address:
+        addr = Address.parse(url)
+        if addr.scheme not in self.schemes:
+            raise TransportUnavailable(f"{type(self).__name__} cannot handle {addr.scheme!r} URLs: {url!r}")
+        if addr.port is None:
+            raise TransportUnavailable(f"missing port in {url!r} (use :0 to pick a free one)")
+        return addr
+
+    def _connection(
+        self, loop: asyncio.AbstractEventLoop, cb: Callable[[TCPConnection], None] | None = None
+    ) -> TCPConnection:
+        return TCPConnection(loop, self._opts, self.limits, cb)
+
+    async def listen(self, url: str, handler: ConnectionHandler) -> Listener:
+        addr = self._check_url(url)
+        loop = asyncio.get_running_loop()
+        host = addr.host or "0.0.0.0"
+        try:
+            # Bind exactly one address: with port 0 and a name resolving to several addresses
+            # each socket would get a different port.
+            infos = await loop.getaddrinfo(host, addr.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            bind_host = infos[0][4][0]
+        except OSError as exc:
+            raise TransportError(f"cannot resolve {host!r} for {url}: {exc}") from exc
+        tasks: set[asyncio.Task[None]] = set()
+
+        def start(conn: TCPConnection) -> None:
+            task = loop.create_task(_run_handler(handler, conn), name=f"aionet-tcp {conn.peer_address}")
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        try:
+            server = await loop.create_server(
+                lambda: self._connection(loop, start),
+                bind_host,
+                addr.port,
+                ssl=self._server_ssl(),
+                backlog=self._opts["backlog"],
+            )
+        except OSError as exc:
+            raise TransportError(f"cannot listen on {url}: {exc.strerror or exc}") from exc
+        port = server.sockets[0].getsockname()[1]
+        listener = TCPListener(server, Address(addr.scheme, host, port, "").url(), tasks)
+        log.debug("listening", address=listener.address)
+        return listener
+
+    async def connect(self, url: str, *, timeout: float | None = None) -> Connection:
+        addr = self._check_url(url)
+        loop = asyncio.get_running_loop()
+        conn = self._connection(loop)
+        try:
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(
+                    lambda: conn,
+                    addr.host or "127.0.0.1",
+                    addr.port,
+                    ssl=self._client_ssl(addr),
+                )
+        except TimeoutError:
+            raise ConnectTimeout(f"connect to {url} timed out after {timeout}s") from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {url}: {exc.strerror or exc}") from exc
+        return conn
+
+
+async def _run_handler(handler: ConnectionHandler, conn: TCPConnection) -> None:
+    try:
+        await handler(conn)
+    except asyncio.CancelledError:
+        conn.abort()
+        raise
+    except Exception:
+        log.exception("connection handler failed; closing connection", peer=conn.peer_address)
+        conn.abort()

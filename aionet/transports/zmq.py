@@ -1,0 +1,1169 @@
+"""ZeroMQ transport: ``zmq+tcp://host:port`` and ``zmq+ipc:///path`` over pyzmq.
+
+aionet's contract is connection-oriented (listen -> one Connection per peer, connect -> a
+Connection); ZeroMQ is not. The mapping:
+
+* A listener is one ROUTER socket. Each ``connect`` is its own DEALER socket (so one TCP/IPC
+  connection per aionet Connection). The ROUTER demultiplexes by routing id into per-peer
+  Connection objects. Routing ids are assigned by libzmq, so ROUTER_HANDOVER is not needed.
+* One aionet message is one ZeroMQ multipart message; frames stay frames. Control and
+  escaped data use an empty first frame, which aionet data never needs (frame 0 is a header):
+  ``["", "H", version]`` hello, ``["", "W", version]`` welcome, ``["", "B", reason?]`` bye,
+  ``["", "D", *frames]`` data with zero frames or an empty frame 0, and ``["", "L", *frames]``
+  data holding a frame of at least ``zero_copy_min_bytes``, so the receiver knows to take
+  those frames without copying. The common message travels with no extra frame at all.
+* ``connect`` returns only after the listener answered the hello with a welcome, so a dead or
+  closed address fails with TransportError instead of a socket that queues forever.
+* Peer death: the DEALER and the ROUTER each have a socket monitor. ``EVENT_DISCONNECTED``
+  (and CLOSED / HANDSHAKE_FAILED while connecting) ends the Connection with ConnectionClosed
+  after delivering what had already arrived. On the ROUTER, a disconnect event names a file
+  descriptor, not a routing id; the hello's ``SRCFD`` ties the two together. ZMTP heartbeats
+  (``heartbeat_interval``/``heartbeat_timeout``) turn silent half-open links into disconnects.
+* Reconnect is off (``RECONNECT_IVL=-1``): a dropped link surfaces as ConnectionClosed and the
+  link layer above reconnects and replays. A silent zmq reconnect would hide message loss.
+* No silent drops: ROUTER_MANDATORY makes a full per-peer queue EAGAIN (the sender waits) and
+  an unknown peer EHOSTUNREACH (ConnectionClosed); the DEALER uses IMMEDIATE so nothing is
+  queued towards a connection that does not exist. ``hwm`` (messages, not bytes) bounds zmq's
+  own queues; ``max_queued_bytes``/``max_queued_messages`` bound what is read but not yet
+  taken by ``recv``. When that bound is hit the socket stops being read, zmq's queue fills,
+  TCP fills, and the remote sender blocks. On a listener this pauses all its peers at once.
+* Zero copy: frames of ``zero_copy_min_bytes`` (64 KiB) and more are sent with ``copy=False``;
+  ``send`` returns once libzmq released mutable buffers (immutable ``bytes`` need no wait:
+  pyzmq holds a reference). Smaller frames are copied, which is faster. Large received frames
+  are writable memoryviews over libzmq's buffer; small ones are ``bytes``.
+* I/O: no zmq.asyncio. Each socket's ``ZMQ_FD`` is watched with ``loop.add_reader``; on wake-up
+  the socket is drained with non-blocking receives (one await per *batch*, not per message),
+  and sends try NOBLOCK first, waiting for writability only when zmq would block.
+* ``ZMQ_MAXMSGSIZE`` is set from ``limits.max_frame_bytes``: libzmq applies it per frame and
+  disconnects a peer that announces a larger one. Frame count and total size per message
+  are checked on arrival; a violation closes that Connection with a log line.
+
+One zmq Context per transport instance, created lazily and terminated in ``aclose``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import socket as _socket
+import struct
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import structlog
+import zmq
+
+from ..config import parse_size
+from ..errors import (
+    ConfigError,
+    ConnectionClosed,
+    FrameTooLarge,
+    HandshakeError,
+    ProtocolError,
+    TooManyFrames,
+    TransportError,
+    TransportUnavailable,
+)
+from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+
+log = structlog.get_logger("aionet.transports.zmq")
+
+PROTOCOL = b"aionet-zmq/1"
+
+_EMPTY = b""
+_HELLO = b"H"
+_WELCOME = b"W"
+_BYE = b"B"
+_DATA = b"D"
+_LARGE = b"L"
+_MALFORMED = b"?"  # internal marker: a message that cannot be decoded
+
+_NOBLOCK = zmq.NOBLOCK
+_MORE = zmq.NOBLOCK | zmq.SNDMORE
+_RCVMORE = zmq.RCVMORE
+_EVENTS = zmq.EVENTS
+_POLLIN = zmq.POLLIN
+_POLLOUT = zmq.POLLOUT
+
+_OPTIONS: dict[str, Any] = {
+    "hwm": 1000,  # ZMQ_SNDHWM and ZMQ_RCVHWM, in messages
+    "sndhwm": None,
+    "rcvhwm": None,
+    "linger": 1.0,  # seconds zmq keeps flushing a closed connection's queue
+    "heartbeat_interval": 1.0,  # seconds; 0 disables ZMTP heartbeats
+    "heartbeat_timeout": 5.0,
+    "connect_timeout": 5.0,
+    "zero_copy_min_bytes": 65536,
+    "max_queued_bytes": 64 * 2**20,  # received but not yet taken by recv, per socket
+    "max_queued_messages": 65536,
+    "drain_batch": 2048,  # messages read per wake-up before yielding to the loop
+    "io_threads": 1,
+    "max_sockets": 8192,
+}
+
+_MON_EVENTS = (
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_DIAL_FAIL_EVENTS = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_EVENT_NAMES = {int(e): e.name for e in zmq.Event if e.name}
+
+
+class _Opts:
+    """Validated ``[transport] zmq = {...}`` options."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        unknown = sorted(set(raw) - set(_OPTIONS))
+        if unknown:
+            raise ConfigError(f"unknown transport.zmq option(s) {', '.join(unknown)}; valid: {', '.join(_OPTIONS)}")
+        v = {**_OPTIONS, **raw}
+        try:
+            hwm = int(v["hwm"])
+            self.sndhwm = int(v["sndhwm"]) if v["sndhwm"] is not None else hwm
+            self.rcvhwm = int(v["rcvhwm"]) if v["rcvhwm"] is not None else hwm
+            self.linger_ms = int(float(v["linger"]) * 1000)
+            self.hb_ivl_ms = int(float(v["heartbeat_interval"]) * 1000)
+            self.hb_timeout_ms = int(float(v["heartbeat_timeout"]) * 1000)
+            self.connect_timeout = float(v["connect_timeout"])
+            self.zc_min = parse_size(v["zero_copy_min_bytes"])
+            self.max_queued_bytes = parse_size(v["max_queued_bytes"])
+            self.max_queued_msgs = int(v["max_queued_messages"])
+            self.drain_batch = int(v["drain_batch"])
+            self.io_threads = int(v["io_threads"])
+            self.max_sockets = int(v["max_sockets"])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"transport.zmq: {exc}") from None
+        if min(self.sndhwm, self.rcvhwm) < 0 or self.zc_min < 1 or self.drain_batch < 1:
+            raise ConfigError("transport.zmq: hwm must be >= 0, zero_copy_min_bytes and drain_batch >= 1")
+        if self.max_queued_bytes <= 0 or self.max_queued_msgs <= 0 or self.io_threads < 1:
+            raise ConfigError("transport.zmq: max_queued_*, io_threads must be positive")
+
+
+def _nbytes(frame: Any) -> int:
+    if type(frame) is bytes or type(frame) is bytearray:
+        return len(frame)
+    return memoryview(frame).nbytes
+
+
+def _immutable(frame: Any) -> bool:
+    """True when nobody can change the bytes after send, so zmq may keep a reference."""
+    if type(frame) is bytes:
+        return True
+    return type(frame) is memoryview and frame.readonly and type(frame.obj) is bytes
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _released(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+    # Runs in pyzmq's garbage-collector thread once libzmq has freed the zero-copy frame.
+    with contextlib.suppress(RuntimeError):  # loop already closed: nobody is waiting
+        loop.call_soon_threadsafe(_set_done, fut)
+
+
+def _zmq_error(exc: zmq.ZMQError, what: str) -> TransportError:
+    if exc.errno in (zmq.EHOSTUNREACH, zmq.ENOTSOCK, zmq.ETERM):
+        err: TransportError = ConnectionClosed(f"{what}: {exc.strerror}")
+    else:
+        err = TransportError(f"{what}: {exc.strerror}")
+    err.__cause__ = exc
+    return err
+
+
+def _endpoint(url: str, *, bind: bool) -> tuple[str, str]:
+    """aionet URL -> (zmq endpoint, scheme)."""
+    addr = Address.parse(url)
+    if addr.scheme == "zmq+tcp":
+        if not addr.host or addr.port is None:
+            raise TransportError(f"zmq+tcp URL needs host and port: {url!r}")
+        host = f"[{addr.host}]" if ":" in addr.host else addr.host
+        port = "*" if (bind and addr.port == 0) else str(addr.port)
+        return f"tcp://{host}:{port}", addr.scheme
+    if addr.scheme == "zmq+ipc":
+        path = url.split("://", 1)[1]
+        if not path or path == "*":
+            if not bind:
+                raise TransportError(f"zmq+ipc URL needs a path: {url!r}")
+            path = "*"  # libzmq picks a unique path (the ipc "port 0")
+        if len(path.encode()) > zmq.IPC_PATH_MAX_LEN:
+            raise TransportError(f"ipc path longer than {zmq.IPC_PATH_MAX_LEN} bytes: {path!r}")
+        return f"ipc://{path}", addr.scheme
+    raise TransportError(f"ZMQTransport does not handle {addr.scheme!r} URLs")
+
+
+class _Receiver:
+    """Reads one message body from a socket, enforcing the configured limits."""
+
+    def __init__(self, sock: zmq.Socket, opts: _Opts, limits: Any) -> None:
+        self.recv = sock.recv
+        self.getopt = sock.getsockopt
+        self.zc_min = opts.zc_min
+        self.max_frames = limits.max_frames
+        self.max_bytes = limits.max_message_bytes
+
+    def body(self, first: bytes) -> tuple[bytes | None, list[Any], int]:
+        """Given frame 0 (already received), read the rest: (control or None, frames, bytes)."""
+        recv, getopt = self.recv, self.getopt
+        if first:  # plain data, frame 0 non-empty: the hot path
+            if not getopt(_RCVMORE):
+                return None, [first], len(first)
+            frames: list[Any] = [first]
+            size = len(first)
+            while getopt(_RCVMORE):
+                f = recv(0)
+                frames.append(f)
+                size += len(f)
+                if len(frames) > self.max_frames or size > self.max_bytes:
+                    return self._discard(frames, size)
+            return None, frames, size
+        if not getopt(_RCVMORE):
+            return _MALFORMED, [], 0
+        ctl = recv(0)
+        frames = []
+        size = 0
+        if ctl == _LARGE:
+            zc = self.zc_min
+            while getopt(_RCVMORE):
+                fr = recv(0, copy=False)
+                n = len(fr)
+                frames.append(fr.buffer if n >= zc else fr.bytes)
+                size += n
+                if len(frames) > self.max_frames or size > self.max_bytes:
+                    return self._discard(frames, size)
+            return None, frames, size
+        while getopt(_RCVMORE):
+            f = recv(0)
+            frames.append(f)
+            size += len(f)
+            if len(frames) > self.max_frames or size > self.max_bytes:
+                return self._discard(frames, size)
+        return (None if ctl == _DATA else ctl), frames, size
+
+    def _discard(self, frames: list[Any], size: int) -> tuple[bytes, list[Any], int]:
+        count = len(frames)
+        frames.clear()
+        while self.getopt(_RCVMORE):
+            f = self.recv(0, copy=False)
+            count += 1
+            size += len(f)
+        if count > self.max_frames:
+            return _MALFORMED, [TooManyFrames(f"message has {count} frames, limit {self.max_frames}")], 0
+        return _MALFORMED, [FrameTooLarge(f"message of {size} bytes, limit {self.max_bytes}")], 0
+
+    def drain_rest(self) -> None:
+        while self.getopt(_RCVMORE):
+            self.recv(0, copy=False)
+
+
+class _Monitor:
+    """A socket monitor read from the loop; calls ``on_event(event, value)`` per event."""
+
+    def __init__(
+        self, ctx: zmq.Context, sock: zmq.Socket, loop: asyncio.AbstractEventLoop,
+        on_event: Callable[[int, int], None], events: int,
+    ) -> None:
+        addr = f"inproc://aionet-monitor-{os.urandom(8).hex()}"
+        sock.monitor(addr, events)
+        self._target = sock
+        self._sock = ctx.socket(zmq.PAIR)
+        self._sock.linger = 0
+        self._sock.connect(addr)
+        self._loop = loop
+        self._on_event = on_event
+        self._fd = self._sock.getsockopt(zmq.FD)
+        self._closed = False
+        loop.add_reader(self._fd, self.poll)
+
+    def poll(self) -> None:
+        """Deliver every pending event (also called directly to bring the view up to date)."""
+        sock = self._sock
+        while not self._closed:
+            try:
+                head = sock.recv(_NOBLOCK)
+                while sock.getsockopt(_RCVMORE):
+                    sock.recv(0)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            if len(head) >= 6:
+                event, value = struct.unpack_from("=HI", head)
+                self._on_event(event, value)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._fd)
+        with contextlib.suppress(zmq.ZMQError):
+            self._target.disable_monitor()
+        self._sock.close(0)
+
+
+class _Pump:
+    """Drives one zmq socket from the event loop.
+
+    ``ZMQ_FD`` is edge-triggered and any socket call may consume its signal, so after each
+    operation (ours or a sender's) the socket's ``EVENTS`` is re-checked before going idle.
+    """
+
+    def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop, opts: _Opts, limits: Any) -> None:
+        self._sock = sock
+        self._loop = loop
+        self._opts = opts
+        self._rx = _Receiver(sock, opts, limits)
+        self._fd = sock.getsockopt(zmq.FD)
+        self._kick_pending = False
+        self._stopped = False
+        self._queued_bytes = 0
+        self._queued_msgs = 0
+        self._paused = False
+        loop.add_reader(self._fd, self._service)
+
+    # --- flow control of the receive side -------------------------------------------------
+    def _count_in(self, nbytes: int) -> None:
+        self._queued_bytes += nbytes
+        self._queued_msgs += 1
+        if self._queued_bytes > self._opts.max_queued_bytes or self._queued_msgs > self._opts.max_queued_msgs:
+            self._paused = True
+
+    def _count_out(self, nbytes: int, nmsgs: int) -> None:
+        self._queued_bytes -= nbytes
+        self._queued_msgs -= nmsgs
+        if (
+            self._paused
+            and self._queued_bytes <= self._opts.max_queued_bytes // 2
+            and self._queued_msgs <= self._opts.max_queued_msgs // 2
+        ):
+            self._paused = False
+            self.kick()
+
+    # --- scheduling -------------------------------------------------------------------------
+    def kick(self) -> None:
+        """Re-check the socket soon (coalesced: at most once per loop iteration)."""
+        if not self._kick_pending and not self._stopped:
+            self._kick_pending = True
+            self._loop.call_soon(self._kicked)
+
+    def _kicked(self) -> None:
+        self._kick_pending = False
+        self._service()
+
+    def _service(self) -> None:
+        if self._stopped:
+            return
+        getopt = self._sock.getsockopt
+        flush_tried = False
+        try:
+            while True:
+                ev = getopt(_EVENTS)
+                if ev & _POLLIN and not self._paused:
+                    if self._drain(self._opts.drain_batch):
+                        self.kick()  # batch used up: let other tasks run first
+                        return
+                    continue
+                if ev & _POLLOUT and not flush_tried and self._has_pending():
+                    flush_tried = True
+                    if self._flush():
+                        flush_tried = False
+                    continue
+                break
+            self._idle()
+        except zmq.ZMQError as exc:
+            if not self._stopped:
+                self._fatal(exc)
+
+    def _stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._loop.remove_reader(self._fd)
+
+    # --- subclass hooks ---------------------------------------------------------------------
+    def _drain(self, budget: int) -> bool:
+        """Receive up to ``budget`` messages; True when the budget ran out (more may wait)."""
+        raise NotImplementedError
+
+    def _has_pending(self) -> bool:
+        raise NotImplementedError
+
+    def _flush(self) -> bool:
+        """Send queued messages; True if any progress was made."""
+        raise NotImplementedError
+
+    def _idle(self) -> None:
+        """Called when the socket has nothing more to do right now."""
+
+    def _fatal(self, exc: zmq.ZMQError) -> None:
+        raise NotImplementedError
+
+
+class _PendingSend:
+    __slots__ = ("fut", "parts")
+
+    def __init__(self, parts: list[Any], fut: asyncio.Future[Any]) -> None:
+        self.parts = parts
+        self.fut = fut
+
+
+class _ZConnection(Connection):
+    """Receive queue, send queue and close state shared by both ends."""
+
+    def __init__(self, pump: _Pump, loop: asyncio.AbstractEventLoop, opts: _Opts) -> None:
+        self._pump = pump
+        self._loop = loop
+        self._zc_min = opts.zc_min
+        self._rq: collections.deque[tuple[Message, int]] = collections.deque()
+        self._rx_waiter: asyncio.Future[None] | None = None
+        self._sendq: collections.deque[_PendingSend] = collections.deque()
+        self._closed = False  # closed locally
+        self._eof: ConnectionClosed | None = None  # remote side ended (recv drains, then raises)
+
+    # --- receive ----------------------------------------------------------------------------
+    def _deliver(self, frames: Message, nbytes: int) -> None:
+        self._rq.append((frames, nbytes))
+        self._pump._count_in(nbytes)
+        w = self._rx_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _wake(self) -> None:
+        w = self._rx_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _end_error(self) -> ConnectionClosed:
+        if self._closed:
+            return ConnectionClosed("connection closed")
+        assert self._eof is not None
+        err = ConnectionClosed(str(self._eof))
+        err.__cause__ = self._eof.__cause__ or self._eof
+        return err
+
+    async def _wait(self) -> None:
+        w = self._rx_waiter
+        if w is None or w.done():
+            w = self._rx_waiter = self._loop.create_future()
+        await w
+
+    async def recv(self) -> Message:
+        while True:
+            if self._closed:
+                raise self._end_error()
+            if self._rq:
+                frames, nbytes = self._rq.popleft()
+                self._pump._count_out(nbytes, 1)
+                return frames
+            if self._eof is not None:
+                raise self._end_error()
+            await self._wait()
+
+    async def recv_many(self) -> list[Message]:
+        while True:
+            if self._closed:
+                raise self._end_error()
+            if self._rq:
+                rq = self._rq
+                self._rq = collections.deque()
+                nbytes = 0
+                out = []
+                for frames, n in rq:
+                    out.append(frames)
+                    nbytes += n
+                self._pump._count_out(nbytes, len(out))
+                return out
+            if self._eof is not None:
+                raise self._end_error()
+            await self._wait()
+
+    # --- send -------------------------------------------------------------------------------
+    def _encode(self, frames: Sequence[Buffer]) -> list[Any]:
+        zc = self._zc_min
+        if len(frames) == 1:  # the common case, kept branch-light
+            f = frames[0]
+            n = len(f) if type(f) is bytes else _nbytes(f)
+            if n >= zc:
+                return [_EMPTY, _LARGE, f]
+            return [f] if n else [_EMPTY, _DATA, f]
+        if not frames:
+            return [_EMPTY, _DATA]
+        for f in frames:
+            if _nbytes(f) >= zc:
+                return [_EMPTY, _LARGE, *frames]
+        if not _nbytes(frames[0]):
+            return [_EMPTY, _DATA, *frames]
+        return list(frames)
+
+    def _send_parts(self, parts: list[Any], prefix: list[bytes]) -> list[asyncio.Future[None]] | None:
+        """Send one multipart message without blocking.
+
+        Returns None if zmq would block (nothing was sent), else the futures that complete
+        when libzmq releases zero-copy mutable buffers (usually an empty list).
+        """
+        sock = self._pump._sock
+        send = sock.send
+        try:
+            for p in prefix:
+                send(p, _MORE)
+            last = len(parts) - 1
+            if parts[0] is not _EMPTY or parts[1] is not _LARGE:
+                for i in range(last):
+                    send(parts[i], _MORE)
+                send(parts[last], _NOBLOCK)
+                return []
+            waits: list[asyncio.Future[None]] = []
+            zc = self._zc_min
+            for i, p in enumerate(parts):
+                flags = _NOBLOCK if i == last else _MORE
+                if _nbytes(p) < zc:
+                    send(p, flags)
+                elif _immutable(p):
+                    send(p, flags, copy=False)
+                else:
+                    try:
+                        view = np.frombuffer(p, dtype=np.uint8)
+                    except (ValueError, TypeError):  # not contiguous: copy it
+                        send(memoryview(p).tobytes(), flags)
+                        continue
+                    fut = self._loop.create_future()
+                    weakref.finalize(view, _released, self._loop, fut).atexit = False
+                    send(view, flags, copy=False)
+                    del view  # libzmq (via pyzmq's gc thread) now holds the last reference
+                    waits.append(fut)
+            return waits
+        except zmq.Again:
+            # Only the first frame can meet a full queue; a DEALER whose pipe died mid-message
+            # rolls the message back, so retrying later is correct in both cases.
+            return None
+
+    def _try_send(self, parts: list[Any]) -> list[asyncio.Future[None]] | None:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConnectionClosed("connection closed")
+        if self._eof is not None:
+            raise self._end_error()
+
+    async def send(self, frames: Sequence[Buffer]) -> None:
+        self._check_open()
+        parts = self._encode(frames)
+        if not self._sendq:
+            waits = self._try_send(parts)
+            if waits is not None:
+                self._pump.kick()
+                for w in waits:
+                    await w
+                return
+        item = _PendingSend(parts, self._loop.create_future())
+        self._sendq.append(item)
+        self._pump.kick()
+        try:
+            waits = await item.fut
+        except asyncio.CancelledError:
+            with contextlib.suppress(ValueError):
+                self._sendq.remove(item)
+            raise
+        for w in waits:
+            await w
+
+    def _flush_queue(self) -> bool:
+        """Send what the queue holds until zmq would block; True if anything was sent."""
+        q = self._sendq
+        progress = False
+        while q:
+            item = q[0]
+            if item.fut.done():
+                q.popleft()
+                continue
+            try:
+                waits = self._try_send(item.parts)
+            except TransportError as exc:
+                self._fail_sends(exc)
+                return True
+            if waits is None:
+                return progress
+            q.popleft()
+            item.fut.set_result(waits)
+            progress = True
+        return progress
+
+    def _fail_sends(self, exc: TransportError) -> None:
+        while self._sendq:
+            item = self._sendq.popleft()
+            if not item.fut.done():
+                err = ConnectionClosed(str(exc))
+                err.__cause__ = exc
+                item.fut.set_exception(err)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def extra_info(self) -> dict[str, Any]:
+        return {
+            "queued_in_messages": len(self._rq),
+            "queued_send_waiters": len(self._sendq),
+            "eof": str(self._eof) if self._eof else None,
+        }
+
+
+# ======================================================================================
+# Listener side: one ROUTER socket, one _PeerConnection per routing id
+# ======================================================================================
+class _PeerConnection(_ZConnection):
+    """The listener's view of one dialer, multiplexed on the ROUTER by routing id."""
+
+    def __init__(self, listener: _RouterListener, rid: bytes, fd: int, peer: str) -> None:
+        super().__init__(listener, listener._loop, listener._opts)
+        self._listener = listener
+        self._rid = rid
+        self._fd = fd
+        self._prefix = [rid]
+        self.local_address = listener.address
+        self.peer_address = peer
+
+    def _try_send(self, parts: list[Any]) -> list[asyncio.Future[None]] | None:
+        try:
+            waits = self._send_parts(parts, self._prefix)
+        except zmq.ZMQError as exc:
+            err = _zmq_error(exc, f"send to {self.peer_address}")
+            if isinstance(err, ConnectionClosed):
+                self._remote_end(err)
+            raise err from exc
+        if waits is None:
+            self._listener._blocked[self] = None
+        return waits
+
+    def _remote_end(self, exc: ConnectionClosed) -> None:
+        if self._eof is None and not self._closed:
+            self._eof = exc
+            self._fail_sends(exc)
+            self._wake()
+        self._listener._forget(self)
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._eof is None:
+            self._listener._send_bye(self._rid)
+        self._fail_sends(ConnectionClosed("connection closed"))
+        n = sum(size for _, size in self._rq)
+        self._listener._count_out(n, len(self._rq))
+        self._rq.clear()
+        self._wake()
+        self._listener._forget(self)
+
+    async def close(self) -> None:
+        self.abort()
+
+    def extra_info(self) -> dict[str, Any]:
+        return {**super().extra_info(), "socket": "ROUTER", "routing_id": self._rid.hex()}
+
+
+class _RouterListener(_Pump, Listener):
+    """A bound ROUTER socket; peers become Connections after a hello."""
+
+    def __init__(
+        self, transport: ZMQTransport, sock: zmq.Socket, address: str, handler: ConnectionHandler,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        _Pump.__init__(self, sock, loop, transport._opts, transport.limits)
+        self._transport = transport
+        self._address = address
+        self._scheme = address.split("://", 1)[0]
+        self._handler = handler
+        self._conns: dict[bytes, _PeerConnection] = {}
+        self._by_fd: dict[int, _PeerConnection] = {}
+        self._live_fds: set[int] = set()
+        self._blocked: dict[_PeerConnection, None] = {}
+        self._byes: collections.deque[bytes] = collections.deque()
+        self._accepting = True
+        self._shut = False
+        self._retry: asyncio.TimerHandle | None = None
+        self._retry_delay = 0.001
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._monitor = _Monitor(transport._context(), sock, loop, self._on_event, _MON_EVENTS)
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    # --- receive ----------------------------------------------------------------------------
+    def _drain(self, budget: int) -> bool:
+        recv = self._sock.recv
+        body = self._rx.body
+        conns = self._conns
+        n = 0
+        while n < budget:
+            if self._paused:
+                return False
+            try:
+                rid = recv(_NOBLOCK)
+            except zmq.Again:
+                return False
+            n += 1
+            conn = conns.get(rid)
+            if conn is None:
+                self._stranger(rid)
+                continue
+            ctl, frames, size = body(recv(0))
+            if ctl is None:
+                conn._deliver(frames, size)
+            else:
+                self._control(conn, ctl, frames)
+        return True
+
+    def _control(self, conn: _PeerConnection, ctl: bytes, args: list[Any]) -> None:
+        if ctl == _BYE:
+            conn._remote_end(ConnectionClosed(f"peer {conn.peer_address} closed the connection"))
+            return
+        if ctl == _MALFORMED and args and isinstance(args[0], ProtocolError):
+            err: ProtocolError = args[0]
+        else:
+            err = ProtocolError(f"unexpected control frame {ctl[:16]!r}")
+        log.warning("zmq peer violated the protocol; closing its connection",
+                    peer=conn.peer_address, listener=self._address, error=str(err))
+        closed = ConnectionClosed(f"protocol violation by {conn.peer_address}: {err}")
+        closed.__cause__ = err
+        self._send_bye(conn._rid, str(err).encode()[:200])
+        conn._remote_end(closed)
+
+    def _stranger(self, rid: bytes) -> None:
+        """First message from an unknown routing id: only a valid hello creates a Connection."""
+        fr = self._sock.recv(0, copy=False)
+        fd = fr.get(zmq.SRCFD) if fr.bytes == _EMPTY else -1
+        ctl, args, _ = self._rx.body(fr.bytes)
+        if ctl != _HELLO:
+            if ctl != _BYE:  # a bye from a peer we already forgot is normal
+                log.debug("zmq message from unknown peer ignored", listener=self._address, control=ctl)
+            return
+        if args[:1] != [PROTOCOL]:
+            log.warning("zmq hello with unsupported version rejected", listener=self._address,
+                        version=bytes(args[0][:32]) if args else None)
+            self._send_bye(rid, b"unsupported protocol version")
+            return
+        if not self._accepting:
+            self._send_bye(rid, b"listener closed")
+            return
+        self._monitor.poll()  # bring fd liveness up to date before trusting SRCFD
+        if fd not in self._live_fds:
+            log.debug("zmq hello from an already disconnected peer ignored", listener=self._address)
+            return
+        old = self._by_fd.get(fd)
+        if old is not None:  # fd reused: its previous owner is certainly gone
+            old._remote_end(ConnectionClosed(f"peer {old.peer_address} disconnected"))
+        try:
+            self._sock.send_multipart([rid, _EMPTY, _WELCOME, PROTOCOL], _NOBLOCK)
+        except zmq.ZMQError:
+            return
+        conn = _PeerConnection(self, rid, fd, self._peer_name(fd))
+        self._conns[rid] = conn
+        self._by_fd[fd] = conn
+        task = self._loop.create_task(self._run_handler(conn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _peer_name(self, fd: int) -> str:
+        if self._scheme == "zmq+ipc":
+            return f"zmq+ipc://{self._address.split('://', 1)[1]}#fd{fd}"
+        try:
+            with _socket.socket(fileno=os.dup(fd)) as s:
+                host, port = s.getpeername()[:2]
+        except OSError:
+            return f"zmq+tcp://?#fd{fd}"
+        host = f"[{host}]" if ":" in host else host
+        return f"zmq+tcp://{host}:{port}"
+
+    async def _run_handler(self, conn: _PeerConnection) -> None:
+        try:
+            await self._handler(conn)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("zmq connection handler raised", listener=self._address, peer=conn.peer_address)
+
+    def _on_event(self, event: int, value: int) -> None:
+        if event == zmq.EVENT_ACCEPTED:
+            self._live_fds.add(value)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._live_fds.discard(value)
+            conn = self._by_fd.get(value)
+            if conn is not None:
+                # Everything the peer sent before dying is already queued in zmq: take it first.
+                self._drain_all()
+                conn._remote_end(ConnectionClosed(f"peer {conn.peer_address} disconnected"))
+                self.kick()
+        elif event & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            log.info("zmq handshake with an incoming peer failed", listener=self._address,
+                     event=_EVENT_NAMES.get(event, event))
+
+    def _drain_all(self) -> None:
+        paused, self._paused = self._paused, False
+        try:
+            limit = self._opts.rcvhwm * (len(self._conns) + 1) + 1024
+            self._drain(limit)
+        except zmq.ZMQError:
+            pass
+        finally:
+            self._paused = paused or self._paused
+
+    # --- send -------------------------------------------------------------------------------
+    def _send_bye(self, rid: bytes, reason: bytes = b"") -> None:
+        if self._shut:
+            return
+        try:
+            self._sock.send_multipart([rid, _EMPTY, _BYE, reason], _NOBLOCK)
+        except zmq.Again:
+            self._byes.append(rid)  # the peer's queue is full; retried with other blocked sends
+            self._arm_retry()
+        except zmq.ZMQError:
+            pass  # peer already gone
+        self.kick()
+
+    def _has_pending(self) -> bool:
+        return bool(self._blocked or self._byes)
+
+    def _flush(self) -> bool:
+        progress = False
+        for _ in range(len(self._byes)):
+            rid = self._byes.popleft()
+            try:
+                self._sock.send_multipart([rid, _EMPTY, _BYE, b""], _NOBLOCK)
+                progress = True
+            except zmq.Again:
+                self._byes.append(rid)
+            except zmq.ZMQError:
+                progress = True
+        for conn in list(self._blocked):
+            del self._blocked[conn]
+            if conn._flush_queue():
+                progress = True
+            if conn._sendq and not conn._closed and conn._eof is None:
+                self._blocked.setdefault(conn, None)
+        return progress
+
+    def _idle(self) -> None:
+        if self._blocked or self._byes:
+            self._arm_retry()
+        else:
+            self._retry_delay = 0.001
+
+    def _arm_retry(self) -> None:
+        # ROUTER's POLLOUT means "some peer has room", so a single full peer is re-tried on a
+        # short backoff timer as well as on every wake-up of the socket.
+        if self._retry is None and not self._shut:
+            self._retry = self._loop.call_later(self._retry_delay, self._retry_now)
+            self._retry_delay = min(self._retry_delay * 2, 0.02)
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        if self._flush():
+            self._retry_delay = 0.001
+        self._service()
+
+    def _fatal(self, exc: zmq.ZMQError) -> None:
+        log.error("zmq listener socket failed", listener=self._address, error=str(exc))
+        self._shutdown(_zmq_error(exc, "listener socket failed"))
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def _forget(self, conn: _PeerConnection) -> None:
+        if self._conns.get(conn._rid) is conn:
+            del self._conns[conn._rid]
+        if self._by_fd.get(conn._fd) is conn:
+            del self._by_fd[conn._fd]
+        self._blocked.pop(conn, None)
+        if not self._accepting and not self._conns:
+            self._shutdown(None)
+
+    async def close(self) -> None:
+        """Stop accepting. The socket (and port) stays open until its last Connection closes,
+        because closing a ROUTER would cut every established peer."""
+        if not self._accepting:
+            return
+        self._accepting = False
+        if not self._conns:
+            self._shutdown(None)
+
+    def _shutdown(self, exc: TransportError | None) -> None:
+        if self._shut:
+            return
+        self._accepting = False
+        err = ConnectionClosed("listener shut down")
+        if exc is not None:
+            err.__cause__ = exc
+        for conn in list(self._conns.values()):
+            conn._remote_end(err)
+        for rid in self._byes:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send_multipart([rid, _EMPTY, _BYE, b""], _NOBLOCK)
+        self._shut = True
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._stop()
+        self._monitor.close()
+        self._sock.close(linger=self._opts.linger_ms)
+        self._transport._listeners.discard(self)
+
+
+# ======================================================================================
+# Dialer side: one DEALER socket per Connection
+# ======================================================================================
+class _DealerConnection(_Pump, _ZConnection):
+    """A dialed connection: its own DEALER socket, never reconnecting."""
+
+    def __init__(self, transport: ZMQTransport, sock: zmq.Socket, url: str, loop: asyncio.AbstractEventLoop):
+        _Pump.__init__(self, sock, loop, transport._opts, transport.limits)
+        _ZConnection.__init__(self, self, loop, transport._opts)
+        self._transport = transport
+        self.peer_address = url
+        self.local_address = ""
+        self._handshake: asyncio.Future[None] = loop.create_future()
+        self._monitor = _Monitor(transport._context(), sock, loop, self._on_event, _DIAL_FAIL_EVENTS)
+
+    # --- receive ----------------------------------------------------------------------------
+    def _drain(self, budget: int) -> bool:
+        recv = self._sock.recv
+        body = self._rx.body
+        n = 0
+        while n < budget:
+            if self._paused or self._stopped:
+                return False
+            try:
+                first = recv(_NOBLOCK)
+            except zmq.Again:
+                return False
+            n += 1
+            ctl, frames, size = body(first)
+            if ctl is None:
+                if self._handshake.done():
+                    self._deliver(frames, size)
+                else:
+                    self._violation(ProtocolError("data before welcome"))
+            else:
+                self._control(ctl, frames)
+        return True
+
+    def _control(self, ctl: bytes, args: list[Any]) -> None:
+        if ctl == _WELCOME and not self._handshake.done():
+            if args[:1] == [PROTOCOL]:
+                self._handshake.set_result(None)
+            else:
+                self._violation(HandshakeError("listener answered with an unknown protocol version"))
+        elif ctl == _BYE:
+            reason = bytes(args[0]).decode(errors="replace") if args and args[0] else ""
+            what = f"{self.peer_address} closed the connection" + (f" ({reason})" if reason else "")
+            self._remote_end(ConnectionClosed(what))
+        elif ctl == _MALFORMED and args and isinstance(args[0], ProtocolError):
+            self._violation(args[0])
+        else:
+            self._violation(ProtocolError(f"unexpected control frame {ctl[:16]!r}"))
+
+    def _violation(self, err: ProtocolError) -> None:
+        log.warning("zmq listener violated the protocol; closing", peer=self.peer_address, error=str(err))
+        closed = ConnectionClosed(f"protocol violation by {self.peer_address}: {err}")
+        closed.__cause__ = err
+        self._remote_end(closed)
+
+    def _on_event(self, event: int, value: int) -> None:
+        if self._stopped:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            self._drain(1 << 30)  # what arrived before the link died is delivered first
+        name = _EVENT_NAMES.get(event, str(event))
+        self._remote_end(ConnectionClosed(f"connection to {self.peer_address} lost ({name})"))
+
+    def _fatal(self, exc: zmq.ZMQError) -> None:
+        self._remote_end(_zmq_error(exc, f"connection to {self.peer_address} failed"))
+
+    def _remote_end(self, exc: TransportError) -> None:
+        if not isinstance(exc, ConnectionClosed):
+            closed = ConnectionClosed(str(exc))
+            closed.__cause__ = exc
+            exc = closed
+        if self._eof is None and not self._closed:
+            self._eof = exc
+        if not self._handshake.done():
+            err = TransportError(f"cannot connect to {self.peer_address}: {exc}")
+            err.__cause__ = exc
+            self._handshake.set_exception(err)
+            self._handshake.exception()  # mark retrieved: connect() may already have timed out
+        self._fail_sends(exc)
+        self._wake()
+        self._release(0)
+
+    # --- send -------------------------------------------------------------------------------
+    def _try_send(self, parts: list[Any]) -> list[asyncio.Future[None]] | None:
+        try:
+            return self._send_parts(parts, [])
+        except zmq.ZMQError as exc:
+            err = _zmq_error(exc, f"send to {self.peer_address}")
+            self._remote_end(err)
+            raise err from exc
+
+    def _has_pending(self) -> bool:
+        return bool(self._sendq)
+
+    def _flush(self) -> bool:
+        return self._flush_queue()
+
+    # --- lifecycle --------------------------------------------------------------------------
+    async def _connect(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await self.send([_EMPTY, _HELLO, PROTOCOL][2:3]) if False else None
+                item = _PendingSend([_EMPTY, _HELLO, PROTOCOL], self._loop.create_future())
+                self._sendq.append(item)  # sent once the link is up (IMMEDIATE blocks until then)
+                self.kick()
+                await self._handshake
+        except TimeoutError:
+            self.abort()
+            raise TransportError(f"cannot connect to {self.peer_address}: no answer within {timeout:g}s") from None
+        except BaseException:
+            self.abort()
+            raise
+
+    def _release(self, linger_ms: int) -> None:
+        if self._stopped:
+            return
+        self._stop()
+        self._monitor.close()
+        self._sock.close(linger=linger_ms)
+        self._transport._dialers.discard(self)
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_sends(ConnectionClosed("connection closed"))
+        self._rq.clear()
+        self._wake()
+        self._release(0)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        if self._eof is not None or self._stopped:
+            self.abort()
+            return
+        self._closed = True
+        self._fail_sends(ConnectionClosed("connection closed"))
+        self._rq.clear()
+        self._wake()
+        # The bye follows all data already handed to zmq; linger lets zmq flush both.
+        with contextlib.suppress(zmq.ZMQError):
+            self._sock.send_multipart([_EMPTY, _BYE], _NOBLOCK)
+        self._release(self._opts.linger_ms)
+
+    def extra_info(self) -> dict[str, Any]:
+        return {**super().extra_info(), "socket": "DEALER"}
+
+
+# ======================================================================================
+class ZMQTransport(Transport):
+    """ZeroMQ transport (ROUTER listener, DEALER per connection); see the module docstring."""
+
+    schemes = ("zmq+tcp", "zmq+ipc")
+
+    def __init__(self, options: dict[str, Any] | None = None, limits: Any = None) -> None:
+        super().__init__(options, limits)
+        self._opts = _Opts(self.options)
+        self._ctx: zmq.Context | None = None
+        self._listeners: set[_RouterListener] = set()
+        self._dialers: set[_DealerConnection] = set()
+        self._closed = False
+
+    @classmethod
+    def check_available(cls) -> None:
+        if zmq.zmq_version_info() < (4, 3, 2):
+            raise TransportUnavailable(
+                f"zmq transport needs libzmq >= 4.3.2 (reconnect disable, heartbeats); have {zmq.zmq_version()}"
+            )
+
+    def _context(self) -> zmq.Context:
+        if self._closed:
+            raise TransportError("zmq transport is closed")
+        if self._ctx is None:
+            self._ctx = zmq.Context(io_threads=self._opts.io_threads)
+            self._ctx.setsockopt(zmq.MAX_SOCKETS, self._opts.max_sockets)
+        return self._ctx
+
+    def _socket(self, kind: int, *, ipv6: bool) -> zmq.Socket:
+        o = self._opts
+        sock = self._context().socket(kind)
+        sock.copy_threshold = 0  # copy-or-not is decided per frame here
+        sock.setsockopt(zmq.LINGER, o.linger_ms)
+        sock.setsockopt(zmq.SNDHWM, o.sndhwm)
+        sock.setsockopt(zmq.RCVHWM, o.rcvhwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, max(self.limits.max_frame_bytes, self.limits.max_header_bytes))
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(max(o.connect_timeout, 1.0) * 1000))
+        if o.hb_ivl_ms > 0:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, o.hb_ivl_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, o.hb_timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, o.hb_timeout_ms)
+        if ipv6:
+            sock.setsockopt(zmq.IPV6, 1)
+        return sock
+
+    async def listen(self, url: str, handler: ConnectionHandler) -> Listener:
+        endpoint, scheme = _endpoint(url, bind=True)
+        sock = self._socket(zmq.ROUTER, ipv6=endpoint.startswith("tcp://["))
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            sock.bind(endpoint)
+            bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise _zmq_error(exc, f"cannot listen on {url}") from exc
+        address = f"zmq+{bound}"
+        listener = _RouterListener(self, sock, address, handler, asyncio.get_running_loop())
+        self._listeners.add(listener)
+        log.debug("zmq listening", address=address)
+        return listener
+
+    async def connect(self, url: str, *, timeout: float | None = None) -> Connection:
+        endpoint, _ = _endpoint(url, bind=False)
+        timeout = self._opts.connect_timeout if timeout is None else timeout
+        sock = self._socket(zmq.DEALER, ipv6=endpoint.startswith("tcp://["))
+        sock.setsockopt(zmq.RECONNECT_IVL, -1)  # a dropped link is ConnectionClosed, never re-dialled
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing towards a link that is not up
+        sock.setsockopt(zmq.CONNECT_TIMEOUT, max(1, int(timeout * 1000)))
+        conn = _DealerConnection(self, sock, url, asyncio.get_running_loop())
+        self._dialers.add(conn)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            conn.abort()
+            raise _zmq_error(exc, f"cannot connect to {url}") from exc
+        await conn._connect(timeout)
+        return conn
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        for conn in list(self._dialers):
+            conn.abort()
+        for listener in list(self._listeners):
+            listener._shutdown(None)
+        self._closed = True
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            # term() waits for lingering sockets to flush (bounded by `linger`): not on the loop.
+            await asyncio.get_running_loop().run_in_executor(None, ctx.term)
