@@ -44,7 +44,7 @@ async def proxied_pair():
 async def test_100k_messages_exactly_once_in_order_across_cuts(proxied_pair):
     a, b, proxy = proxied_pair
     n = 100_000
-    proxy.cut_every(0.2)
+    proxy.cut_every(0.05)
     received: list[int] = []
 
     async def consume():
@@ -56,7 +56,7 @@ async def test_100k_messages_exactly_once_in_order_across_cuts(proxied_pair):
         await b.send("a", "seq", i)
     await asyncio.wait_for(consumer, 90)
     proxy.stop_cutting()
-    assert proxy.stats.cuts >= 1, "the proxy never cut: the test proved nothing"
+    assert proxy.stats.cuts >= 3, "the proxy hardly cut: the test proved little"
     assert len(received) == n
     assert received == list(range(n))  # 0 lost, 0 duplicated, 0 reordered
 

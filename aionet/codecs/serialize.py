@@ -148,6 +148,8 @@ def _dtype_ok(dt: np.dtype) -> bool:
         return all(_dtype_ok(f[0]) for f in dt.fields.values())
     if dt.subdtype is not None:
         return _dtype_ok(dt.subdtype[0])
+    if dt.kind in "SU" and dt.itemsize == 0:
+        return False  # numpy silently widens S0/U0 to one char: it would read past the buffer
     return dt.kind in _SENDABLE_KINDS and type(dt) is np.dtype(dt.str).__class__
 
 
@@ -617,8 +619,12 @@ class _Decoder:
         for s in shape:
             if type(s) is not int or s < 0:
                 raise DecodeError(f"bad array shape {shape[:_MAX_NDIM]!r}")
+        count = math.prod(shape)
+        if dt.itemsize == 0 and count > self._ser.limits.max_array_len:
+            # zero-size items take no buffer, but numpy still loops over every element
+            raise DecodeError(f"array of {count} zero-size items exceeds limits.max_array_len")
         buf = self._take(ref)
-        need = math.prod(shape) * dt.itemsize
+        need = count * dt.itemsize
         if len(buf) != need:
             raise DecodeError(f"array {tuple(shape)} of {dt} needs {need} bytes, its buffer has {len(buf)}")
         arr = np.ndarray(shape, dt, buffer=buf, order="F" if fortran else "C")
