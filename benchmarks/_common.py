@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -275,6 +276,9 @@ def install_cleanup() -> None:
         signal.signal(signal.SIGTERM, _on_term)
 
 
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Unavailable|Interrupt|Exit|Timeout)\b.*")
+
+
 class ChildError(RuntimeError):
     pass
 
@@ -328,12 +332,12 @@ class Child:
         return "\n".join(lines[-n:])
 
     def last_error_line(self) -> str:
-        tail = self.log_tail(40).splitlines()
-        for ln in reversed(tail):
-            s = ln.strip()
-            if s and not s.startswith(("File ", "^", "~")) and ("Error" in s or "error" in s or ":" in s):
+        """The most telling line of the log: the last exception line, else the last line."""
+        lines = [ln.strip() for ln in self.log_tail(80).splitlines() if not ln.startswith("[stdout]")]
+        for s in reversed(lines):
+            if _EXC_LINE.match(s):
                 return s[:300]
-        return tail[-1].strip()[:300] if tail else ""
+        return lines[-1][:300] if lines else ""
 
     def expect(self, prefix: str, timeout: float) -> dict[str, Any]:
         """Wait for a ``PREFIX <json>`` line; raise ChildError on timeout or exit."""
@@ -516,7 +520,7 @@ def print_table(
             table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
         for row in rows:
             table.add_row(*row)
-        Console(width=max(120, _term_width())).print(table)
+        Console(width=max(150, _term_width())).print(table)
         return
     widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
     print(title)

@@ -1011,6 +1011,14 @@ def child_server(impl: str) -> None:
 
 
 def child_client(impl: str, info: dict[str, Any], p: Params) -> None:
+    try:
+        _child_client(impl, info, p)
+    except Exception as exc:
+        C.emit("RESULT", {"metrics": {}, "errors": {"session": f"{type(exc).__name__}: {exc}"[:400]}})
+        raise
+
+
+def _child_client(impl: str, info: dict[str, Any], p: Params) -> None:
     name, scheme = split_impl(impl)
     if name == "raw":
         res = C.run_async(raw_client(info, p))
@@ -1164,7 +1172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--transport", default="tcp", help="comma list of aionet transports (default: tcp)")
     ap.add_argument(
-        "--repeat", type=int, default=None, help="fresh process pairs per implementation (default 3; 1 with --quick)"
+        "--repeat", type=int, default=None, help="fresh process pairs per implementation (default 3; 2 with --quick)"
     )
     ap.add_argument("--quick", action="store_true", help="~30 s smoke run: fewer round trips, smaller volumes")
     ap.add_argument(
@@ -1200,7 +1208,7 @@ def main(argv: list[str] | None = None) -> int:
     C.install_cleanup()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     p = Params.quick() if args.quick else Params()
-    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 3)
     schemes = [s.strip() for s in args.transport.split(",") if s.strip()]
     wanted = [s.strip() for s in args.impls.split(",") if s.strip()]
     unknown = set(wanted) - set(IMPLS)
