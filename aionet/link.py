@@ -77,6 +77,7 @@ class Link:
         self._reconnect_task: asyncio.Task[None] | None = None
         self._switch_task: asyncio.Task[None] | None = None
         self._bytes_owed = 0
+        self._waiting_senders = 0
         self.disconnected_since: float | None = None
 
     # ------------------------------------------------------------------ sending
@@ -84,11 +85,23 @@ class Link:
         """Send a sequenced envelope. Returns when the transport took it; for messages of at
         least BIG_MESSAGE bytes, when the peer acknowledged it (so the caller may reuse its
         buffers). Never raises for a dropped connection: the message is replayed later."""
+        aw = self.post(kind, fields)
+        if aw is not None:
+            await aw
+
+    def post(self, kind: int, fields: list[Any]) -> Awaitable[None] | None:
+        """Like :meth:`send` but synchronous when nothing needs waiting: the message's place
+        in the stream is fixed by this call; returns an awaitable to await otherwise."""
         if self.dead is not None:
             raise self.dead
         st = self.state
-        if st.inflight_bytes >= st.max_inflight_bytes:
-            await self._wait_space()
+        if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes:
+            self._waiting_senders += 1
+            return self._send_when_space(kind, fields)
+        return self._post_now(kind, fields)
+
+    def _post_now(self, kind: int, fields: list[Any]) -> Awaitable[None] | None:
+        st = self.state
         seq, ack = st.stamp()
         try:
             frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
@@ -102,13 +115,35 @@ class Link:
         nbytes = len(frames[0]) if len(frames) == 1 else nbytes_of(frames)
         st.record(seq, frames, nbytes)
         c = self.current
+        w = None
         if c is not None and not self._replaying:
             try:
-                await c.conn.send(frames)
+                w = c.conn.write_nowait(frames)
             except ConnectionClosed:
                 self.connection_lost(c)
         if nbytes >= BIG_MESSAGE:
+            return self._finish(w, c, seq)
+        if w is not None:
+            return self._finish(w, c, 0)
+        return None
+
+    async def _finish(self, w: Awaitable[None] | None, c: Any, seq: int) -> None:
+        if w is not None:
+            try:
+                await w
+            except ConnectionClosed:
+                self.connection_lost(c)
+        if seq:
             await self.wait_acked(seq)
+
+    async def _send_when_space(self, kind: int, fields: list[Any]) -> None:
+        try:
+            await self._wait_space()
+        finally:
+            self._waiting_senders -= 1
+        aw = self._post_now(kind, fields)
+        if aw is not None:
+            await aw
 
     async def _wait_space(self) -> None:
         st = self.state
@@ -235,7 +270,9 @@ class Link:
                 if idx >= len(st.unacked):
                     break
                 seq, frames, _n = st.unacked[idx]
-                await c.conn.send(frames)
+                w = c.conn.write_nowait(frames)
+                if w is not None:
+                    await w
                 nxt = seq + 1
         except ConnectionClosed:
             self.connection_lost(c)

@@ -8,7 +8,7 @@ import ipaddress
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,8 @@ from .errors import (
 )
 from .link import ACK, Link, close_conn, nbytes_of
 from .log import get_logger
+from .membership import MemberEvent, MemberEventStream, Membership
+from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
 from .router import BYE, ERR, PEERS, REP, REQ, SEND, Router
 from .transports.base import Address, Connection, Listener
 from .transports.registry import TransportRegistry
@@ -116,6 +118,10 @@ class Node:
         self._conn_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, lambda _arg: self.info())
+        # membership (issue 5): gossip, heartbeats, failure detection, load reports
+        self.membership = Membership(self, cfg.heartbeat)
+        # tasks (issue 6): this node's ownership table and executor
+        self.scheduler = Scheduler(self)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -147,6 +153,8 @@ class Node:
                 self.log.info("listening", address=listener.address)
             if self.config.node.join:
                 await self._join(self.config.node.join)
+            await self.membership.start()  # fetches the member table from the seeds joined above
+            await self.scheduler.start()  # learns the members' resources
         except BaseException:
             await self.stop()
             raise
@@ -167,6 +175,8 @@ class Node:
         if self._closing or not self._running:
             return
         self._closing = True
+        await self.membership.stop()  # announces a graceful leave before anything closes
+        await self.scheduler.stop()  # fails tasks still owned here; drops queued work
         for lst in self._listeners:
             with contextlib.suppress(Exception):
                 await lst.close()
@@ -236,14 +246,20 @@ class Node:
             return "dead"
         return "alive" if link.current is not None else "suspect"
 
+    # --- membership (issue 5) ---------------------------------------------------------
     def members(self) -> dict[str, dict[str, Any]]:
-        """name -> state and addresses, this node included."""
-        out: dict[str, dict[str, Any]] = {
-            self.name: {"state": "alive", "addresses": self._advertised(), "self": True}
-        }
-        for n, p in self._peers.items():
-            out[n] = {"state": self._state(p), "addresses": list(p.addresses), "self": False}
-        return out
+        """name -> state (alive/suspect/dead/left), address, incarnation, load, devices, age;
+        this node included. Nodes that only connected (e.g. `aionet status`) are not members."""
+        return self.membership.members()
+
+    def on_member_change(self, fn: Callable[[MemberEvent], Any]) -> Callable[[], None]:
+        """Call ``fn(event)`` on every membership change; returns an unsubscribe function."""
+        return self.membership.on_member_change(fn)
+
+    def member_events(self, maxsize: int = 10_000) -> MemberEventStream:
+        """``async for ev in node.member_events(): ...`` (subscribed from this call on)."""
+        return self.membership.events(maxsize)
+    # --- end membership ------------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
         peers: dict[str, Any] = {}
@@ -350,7 +366,9 @@ class Node:
         link = p.link if p is not None else None
         if link is None or link.dead is not None:
             link = await self._link_to(peer)
-        await link.send(SEND, [channel, obj])
+        aw = link.post(SEND, [channel, obj])
+        if aw is not None:
+            await aw
 
     async def recv(self, channel: str, timeout: float | None = None) -> Any:
         """Next object from mailbox ``channel`` (any sender)."""
@@ -383,12 +401,30 @@ class Node:
         if timeout is not None:
             handle = asyncio.get_running_loop().call_later(timeout, _expire, fut, peer, service, timeout)
         try:
-            await link.send(REQ, [rid, service, obj])
+            aw = link.post(REQ, [rid, service, obj])
+            if aw is not None:
+                await aw
             return await fut
         finally:
             if handle is not None:
                 handle.cancel()
             router.forget(rid)
+
+    # --- tasks (issue 6) ------------------------------------------------------------------
+    def submit(self, fn: Any, *args: Any, **options: Any) -> TaskRef:
+        """Run ``fn`` ("pkg.mod:fn") somewhere in the cluster; ``await`` the returned TaskRef.
+        Options: resources, priority, retries, timeout, executor, key, preemptible, affinity,
+        policy; other keyword arguments go to ``fn``. See aionet.scheduler."""
+        return self.scheduler.submit(fn, *args, **options)
+
+    async def map(self, fn: Any, *iterables: Any, **options: Any) -> list[Any]:
+        """``[fn(*items) for items in zip(*iterables)]`` as tasks, results in order."""
+        return await self.scheduler.map(fn, *iterables, **options)
+
+    async def gather(self, refs: Any, return_exceptions: bool = False) -> list[Any]:
+        """Results of TaskRefs, in order."""
+        return await self.scheduler.gather(refs, return_exceptions=return_exceptions)
+    # --- end tasks ------------------------------------------------------------------------
 
     async def connect(self, url: str) -> str:
         """Dial ``url`` and return the peer's node name (also learns its peers)."""
@@ -471,14 +507,18 @@ class Node:
 
     # ------------------------------------------------------------------ handshake
     def _transport(self, url: str) -> Any:
-        return self.transports.get(url, self.config.transport.__dict__, self.config.limits)
+        options = dict(self.config.transport.__dict__)
+        sec = self.config.security  # tls:// takes [security] tls_*; [transport] tls = {...} overrides
+        tls = {"cert": sec.tls_cert, "key": sec.tls_key, "ca": sec.tls_ca}
+        options["tls"] = {**{k: v for k, v in tls.items() if v}, **(options.get("tls") or {})}
+        return self.transports.get(url, options, self.config.limits)
 
     def _hello(self, nonce: bytes, mac: bytes, link_info: dict[str, Any]) -> handshake.Hello:
         peers = {
             n: p.addresses for n, p in self._peers.items()
             if p.addresses and p.link is not None and not p.link.left and p.link.dead is None
         }
-        features = {"compression": ["lz4"] if self._compression else []}
+        features = {"compression": ["lz4"] if self._compression else [], "auth": self._token is not None}
         return handshake.Hello(
             handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, peers,
             nonce, mac, link_info,
@@ -496,6 +536,8 @@ class Node:
                 raise HandshakeError(f"{url} is node {hello.name!r}, expected {expect!r}")
             if hello.name == self.name:
                 raise HandshakeError(f"{url} is this node itself ({self.name!r}); node names must be unique")
+            if hello.features.get("auth") and not self._token:
+                raise HandshakeError(f"{url}: peer {hello.name!r} requires a cluster token and none is configured")
             expected = handshake.mac(self._token, b"A", nonce_d, hello.nonce, hello.name, self.name)
             if self._token and not handshake.verify(expected, hello.mac):
                 with contextlib.suppress(Exception):
@@ -549,6 +591,11 @@ class Node:
             raise HandshakeError(f"peer uses this node's own name {self.name!r}; names must be unique")
         if self._token is None and not _is_local(conn.peer_address):
             raise HandshakeError("this node has no cluster token and accepts local peers only")
+        if hello.features.get("probe"):  # membership liveness probe: answer, then close; no link
+            nonce_a = handshake.new_nonce()
+            mac_a = handshake.mac(self._token, b"A", hello.nonce, nonce_a, self.name, hello.name)
+            await conn.send([self._hello(nonce_a, mac_a, {}).encode()])
+            return None
         p = self._peer(hello.name)
         if p.link is not None and p.link.dead is None:
             info = p.link.resume_info()
@@ -581,7 +628,7 @@ class Node:
             "peer connected", peer=hello.name, direction="out" if outgoing else "in", remote=conn.peer_address
         )
         self._learn_peers(hello.peers)
-        self._spawn(self._read_loop(c, link), name=f"aionet-read-{hello.name}")
+        self._start_reader(c, link)
         await link.attach(c, outgoing)
         self._emit(hello.name, "connected", outgoing=outgoing, node_id=hello.node_id)
         if is_new_peer:
@@ -589,7 +636,11 @@ class Node:
         return c
 
     def _learn_peers(self, table: dict[str, list[str]]) -> None:
+        if not isinstance(table, dict) or len(table) > 65536:
+            raise ProtocolError("peer table is not a mapping (or is absurdly large)")
         for name, addrs in table.items():
+            if not isinstance(name, str) or not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
+                raise ProtocolError("malformed peer table entry")
             if name == self.name or not addrs:
                 continue
             p = self._peer(name)
@@ -611,90 +662,113 @@ class Node:
         return t
 
     # ------------------------------------------------------------------ receiving
-    async def _read_loop(self, c: _Conn, link: Link) -> None:
-        conn = c.conn
+    def _start_reader(self, c: _Conn, link: Link) -> None:
+        """Dispatch straight from the transport's read callback (push mode): no task wake-up
+        per batch; a full mailbox or a reply that must wait pauses reading that connection."""
+
+        def reply(kind: int, fields: list[Any]) -> Awaitable[None] | None:
+            if link.dead is not None:
+                return None  # the caller is gone; nothing to tell
+            try:
+                return link.post(kind, fields)
+            except PeerUnavailable:
+                return None
+            except AionetError as exc:
+                return link.post(ERR, [fields[0], "aionet.SerializationError", f"cannot send the reply: {exc}", ""])
+
+        def on_messages(batch: list[Any]) -> Awaitable[None] | None:
+            return self._dispatch(c, link, reply, batch, 0)
+
+        def on_closed(exc: BaseException) -> None:
+            self._conn_closed(c, link, exc)
+
+        c.conn.start_receiving(on_messages, on_closed)
+
+    def _dispatch(self, c: _Conn, link: Link, reply: Any, batch: list[Any], start: int) -> Awaitable[None] | None:
         loads = self.serializer.loads
         router = self.router
-        mailbox = router.mailbox
         peer = c.peer
+        nbytes = 0
+        i = start
+        n = len(batch)
+        try:
+            while i < n:
+                frames = batch[i]
+                i += 1
+                if len(frames) > 1:
+                    nbytes += nbytes_of(frames)
+                env = loads(frames)
+                if type(env) is not list or not env:
+                    raise ProtocolError("envelope is not a non-empty list")
+                kind = env[0]
+                if kind >= ACK:
+                    if kind == ACK:
+                        link.on_ack(env[1])
+                    else:
+                        handler = self._control_handlers.get(kind)
+                        if handler is None:
+                            raise ProtocolError(f"unknown control kind {kind!r}")
+                        handler(peer, env)
+                    continue
+                if not link.state.on_receive(env[1]):
+                    continue  # duplicate from a replay
+                if env[2] > link.state.acked:
+                    link.on_ack(env[2])
+                if kind == SEND:
+                    mb = router.mailbox(env[3])
+                    item = (peer, env[4])
+                    if not mb.put_nowait(item):  # full: stop reading until it has room
+                        link.received(nbytes)
+                        return self._resume(c, link, reply, batch, i, mb.put(item))
+                elif kind == REQ:
+                    aw = router.on_request(env[3], env[4], env[5], reply)
+                    if aw is not None:
+                        link.received(nbytes)
+                        return self._resume(c, link, reply, batch, i, aw)
+                elif kind == REP or kind == ERR:
+                    router.on_reply(kind, env[3], env[4:], peer)
+                elif kind == PEERS:
+                    self._learn_peers(env[3])
+                elif kind == BYE:
+                    self.log.info("peer left", peer=peer)
+                    link.peer_left()
+                else:
+                    raise ProtocolError(f"unknown envelope kind {kind!r}")
+        except (ProtocolError, ValueError, TypeError, IndexError, KeyError) as exc:
+            self.log.warning("bad message from peer; closing connection", peer=peer, error=str(exc))
+            c.conn.abort()
+            return None
+        link.received(nbytes)
+        return None
+
+    async def _resume(self, c: _Conn, link: Link, reply: Any, batch: list[Any], start: int, aw: Any) -> None:
+        try:
+            await aw
+        except PeerUnavailable:
+            pass
+        more = self._dispatch(c, link, reply, batch, start)
+        if more is not None:
+            await more
+
+    def _conn_closed(self, c: _Conn, link: Link, exc: BaseException) -> None:
         why = "connection closed"
         reset = False
-
-        async def reply(kind: int, fields: list[Any]) -> None:
-            try:
-                await link.send(kind, fields)
-            except AionetError as exc:
-                if isinstance(exc, PeerUnavailable):
-                    raise
-                await link.send(ERR, [fields[0], "aionet.SerializationError", f"cannot send the reply: {exc}", ""])
-
-        try:
-            while True:
-                batch = await conn.recv_many()
-                if link.dead is not None:
-                    break
-                nbytes = 0
-                for frames in batch:
-                    if len(frames) > 1:
-                        nbytes += nbytes_of(frames)
-                    env = loads(frames)
-                    if type(env) is not list or not env:
-                        raise ProtocolError("envelope is not a non-empty list")
-                    kind = env[0]
-                    if kind >= ACK:
-                        if kind == ACK:
-                            link.on_ack(env[1])
-                        else:
-                            handler = self._control_handlers.get(kind)
-                            if handler is None:
-                                raise ProtocolError(f"unknown control kind {kind!r}")
-                            handler(peer, env)
-                        continue
-                    if not link.state.on_receive(env[1]):
-                        continue  # duplicate from a replay
-                    if env[2] > link.state.acked:
-                        link.on_ack(env[2])
-                    if kind == SEND:
-                        mb = mailbox(env[3])
-                        item = (peer, env[4])
-                        if not mb.put_nowait(item):
-                            await mb.put(item)  # full mailbox: stop reading -> back-pressure
-                    elif kind == REQ:
-                        aw = router.on_request(env[3], env[4], env[5], reply)
-                        if aw is not None:
-                            await aw
-                    elif kind in (REP, ERR):
-                        router.on_reply(kind, env[3], env[4:], peer)
-                    elif kind == PEERS:
-                        self._learn_peers(env[3])
-                    elif kind == BYE:
-                        why = "peer left the cluster"
-                        self.log.info("peer left", peer=peer)
-                        link.peer_left()
-                    else:
-                        raise ProtocolError(f"unknown envelope kind {kind!r}")
-                link.received(nbytes)
-        except ConnectionClosed as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ProtocolError):
-                why = f"protocol error: {cause}"
-            elif cause is not None:
-                why = f"connection lost: {cause}"
-                reset = isinstance(cause, (ConnectionResetError, ConnectionRefusedError, BrokenPipeError))
-        except (ProtocolError, ValueError, TypeError, IndexError, KeyError) as exc:
-            why = f"protocol error: {exc}"
-            self.log.warning("bad message from peer; closing connection", peer=peer, error=str(exc))
-            conn.abort()
-        except asyncio.CancelledError:
-            why = "local node is shutting down"
-            raise
-        finally:
-            if not conn.closed:
-                await close_conn(conn)
-            if not self._closing:
-                link.connection_lost(c)
-                self.log.info("peer connection closed", peer=peer, reason=why)
-                self._emit(peer, "lost", reason=why, reset=reset)
+        cause = exc.__cause__ if isinstance(exc, ConnectionClosed) else exc
+        if link.left:
+            why = "peer left the cluster"
+        elif isinstance(cause, ProtocolError):
+            why = f"protocol error: {cause}"
+        elif cause is not None:
+            why = f"connection lost: {cause}"
+            reset = isinstance(cause, (ConnectionResetError, ConnectionRefusedError, BrokenPipeError))
+        if not isinstance(exc, (ConnectionClosed, ProtocolError)):
+            self.log.error("connection reader failed", peer=c.peer, error=repr(exc))
+        if not c.conn.closed:
+            c.conn.abort()
+        if not self._closing:
+            link.connection_lost(c)
+            self.log.info("peer connection closed", peer=c.peer, reason=why)
+            self._emit(c.peer, "lost", reason=why, reset=reset)
 
 
 def _echo(x: Any) -> Any:

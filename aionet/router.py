@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import traceback
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,41 +25,83 @@ PEERS = 5  # {name: [addresses]}
 BYE = 6  # (none)  graceful leave
 
 Handler = Callable[[Any], Any]
-Reply = Callable[[int, list[Any]], Awaitable[None]]  # reply(kind, fields)
+Reply = Callable[[int, list[Any]], Awaitable[None] | None]  # reply(kind, fields); None when done
 
 
 class Mailbox:
     """A bounded FIFO of (sender, object). A full mailbox makes ``put`` wait, which stops the
-    connection reader and so back-pressures the sender through the transport."""
+    connection reader and so back-pressures the sender through the link."""
 
-    __slots__ = ("_q",)
+    __slots__ = ("_getters", "_items", "_maxsize", "_putters")
 
     def __init__(self, maxsize: int):
-        self._q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize)
+        self._items: deque[tuple[str, Any]] = deque()
+        self._maxsize = maxsize
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self._putters: deque[asyncio.Future[None]] = deque()
 
     def put_nowait(self, item: tuple[str, Any]) -> bool:
-        try:
-            self._q.put_nowait(item)
-            return True
-        except asyncio.QueueFull:
+        if len(self._items) >= self._maxsize:
             return False
+        self._items.append(item)
+        getters = self._getters
+        while getters:
+            g = getters.popleft()
+            if not g.done():
+                g.set_result(None)
+                break
+        return True
 
     async def put(self, item: tuple[str, Any]) -> None:
-        await self._q.put(item)
+        while not self.put_nowait(item):
+            fut = asyncio.get_running_loop().create_future()
+            self._putters.append(fut)
+            await fut
+
+    def _wake_putter(self) -> None:
+        putters = self._putters
+        while putters:
+            p = putters.popleft()
+            if not p.done():
+                p.set_result(None)
+                break
+
+    async def _wait(self) -> None:
+        while not self._items:
+            fut = asyncio.get_running_loop().create_future()
+            self._getters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and self._items and self._getters:  # pass the wake-up on
+                    nxt = self._getters.popleft()
+                    if not nxt.done():
+                        nxt.set_result(None)
+                raise
 
     async def get(self) -> tuple[str, Any]:
-        return await self._q.get()
+        if not self._items:
+            await self._wait()
+        item = self._items.popleft()
+        if self._putters:
+            self._wake_putter()
+        return item
 
     async def get_batch(self, limit: int) -> list[tuple[str, Any]]:
-        q = self._q
-        out = [await q.get()]
-        get_nowait = q.get_nowait
-        while len(out) < limit and not q.empty():
-            out.append(get_nowait())
+        items = self._items
+        if not items:
+            await self._wait()
+        if len(items) <= limit:
+            out = list(items)
+            items.clear()
+        else:
+            out = [items.popleft() for _ in range(limit)]
+        if self._putters:
+            self._wake_putter()
         return out
 
     def qsize(self) -> int:
-        return self._q.qsize()
+        return len(self._items)
 
 
 class Router:
@@ -167,16 +210,19 @@ class Router:
             await _quiet(reply(ERR, _error_fields(rid, exc)))
             return
         try:
-            await reply(REP, [rid, result])
+            aw = reply(REP, [rid, result])
+            if aw is not None:
+                await aw
         except PeerUnavailable:
             self.log.info("reply dropped: the caller is gone", rid=rid)
         except AionetError as exc:
             await _quiet(reply(ERR, _error_fields(rid, exc)))
 
 
-async def _quiet(aw: Awaitable[None]) -> None:
+async def _quiet(aw: Awaitable[None] | None) -> None:
     try:
-        await aw
+        if aw is not None:
+            await aw
     except Exception:  # the connection is gone: nothing more to tell the caller
         pass
 

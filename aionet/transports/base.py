@@ -78,6 +78,18 @@ class Connection(abc.ABC):
         """Receive one message. Raises ConnectionClosed at the end of the stream or when
         the connection failed (the exception's ``__cause__`` says why)."""
 
+    def write_nowait(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
+        """Enqueue one message now and return None, or an awaitable to await before sending
+        more (back-pressure, or the transport still references the caller's buffers).
+
+        Unlike ``send``, the message's place in the stream is fixed by this call, so a caller
+        may enqueue from a synchronous callback. Default: a task running ``send`` (tasks
+        start in creation order, so order holds for transports whose ``send`` enqueues
+        before its first await); transports override it with a real synchronous enqueue."""
+        import asyncio
+
+        return asyncio.ensure_future(self.send(frames))
+
     def send_nowait(self, frames: Sequence[Buffer]) -> None:
         """Queue a small control message without waiting (ignores back-pressure; for acks
         and heartbeats). Raises ConnectionClosed if closed. Default: a task running send()."""
@@ -95,6 +107,36 @@ class Connection(abc.ABC):
 
         Transports override this to drain without one await per message."""
         return [await self.recv()]
+
+    def start_receiving(
+        self,
+        on_messages: Callable[[list[Message]], Awaitable[None] | None],
+        on_closed: Callable[[BaseException], None],
+    ) -> None:
+        """Push mode: deliver every batch of received messages to ``on_messages``, in order.
+
+        If ``on_messages`` returns an awaitable (the consumer must block, e.g. a full
+        mailbox), no further batch is delivered until it completes (the transport stops
+        reading, which back-pressures the peer). When the connection ends, ``on_closed`` gets
+        the ConnectionClosed (or the consumer's exception). Transports override this to
+        dispatch straight from their read callback, saving a task wake-up per batch; the
+        default pumps ``recv_many`` from a task. Use either push mode or ``recv``, not both.
+        """
+        import asyncio
+
+        async def pump() -> None:
+            try:
+                while True:
+                    batch = await self.recv_many()
+                    pending = on_messages(batch)
+                    if pending is not None:
+                        await pending
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                on_closed(exc)
+
+        self._pump_task = asyncio.get_running_loop().create_task(pump())
 
     @abc.abstractmethod
     async def close(self) -> None:
