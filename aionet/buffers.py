@@ -81,7 +81,7 @@ class PinnedAllocator:
     pinned = True
 
     def __init__(self) -> None:
-        from .devices import DeviceUnavailable, Devices
+        from .devices import Devices, DeviceUnavailable
 
         Devices(use_nvml=False).require_cuda("pinned host memory")
         try:

@@ -1,0 +1,705 @@
+"""GPU staging: move device arrays over transports that only move host memory.
+
+A device array (CuPy, anything with ``__cuda_array_interface__``, or a DLPack array on a CUDA
+device) is copied to host memory in chunks, each chunk into a buffer from the
+:class:`~aionet.buffers.BufferPool` (pinned when a GPU is present), and sent chunk by chunk.
+The copies are *double-buffered*: while chunk ``k`` is on the wire, chunk ``k+1`` is being
+copied in a worker thread (which, on a GPU, issues ``cudaMemcpyAsync`` on its own stream and
+waits on it with the GIL released). The receiver mirrors this: each arriving chunk is copied
+to the destination while the next one is being received. The extra copy is therefore hidden
+behind the network instead of added to it (``benchmarks/staging.py`` measures this).
+
+Transports that move device memory themselves (``Connection.moves_device_memory``, e.g. UCX
+built with CUDA) skip staging: :meth:`Stager.encode` hands them the device buffer as a frame.
+
+Everything device-specific sits behind a small :class:`ArrayBackend` interface so the whole
+pipeline runs and is tested on the CPU:
+
+* :class:`CupyBackend`: the real thing; needs ``cupy.cuda.is_available()``.
+* :class:`SimulatedDeviceBackend`: treats host memory as "device" memory (numpy arrays and
+  test doubles exposing ``__cuda_array_interface__`` or CUDA-typed DLPack over host memory)
+  and performs the device<->host copies as real memcpys. Only for tests and benchmarks: it
+  must never see real device pointers, so it is never selected automatically.
+* :class:`HostTarget`: the receiver side when this node has no GPU and the config allows
+  delivering device arrays as numpy arrays.
+
+Integration (serializer / connection layer)::
+
+    stager = Stager(pool=pool)                       # one per node
+    if is_device_array(obj):
+        meta, frames = stager.encode(obj)            # sync: whole array -> host frames
+        ...
+        arr = stager.decode(meta, frames)            # cupy on this device, or numpy
+
+    # streaming, overlapped with the network:
+    meta = stager.header(obj)
+    async with stager.chunks(obj) as chunks:
+        async for chunk in chunks:                   # chunk k+1 is copied while you send k
+            await conn.send([chunk])
+    rx = stager.receiver(meta)
+    for _ in range(meta["nchunks"]):
+        await rx.feed((await conn.recv())[0])
+    arr = await rx.finish()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import math
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import numpy as np
+
+from .buffers import BufferPool, PooledBuffer
+from .devices import Devices, DeviceUnavailable
+from .errors import DecodeError, FrameTooLarge, SerializationError
+from .log import get_logger
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "ArrayBackend",
+    "ChunkStream",
+    "CupyBackend",
+    "HostTarget",
+    "Receiver",
+    "SimulatedDeviceBackend",
+    "Stager",
+    "is_device_array",
+]
+
+log = get_logger("aionet.staging")
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+WIRE_VERSION = 1
+
+# DLPack device types (dlpack.h DLDeviceType)
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_CUDA_DL_TYPES = (_DL_CUDA, _DL_CUDA_MANAGED)
+
+Buffer = bytes | bytearray | memoryview
+
+
+def is_device_array(obj: Any) -> bool:
+    """True for CuPy arrays, ``__cuda_array_interface__`` objects and DLPack arrays whose
+    device is CUDA. Cheap (attribute checks only, never imports CuPy) and never raises."""
+    if isinstance(obj, (bytes, bytearray, memoryview, np.ndarray, np.generic, str, int, float)):
+        return False
+    try:
+        if hasattr(obj, "__cuda_array_interface__"):
+            return True
+        dev = getattr(obj, "__dlpack_device__", None)
+        if dev is not None:
+            return int(dev()[0]) in _CUDA_DL_TYPES
+    except Exception:
+        return False
+    return False
+
+
+def _source_kind(obj: Any) -> str:
+    t = type(obj)
+    if t.__module__.split(".")[0] == "cupy":
+        return "cupy"
+    return "cai" if hasattr(obj, "__cuda_array_interface__") else "dlpack"
+
+
+_ALLOWED_KINDS = frozenset("biufcmMSV")
+
+
+def _check_dtype(dt: np.dtype) -> None:
+    if dt.hasobject or dt.kind not in _ALLOWED_KINDS or dt.itemsize == 0:
+        raise SerializationError(f"device arrays of dtype {dt} cannot be sent")
+
+
+# ---------------------------------------------------------------------------- backends
+class ArrayBackend(Protocol):
+    """What the staging pipeline needs from an array library.
+
+    ``prepare`` turns a user array into a flat, contiguous uint8 "device buffer" plus its
+    dtype/shape/order; the copy functions are synchronous and run in the stager's worker
+    thread (they must release the GIL while copying to overlap with the network)."""
+
+    name: str
+    on_device: bool  # False when "device" arrays produced by this backend are host numpy arrays
+
+    def prepare(self, obj: Any) -> tuple[Any, np.dtype, tuple[int, ...], str]: ...
+
+    def copy_to_host(self, src: Any, offset: int, dst: np.ndarray) -> None: ...
+
+    def empty(self, nbytes: int) -> Any: ...
+
+    def copy_from_host(self, dst: Any, offset: int, src: memoryview) -> None: ...
+
+    def finalize(self, flat: Any, dtype: np.dtype, shape: tuple[int, ...], order: str) -> Any: ...
+
+
+def _layout(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> str | None:
+    """'C' or 'F' if the strides describe a contiguous layout (None = not contiguous)."""
+    if strides is None:
+        return "C"
+    c = _contiguous_strides(shape, itemsize, "C")
+    if tuple(strides) == c or math.prod(shape) <= 1:
+        return "C"
+    if tuple(strides) == _contiguous_strides(shape, itemsize, "F"):
+        return "F"
+    return None
+
+
+def _contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
+    out: list[int] = []
+    acc = itemsize
+    dims = reversed(shape) if order == "C" else shape
+    for d in dims:
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out)) if order == "C" else tuple(out)
+
+
+class SimulatedDeviceBackend:
+    """Host memory playing the part of device memory (tests and benchmarks only).
+
+    Accepts numpy arrays, ``__cuda_array_interface__`` objects whose pointer is host memory,
+    and DLPack objects claiming a CUDA device whose capsule describes host memory. The
+    "device to host" copies are real memcpys (numpy releases the GIL for them)."""
+
+    name = "simulated"
+    on_device = False
+
+    def _as_numpy(self, obj: Any) -> np.ndarray:
+        if isinstance(obj, np.ndarray):
+            return obj
+        cai = getattr(obj, "__cuda_array_interface__", None)
+        if cai is not None:
+            dt = np.dtype(cai["typestr"])
+            shape = tuple(int(s) for s in cai["shape"])
+            ptr, _readonly = cai["data"]
+            strides = cai.get("strides")
+            n = math.prod(shape)
+            if n == 0:
+                return np.empty(shape, dtype=dt)
+            if strides is None:
+                span = n * dt.itemsize
+            else:
+                span = sum((d - 1) * abs(s) for d, s in zip(shape, strides, strict=True)) + dt.itemsize
+            raw = (ctypes.c_ubyte * span).from_address(int(ptr))
+            base = np.frombuffer(raw, dtype=np.uint8)
+            return np.lib.stride_tricks.as_strided(base.view(dt)[:1], shape=shape, strides=strides or None)
+        if hasattr(obj, "__dlpack__"):
+            return np.from_dlpack(_HostCapsule(obj.__dlpack__()))
+        raise SerializationError(f"{type(obj).__name__} is not an array the simulated backend understands")
+
+    def prepare(self, obj: Any) -> tuple[Any, np.dtype, tuple[int, ...], str]:
+        a = self._as_numpy(obj)
+        _check_dtype(a.dtype)
+        if a.flags.c_contiguous:
+            order = "C"
+        elif a.flags.f_contiguous:
+            order = "F"
+        else:
+            a, order = np.ascontiguousarray(a), "C"
+        flat = a.reshape(-1, order="A").view(np.uint8) if a.size else np.empty(0, np.uint8)
+        return flat, a.dtype, tuple(a.shape), order
+
+    def copy_to_host(self, src: Any, offset: int, dst: np.ndarray) -> None:
+        np.copyto(dst, src[offset : offset + dst.nbytes])
+
+    def empty(self, nbytes: int) -> Any:
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def copy_from_host(self, dst: Any, offset: int, src: memoryview) -> None:
+        s = np.frombuffer(src, dtype=np.uint8)
+        np.copyto(dst[offset : offset + s.nbytes], s)
+
+    def finalize(self, flat: Any, dtype: np.dtype, shape: tuple[int, ...], order: str) -> Any:
+        return flat.view(dtype).reshape(shape, order=order)
+
+
+class _HostCapsule:
+    """Presents a DLPack capsule as CPU-resident so numpy imports it (simulation only)."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_DL_CPU, 0)
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self._capsule
+
+
+class HostTarget(SimulatedDeviceBackend):
+    """Receiver side without a GPU: device arrays arrive as numpy arrays."""
+
+    name = "host"
+
+
+class CupyBackend:
+    """CuPy on a real CUDA device. Copies run on a per-thread non-blocking stream."""
+
+    name = "cupy"
+    on_device = True
+
+    def __init__(self, devices: Devices | None = None) -> None:
+        (devices or Devices(use_nvml=False)).require_cuda("GPU staging")
+        import cupy
+
+        self._cp = cupy
+        self._tls = threading.local()
+
+    def _stream(self) -> Any:
+        s = getattr(self._tls, "stream", None)
+        if s is None:
+            s = self._tls.stream = self._cp.cuda.Stream(non_blocking=True)
+        return s
+
+    def prepare(self, obj: Any) -> tuple[Any, np.dtype, tuple[int, ...], str]:
+        cp = self._cp
+        if isinstance(obj, cp.ndarray):
+            a = obj
+        elif hasattr(obj, "__cuda_array_interface__"):
+            a = cp.asarray(obj)  # honours the producer's CAI stream
+        else:
+            a = cp.from_dlpack(obj)
+        _check_dtype(a.dtype)
+        if a.flags.c_contiguous:
+            order = "C"
+        elif a.flags.f_contiguous:
+            order = "F"
+        else:
+            a, order = cp.ascontiguousarray(a), "C"
+        # make work queued by the producer visible to our copy stream
+        cp.cuda.get_current_stream().synchronize()
+        flat = a.reshape(-1, order="A").view(cp.uint8) if a.size else cp.empty(0, cp.uint8)
+        return flat, np.dtype(a.dtype), tuple(a.shape), order
+
+    def copy_to_host(self, src: Any, offset: int, dst: np.ndarray) -> None:
+        if dst.nbytes == 0:
+            return
+        s = self._stream()
+        with src.device:
+            self._cp.cuda.runtime.memcpyAsync(int(dst.ctypes.data), int(src.data.ptr) + offset, dst.nbytes, 2, s.ptr)
+            s.synchronize()
+
+    def empty(self, nbytes: int) -> Any:
+        return self._cp.empty(nbytes, dtype=self._cp.uint8)  # on the caller's current device
+
+    def copy_from_host(self, dst: Any, offset: int, src: memoryview) -> None:
+        if src.nbytes == 0:
+            return
+        s = self._stream()
+        host = np.frombuffer(src, dtype=np.uint8)
+        with dst.device:
+            self._cp.cuda.runtime.memcpyAsync(int(dst.data.ptr) + offset, int(host.ctypes.data), host.nbytes, 1, s.ptr)
+            s.synchronize()
+
+    def finalize(self, flat: Any, dtype: np.dtype, shape: tuple[int, ...], order: str) -> Any:
+        return flat.view(dtype).reshape(shape, order=order)
+
+
+class _NoDevice:
+    """Backend stand-in on nodes without CUDA: every device path fails with the reason."""
+
+    name = "none"
+    on_device = False
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def _fail(self, *_: Any, **__: Any) -> Any:
+        raise DeviceUnavailable(f"no CUDA device: cannot stage a device array ({self.reason})")
+
+    prepare = copy_to_host = empty = copy_from_host = finalize = _fail
+
+
+# ---------------------------------------------------------------------------- the stager
+class Stager:
+    """Encodes device arrays to host frames and back, optionally streaming and overlapped.
+
+    Args:
+        backend: array library for device arrays; default CuPy when CUDA works here, else a
+            stand-in that raises :class:`~aionet.devices.DeviceUnavailable` on use.
+        pool: staging buffers; default a private plain pool (pinned if CUDA works).
+        chunk_bytes: bytes per chunk/frame (capped at the pool's largest buffer).
+        depth: chunks in flight (2 = double buffering).
+        host_fallback: on a node without a GPU, deliver received device arrays as numpy
+            (else raise DeviceUnavailable).
+        max_nbytes: largest array accepted from the network.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: ArrayBackend | None = None,
+        pool: BufferPool | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        depth: int = 2,
+        host_fallback: bool = True,
+        max_nbytes: int = 16 << 30,
+        devices: Devices | None = None,
+    ) -> None:
+        if chunk_bytes <= 0 or depth < 1:
+            raise ValueError("chunk_bytes must be positive and depth >= 1")
+        self._devices = devices or Devices(use_nvml=False)
+        if backend is None:
+            backend = (
+                CupyBackend(self._devices) if self._devices.cuda_available() else _NoDevice(self._devices.cuda_reason())
+            )
+        self.backend: Any = backend
+        self._own_pool = pool is None
+        self.pool = pool if pool is not None else BufferPool(pinned=None if backend.on_device else False)
+        self.chunk_bytes = min(int(chunk_bytes), self.pool.max_buffer_bytes)
+        self.depth = int(depth)
+        self.host_fallback = host_fallback
+        self.max_nbytes = int(max_nbytes)
+        self._executor: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ plumbing
+    def _run(self, fn: Callable[..., None], *args: Any) -> Awaitable[None]:
+        if self._executor is None:
+            # one copy thread: copies stay in order and do not fight each other for bandwidth
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aionet-staging")
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._own_pool:
+            self.pool.close()
+
+    @staticmethod
+    def is_device_array(obj: Any) -> bool:
+        return is_device_array(obj)
+
+    @staticmethod
+    def needs_staging(conn: Any) -> bool:
+        """False when ``conn`` moves device memory itself (UCX with CUDA)."""
+        return not getattr(conn, "moves_device_memory", False)
+
+    def _meta(self, dtype: np.dtype, shape: tuple[int, ...], order: str, nbytes: int, src: str) -> dict[str, Any]:
+        chunk = self.chunk_bytes
+        return {
+            "v": WIRE_VERSION,
+            "dtype": dtype.str if dtype.fields is None else dtype.descr,
+            "shape": list(shape),
+            "order": order,
+            "nbytes": nbytes,
+            "chunk": chunk,
+            "nchunks": max(1, -(-nbytes // chunk)) if nbytes else 0,
+            "src": src,
+        }
+
+    def header(self, obj: Any) -> dict[str, Any]:
+        """Metadata for ``obj`` (dtype, shape, chunking) without copying anything."""
+        flat, dtype, shape, order = self.backend.prepare(obj)
+        return self._meta(dtype, shape, order, int(flat.nbytes), _source_kind(obj))
+
+    # ------------------------------------------------------------------ sync (serializer)
+    def encode(self, obj: Any, *, device_frames: bool = False) -> tuple[dict[str, Any], list[Any]]:
+        """(metadata, frames) for a device array. Host frames of at most ``chunk_bytes``
+        unless ``device_frames`` (the transport moves device memory): then one device frame."""
+        flat, dtype, shape, order = self.backend.prepare(obj)
+        nbytes = int(flat.nbytes)
+        meta = self._meta(dtype, shape, order, nbytes, _source_kind(obj))
+        if device_frames:
+            meta["nchunks"], meta["chunk"], meta["device"] = 1, max(nbytes, 1), True
+            return meta, [flat]
+        host = np.empty(nbytes, dtype=np.uint8)
+        for off in range(0, nbytes, self.chunk_bytes):
+            self.backend.copy_to_host(flat, off, host[off : off + self.chunk_bytes])
+        mv = memoryview(host)
+        return meta, [mv[off : off + self.chunk_bytes] for off in range(0, nbytes, self.chunk_bytes)]
+
+    def decode(self, meta: Any, frames: Sequence[Any]) -> Any:
+        """The array described by ``meta`` from its frames: CuPy on the current device when
+        this node has CUDA, numpy if it has not and ``host_fallback`` allows it."""
+        dtype, shape, order, nbytes = self._validate(meta)
+        target = self._target()
+        if meta.get("device") and len(frames) == 1 and target.on_device and is_device_array(frames[0]):
+            flat = self._device_frame(frames[0], nbytes)
+            return target.finalize(flat, dtype, shape, order)
+        views = [_as_bytes_view(f) for f in frames]
+        self._check_frames(meta, [v.nbytes for v in views])
+        if not target.on_device and len(views) == 1 and not views[0].readonly:
+            flat = np.frombuffer(views[0], dtype=np.uint8)  # zero-copy: the frame is ours
+        else:
+            flat = target.empty(nbytes)
+            off = 0
+            for v in views:
+                target.copy_from_host(flat, off, v)
+                off += v.nbytes
+        return target.finalize(flat, dtype, shape, order)
+
+    def _device_frame(self, frame: Any, nbytes: int) -> Any:
+        flat, _, _, _ = self.backend.prepare(frame)
+        if int(flat.nbytes) != nbytes:
+            raise DecodeError(f"device frame has {flat.nbytes} bytes, header says {nbytes}")
+        return flat
+
+    def _target(self) -> Any:
+        if getattr(self.backend, "on_device", False) or isinstance(self.backend, SimulatedDeviceBackend):
+            return self.backend
+        if self.host_fallback:
+            return HostTarget()
+        raise DeviceUnavailable(
+            "no CUDA device: received a device array but this node cannot hold it "
+            f"({self._devices.cuda_reason()}) and host fallback is disabled"
+        )
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, meta: Any) -> tuple[np.dtype, tuple[int, ...], str, int]:
+        """Check a header from the network; everything wrong is a DecodeError."""
+        if not isinstance(meta, dict) or meta.get("v") != WIRE_VERSION:
+            raise DecodeError(f"device array header: unsupported or missing version: {meta!r:.200}")
+        try:
+            raw_dt = meta["dtype"]
+            dtype = np.dtype([tuple(f) for f in raw_dt] if isinstance(raw_dt, list) else raw_dt)
+            shape = tuple(int(s) for s in meta["shape"])
+            order = meta["order"]
+            nbytes, chunk, nchunks = int(meta["nbytes"]), int(meta["chunk"]), int(meta["nchunks"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DecodeError(f"malformed device array header: {exc}") from None
+        try:
+            _check_dtype(dtype)
+        except SerializationError as exc:
+            raise DecodeError(str(exc)) from None
+        if order not in ("C", "F") or any(s < 0 for s in shape) or len(shape) > 64:
+            raise DecodeError("device array header: bad shape or order")
+        if nbytes > self.max_nbytes:
+            raise FrameTooLarge(f"device array of {nbytes} bytes exceeds the limit of {self.max_nbytes}")
+        if math.prod(shape) * dtype.itemsize != nbytes:
+            raise DecodeError(f"device array header: shape {shape} x {dtype} != {nbytes} bytes")
+        if chunk <= 0 or (nchunks != (-(-nbytes // chunk) if nbytes else 0) and not meta.get("device")):
+            raise DecodeError("device array header: inconsistent chunking")
+        return dtype, shape, order, nbytes
+
+    @staticmethod
+    def _check_frames(meta: dict[str, Any], sizes: list[int]) -> None:
+        if sum(sizes) != int(meta["nbytes"]):
+            raise DecodeError(f"device array frames hold {sum(sizes)} bytes, header says {meta['nbytes']}")
+
+    # ------------------------------------------------------------------ streaming
+    def chunks(self, obj: Any) -> ChunkStream:
+        """Host chunks of ``obj``, copied ahead (``depth`` in flight) into pool buffers.
+
+        Each yielded memoryview stays valid until the next iteration (then its buffer goes
+        back to the pool), which matches ``await conn.send([chunk])`` returning once the
+        transport no longer needs the buffer. Use ``async with`` so an early exit returns
+        the buffers."""
+        return ChunkStream(self, obj)
+
+    async def send_array(
+        self, obj: Any, send: Callable[[list[Any]], Awaitable[None]], *, sends_in_flight: int = 2
+    ) -> int:
+        """Send ``obj``'s chunks as one-frame messages through ``send`` (e.g. ``conn.send``).
+
+        Unlike iterating :meth:`chunks`, up to ``sends_in_flight`` sends run at once, so the
+        transport always has the next chunk queued while the kernel drains the previous one,
+        and each pool buffer is released when *its* send returns. The caller sends the
+        :meth:`header` first. Returns the number of chunks sent."""
+        pending: deque[tuple[PooledBuffer, asyncio.Future[None]]] = deque()
+        n = 0
+        stream = ChunkStream(self, obj, hand_over=True)
+        try:
+            async for buf in stream:
+                try:
+                    while len(pending) >= sends_in_flight:
+                        b, t = pending.popleft()
+                        try:
+                            await t
+                        finally:
+                            b.release()
+                except BaseException:
+                    buf.release()
+                    raise
+                pending.append((buf, asyncio.ensure_future(send([buf.view]))))
+                n += 1
+            while pending:
+                b, t = pending.popleft()
+                try:
+                    await t
+                finally:
+                    b.release()
+        finally:
+            await stream.aclose()
+            for b, t in pending:  # failure: stop the rest, return the buffers once done
+                t.cancel()
+                try:
+                    await t
+                except BaseException:
+                    pass
+                b.release()
+        return n
+
+    async def recv_array(self, meta: Any, recv: Callable[[], Awaitable[list[Any]]]) -> Any:
+        """Receive the chunks announced by ``meta`` through ``recv`` (e.g. ``conn.recv``)."""
+        rx = self.receiver(meta)
+        try:
+            for _ in range(int(meta["nchunks"])):
+                msg = await recv()
+                if len(msg) != 1:
+                    raise DecodeError(f"device array chunk message has {len(msg)} frames, expected 1")
+                await rx.feed(msg[0])
+            return await rx.finish()
+        except BaseException:
+            await rx.abort()
+            raise
+
+    def receiver(self, meta: Any) -> Receiver:
+        """Reassembles a streamed array; raises DeviceUnavailable/DecodeError up front."""
+        dtype, shape, order, nbytes = self._validate(meta)
+        return Receiver(self, self._target(), meta, dtype, shape, order, nbytes)
+
+
+class ChunkStream:
+    """Async iterator of staged chunks; also an async context manager (see Stager.chunks)."""
+
+    def __init__(self, stager: Stager, obj: Any, *, hand_over: bool = False) -> None:
+        self._stager = stager
+        self._obj = obj
+        self._hand_over = hand_over  # yield PooledBuffers the consumer releases (send_array)
+        self._gen = self._run()
+
+    def __aiter__(self) -> ChunkStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        await self._gen.aclose()
+
+    async def __aenter__(self) -> ChunkStream:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def _run(self) -> Any:
+        st = self._stager
+        backend, pool, chunk = st.backend, st.pool, st.chunk_bytes
+        flat, _dtype, _shape, _order = backend.prepare(self._obj)
+        nbytes = int(flat.nbytes)
+        n = -(-nbytes // chunk) if nbytes else 0
+        inflight: deque[tuple[PooledBuffer, asyncio.Future[None]]] = deque()
+        started = 0
+
+        async def start(k: int, wait: bool) -> bool:
+            off = k * chunk
+            ln = min(chunk, nbytes - off)
+            # Only the chunk we are about to yield may wait for a buffer (back-pressure);
+            # read-ahead takes a buffer only if one is free, so a small pool cannot deadlock.
+            buf = await pool.acquire(ln) if wait else pool.try_acquire(ln)
+            if buf is None:
+                return False
+            fut = asyncio.ensure_future(st._run(backend.copy_to_host, flat, off, buf.array[:ln]))
+            inflight.append((buf, fut))
+            return True
+
+        try:
+            while True:
+                while started < n and len(inflight) < st.depth:
+                    if not await start(started, wait=not inflight):
+                        break
+                    started += 1
+                if not inflight:
+                    break
+                buf, fut = inflight.popleft()
+                try:
+                    await fut
+                except BaseException:
+                    buf.release()
+                    raise
+                if self._hand_over:
+                    yield buf  # the consumer owns it now and releases it
+                    continue
+                try:
+                    yield buf.view  # the consumer sends it; the next copy runs meanwhile
+                finally:
+                    buf.release()
+        finally:
+            while inflight:  # early exit: let running copies finish before reusing buffers
+                buf, fut = inflight.popleft()
+                try:
+                    await asyncio.shield(fut)
+                except BaseException:
+                    pass
+                buf.release()
+
+
+class Receiver:
+    """Copies arriving chunks into the destination, overlapped with receiving the next."""
+
+    def __init__(
+        self,
+        stager: Stager,
+        target: Any,
+        meta: dict[str, Any],
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        order: str,
+        nbytes: int,
+    ) -> None:
+        self._st = stager
+        self._target = target
+        self.meta = meta
+        self._dtype, self._shape, self._order, self.nbytes = dtype, shape, order, nbytes
+        self._chunk = int(meta["chunk"])
+        self._dst = target.empty(nbytes)
+        self._offset = 0
+        self._pending: deque[asyncio.Future[None]] = deque()
+        self._failed: BaseException | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self._offset == self.nbytes
+
+    async def feed(self, frame: Any) -> None:
+        """Accept the next chunk; returns once its copy is queued (at most ``depth`` queued).
+
+        The frame must not be modified until :meth:`finish` returns."""
+        if self._failed is not None:
+            raise self._failed
+        view = _as_bytes_view(frame)
+        expect = min(self._chunk, self.nbytes - self._offset)
+        if view.nbytes != expect:
+            self._failed = DecodeError(
+                f"device array chunk of {view.nbytes} bytes at offset {self._offset}, expected {expect}"
+            )
+            raise self._failed
+        while len(self._pending) >= self._st.depth:
+            await self._pending.popleft()
+        self._pending.append(
+            asyncio.ensure_future(self._st._run(self._target.copy_from_host, self._dst, self._offset, view))
+        )
+        self._offset += view.nbytes
+
+    async def finish(self) -> Any:
+        """Wait for the copies and return the array (CuPy on this device, or numpy)."""
+        while self._pending:
+            await self._pending.popleft()
+        if self._offset != self.nbytes:
+            raise DecodeError(f"device array incomplete: {self._offset} of {self.nbytes} bytes")
+        return self._target.finalize(self._dst, self._dtype, self._shape, self._order)
+
+    async def abort(self) -> None:
+        """Drop a half-received array (connection lost); waits for queued copies."""
+        while self._pending:
+            try:
+                await self._pending.popleft()
+            except BaseException:
+                pass
+
+
+def _as_bytes_view(frame: Any) -> memoryview:
+    try:
+        mv = memoryview(frame)
+    except TypeError:
+        raise DecodeError(f"device array frame of type {type(frame).__name__} is not a buffer") from None
+    if mv.ndim != 1 or mv.itemsize != 1 or not mv.c_contiguous:
+        mv = mv.cast("B") if mv.c_contiguous else memoryview(bytes(mv))
+    return mv

@@ -1,0 +1,375 @@
+"""``ucx://host:port``: messages over UCX through ucxx (optional extra: ``pip install 'aionet[ucx]'``).
+
+UCX picks the fabric itself (InfiniBand, RoCE, shared memory, CUDA IPC, TCP); on a machine
+without RDMA it runs over TCP. ``UCX_TLS`` (or the ``tls`` option) restricts the choice, e.g.
+``tls = "tcp"`` as CI does.
+
+Wire: one aionet message = one ucxx ``send_multi`` of ``[kind] + frames`` on the endpoint's
+tag, where ``kind`` is a one-byte frame (message / FIN). The kind frame lets zero-frame messages
+exist (ucxx cannot send an empty list) and carries the orderly close: ``close()`` sends FIN
+after everything already sent, so the peer reads every message and then ``ConnectionClosed``.
+
+Receiving: one reader task per connection keeps a single ``recv_multi`` posted and queues
+complete messages, so ``recv_many`` returns everything already received. It stops posting while
+``max_queued_bytes`` are unread; large messages (above UCX's rendezvous threshold) then stay at
+the sender, whose ``send`` blocks: that is the back-pressure. Small (eager) messages are
+buffered by UCX itself and are not bounded by this.
+
+Device memory: when UCX was built with CUDA support and CUDA works, frames may be CuPy arrays
+and arrive as device buffers (``moves_device_memory`` is True on such connections), so GPU
+staging is skipped.
+
+ucxx keeps **one context per process**, bound to the event loop it was created on (its
+notifier thread completes requests on that loop). Transports in one process therefore share
+it through :class:`_SharedUCX`, the one piece of process-wide state in aionet, which mirrors
+ucxx's own: it creates the context on first use (with ``enable_python_future`` so idle
+connections do not spin the CPU), and resets it when the last transport using it closes, so a
+later event loop (a new test, a new ``asyncio.run``) can start afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ConnectionClosed, TransportError, TransportUnavailable
+from ..log import get_logger
+from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+
+__all__ = ["UCXConnection", "UCXListener", "UCXTransport"]
+
+log = get_logger("aionet.transports.ucx")
+
+KIND_MSG = b"\x01"
+KIND_FIN = b"\x02"
+
+
+def _import_ucxx() -> Any:
+    # UCX warns on stderr about variables ucxx itself sets; ucxx reads the environment at
+    # import, so the default must be in place before that (a user's setting wins).
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    try:
+        import ucxx
+    except ImportError as exc:
+        raise TransportUnavailable(f"ucx: ucxx is not installed (pip install 'aionet[ucx]'): {exc}") from exc
+    except Exception as exc:  # libucx missing or too old: ucxx raises at import
+        raise TransportUnavailable(f"ucx: ucxx failed to load: {exc!r}") from exc
+    return ucxx
+
+
+class _SharedUCX:
+    """The process's ucxx context: which loop it is bound to and which transports use it."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.users: weakref.WeakSet[UCXTransport] = weakref.WeakSet()
+
+    def acquire(self, user: UCXTransport, options: dict[str, Any]) -> Any:
+        ucxx = _import_ucxx()
+        loop = asyncio.get_running_loop()
+        if self.loop is not None and self.loop is not loop:
+            live = [u for u in self.users if u is not user]
+            if live and not self.loop.is_closed():
+                raise TransportUnavailable(
+                    "ucx: ucxx keeps one context per process, bound to one event loop, and another "
+                    "running loop is using it"
+                )
+            self._reset(ucxx)
+        if self.loop is None:
+            ucx_opts = {str(k).upper(): str(v) for k, v in options.get("ucx_options", {}).items()}
+            if options.get("tls"):
+                ucx_opts["TLS"] = str(options["tls"])
+            try:
+                ucxx.init(options=ucx_opts, progress_mode="thread", enable_python_future=True)
+            except RuntimeError:
+                pass  # someone else (user code) initialised ucxx already: share it
+            except Exception as exc:
+                raise TransportUnavailable(f"ucx: cannot initialise UCX: {exc!r}") from exc
+            self.loop = loop
+        self.users.add(user)
+        return ucxx
+
+    def release(self, user: UCXTransport) -> None:
+        self.users.discard(user)
+        if not self.users and self.loop is not None:
+            ucxx = _import_ucxx()
+            self._reset(ucxx)
+
+    def _reset(self, ucxx: Any) -> None:
+        try:
+            ucxx.reset()
+            self.loop = None
+        except Exception as exc:  # endpoints still referenced somewhere: keep it, try later
+            log.warning("ucx context could not be reset yet", error=str(exc)[:300])
+
+
+_SHARED = _SharedUCX()
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("UCXCanceled", "UCXCanceledError", "UCXXCanceledError")
+
+
+class UCXConnection(Connection):
+    """One ucxx endpoint as an aionet connection."""
+
+    def __init__(self, ep: Any, *, local: str, peer: str, max_queued_bytes: int, device: bool) -> None:
+        self._ep = ep
+        self.local_address = local
+        self.peer_address = peer
+        self.moves_device_memory = device  # type: ignore[misc]  # per connection: depends on UCX build
+        self._max_queued = max_queued_bytes
+        self._queue: deque[Message] = deque()
+        self._queued_bytes = 0
+        self._have_data = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._eof = False
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        self._send_lock = asyncio.Lock()
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                if self._queued_bytes > self._max_queued:
+                    self._space.clear()
+                    await self._space.wait()
+                bufs = await self._ep.recv_multi()
+                if not bufs:
+                    raise TransportError("ucx: empty message (no kind frame)")
+                kind = bytes(memoryview(bufs[0]))
+                if kind == KIND_FIN:
+                    self._eof = True
+                    break
+                if kind != KIND_MSG:
+                    raise TransportError(f"ucx: unknown message kind {kind!r}; closing")
+                frames: Message = [_own(b) for b in bufs[1:]]
+                self._queue.append(frames)
+                self._queued_bytes += sum(_nbytes(f) for f in frames)
+                self._have_data.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not self._closed and not _is_cancel(exc):
+                log.debug("ucx receive ended", peer=self.peer_address, error=repr(exc))
+            self._failure = exc
+        finally:
+            self._eof = True
+            self._have_data.set()
+
+    # ------------------------------------------------------------------ contract
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _ended(self) -> ConnectionClosed:
+        err = ConnectionClosed(f"ucx connection to {self.peer_address} closed")
+        err.__cause__ = self._failure
+        return err
+
+    async def send(self, frames: Sequence[Buffer]) -> None:
+        if self._closed or self._ep is None:
+            raise self._ended()
+        if self._failure is not None:
+            raise self._ended()
+        try:
+            await self._ep.send_multi([KIND_MSG, *frames])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failure = self._failure or exc
+            raise self._ended() from exc
+
+    def _pop(self) -> Message:
+        msg = self._queue.popleft()
+        self._queued_bytes -= sum(_nbytes(f) for f in msg)
+        if self._queued_bytes <= self._max_queued:
+            self._space.set()
+        return msg
+
+    async def recv(self) -> Message:
+        while not self._queue:
+            if self._closed or self._eof:
+                raise self._ended()
+            self._have_data.clear()
+            await self._have_data.wait()
+        return self._pop()
+
+    async def recv_many(self) -> list[Message]:
+        out = [await self.recv()]
+        while self._queue:
+            out.append(self._pop())
+        return out
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        if self._failure is None and self._ep is not None and not self._ep.closed:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    await self._ep.send_multi([KIND_FIN])  # after everything sent before it
+        self._closed = True
+        self._have_data.set()
+        self._reader.cancel()
+        with contextlib.suppress(BaseException):
+            await self._reader
+        ep, self._ep = self._ep, None
+        if ep is not None:
+            with contextlib.suppress(Exception):
+                await ep.close(period=10**9)
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._have_data.set()
+        self._reader.cancel()
+        ep, self._ep = self._ep, None
+        if ep is not None:
+            with contextlib.suppress(Exception):
+                ep.abort(period=10**8)
+
+    def extra_info(self) -> dict[str, Any]:
+        return {"queued_bytes": self._queued_bytes, "moves_device_memory": self.moves_device_memory}
+
+
+def _own(buf: Any) -> Any:
+    """Host frames as flat writable memoryviews; device buffers are passed through."""
+    if hasattr(buf, "__cuda_array_interface__"):
+        return buf
+    mv = memoryview(buf)
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def _nbytes(f: Any) -> int:
+    n = getattr(f, "nbytes", None)
+    return int(n) if n is not None else len(f)
+
+
+class UCXListener(Listener):
+    def __init__(self, transport: UCXTransport, listener: Any, url: str) -> None:
+        self._transport = transport
+        self._listener = listener
+        self._url = url
+
+    @property
+    def address(self) -> str:
+        return self._url
+
+    async def close(self) -> None:
+        lst, self._listener = self._listener, None
+        if lst is not None:
+            lst.close()
+            self._transport._listeners.discard(self)
+            del lst
+            await asyncio.sleep(0)
+
+
+class UCXTransport(Transport):
+    """``ucx://host:port``. Options: ``tls`` (UCX_TLS, e.g. ``"tcp"``), ``ucx_options``
+    (extra UCX settings without the ``UCX_`` prefix), ``max_queued_bytes`` (64 MiB),
+    ``probe`` (True: a TCP probe makes connecting to a dead address fail at once instead of
+    at the timeout; turn off where the UCX listener is reachable only over RDMA CM)."""
+
+    schemes = ("ucx",)
+
+    def __init__(self, options: dict[str, Any] | None = None, limits: Any = None) -> None:
+        super().__init__(options, limits)
+        self._ucxx: Any = None
+        self._max_queued = int(self.options.get("max_queued_bytes", 64 << 20))
+        self._probe = bool(self.options.get("probe", True))
+        self._conns: weakref.WeakSet[UCXConnection] = weakref.WeakSet()
+        self._listeners: set[UCXListener] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._device: bool | None = None
+
+    @classmethod
+    def check_available(cls) -> None:
+        _import_ucxx()
+
+    def _ensure(self) -> Any:
+        if self._ucxx is None:
+            self._ucxx = _SHARED.acquire(self, self.options)
+        return self._ucxx
+
+    def _moves_device_memory(self) -> bool:
+        if self._device is None:
+            from ..devices import Devices
+
+            ok = False
+            if Devices(use_nvml=False).cuda_available():
+                with contextlib.suppress(Exception):
+                    ok = "cuda" in " ".join(self._ucxx.get_active_transports())
+            self._device = ok
+        return self._device
+
+    def _wrap(self, ep: Any, local: str, peer: str) -> UCXConnection:
+        conn = UCXConnection(
+            ep, local=local, peer=peer, max_queued_bytes=self._max_queued, device=self._moves_device_memory()
+        )
+        self._conns.add(conn)
+        return conn
+
+    async def listen(self, url: str, handler: ConnectionHandler) -> Listener:
+        addr = Address.parse(url)
+        ucxx = self._ensure()
+        loop = asyncio.get_running_loop()
+
+        async def on_endpoint(ep: Any) -> None:
+            conn = self._wrap(ep, url, "ucx://peer")
+            task = loop.create_task(handler(conn))  # return at once: ucxx tracks this callback
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        try:
+            lst = ucxx.create_listener(on_endpoint, port=addr.port or 0)
+        except Exception as exc:
+            raise TransportError(f"ucx: cannot listen on {url}: {exc}") from exc
+        host = addr.host if addr.host not in ("", "0.0.0.0", "::") else lst.ip
+        listener = UCXListener(self, lst, Address("ucx", host, int(lst.port), "").url())
+        self._listeners.add(listener)
+        return listener
+
+    async def connect(self, url: str, *, timeout: float | None = None) -> Connection:
+        addr = Address.parse(url)
+        if not addr.host or not addr.port:
+            raise TransportError(f"ucx: URL needs host and port: {url!r}")
+        ucxx = self._ensure()
+        timeout = float(timeout if timeout is not None else 5.0)
+        try:
+            async with asyncio.timeout(timeout):
+                if self._probe:  # UCX would only notice a dead address at the handshake timeout
+                    _r, w = await asyncio.open_connection(addr.host, addr.port)
+                    w.close()
+                    with contextlib.suppress(OSError):
+                        await w.wait_closed()
+                ep = await ucxx.create_endpoint(addr.host, addr.port, connect_timeout=timeout)
+        except (TimeoutError, OSError) as exc:
+            raise TransportError(f"ucx: cannot connect to {url}: {exc!r}") from exc
+        except Exception as exc:  # ucxx errors
+            raise TransportError(f"ucx: cannot connect to {url}: {exc!r}") from exc
+        return self._wrap(ep, "ucx://local", url)
+
+    async def aclose(self) -> None:
+        for lst in list(self._listeners):
+            await lst.close()
+        for conn in list(self._conns):
+            conn.abort()
+            with contextlib.suppress(BaseException):
+                await conn._reader
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await t
+        self._conns = weakref.WeakSet()
+        if self._ucxx is not None:
+            self._ucxx = None
+            _SHARED.release(self)

@@ -1,0 +1,133 @@
+"""ucx:// specifics (the contract itself is tests/test_transport_conformance.py): idle
+connections do not spin, the process-wide ucxx context is shared and reset between event
+loops, the FIN makes close orderly, and missing pieces are clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from aionet.devices import Devices
+from aionet.errors import ConnectionClosed, TransportError, TransportUnavailable
+
+ucxx = pytest.importorskip("ucxx", reason="ucx: ucxx is not installed (pip install 'aionet[ucx]')")
+
+from aionet.transports.ucx import UCXTransport  # noqa: E402
+
+
+async def pair(t: UCXTransport):
+    accepted: asyncio.Queue = asyncio.Queue()
+    stop = asyncio.Event()
+
+    async def handler(conn):
+        await accepted.put(conn)
+        await stop.wait()
+
+    lst = await t.listen("ucx://127.0.0.1:0", handler)
+    c = await t.connect(lst.address, timeout=10)
+    s = await asyncio.wait_for(accepted.get(), 10)
+    return c, s, lst, stop
+
+
+async def test_idle_connection_does_not_burn_cpu():
+    t = UCXTransport({"tls": "tcp"})
+    c, s, lst, stop = await pair(t)
+    pending = asyncio.ensure_future(s.recv())
+    await asyncio.sleep(0.2)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    await asyncio.sleep(1.0)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    assert cpu < 0.3, f"an idle ucx connection used {cpu:.2f}s of CPU per second"
+    await c.send([b"wake"])
+    assert [bytes(f) for f in await asyncio.wait_for(pending, 5)] == [b"wake"]
+    stop.set()
+    await c.close()
+    await s.close()
+    await lst.close()
+    await t.aclose()
+
+
+async def test_two_transports_share_the_context_and_numpy_frames_travel():
+    t1, t2 = UCXTransport(), UCXTransport()
+    accepted: asyncio.Queue = asyncio.Queue()
+
+    async def handler(conn):
+        await accepted.put(conn)
+
+    lst = await t1.listen("ucx://127.0.0.1:0", handler)
+    c = await t2.connect(lst.address, timeout=10)
+    s = await asyncio.wait_for(accepted.get(), 10)
+    a = np.arange(1_000_000, dtype=np.float64)
+    await c.send([b"arr", a])
+    m = await asyncio.wait_for(s.recv(), 10)
+    got = np.frombuffer(m[1], dtype=np.float64)
+    assert np.array_equal(got, a) and not memoryview(m[1]).readonly
+    assert c.moves_device_memory is False or Devices(use_nvml=False).cuda_available()
+    await c.close()
+    with pytest.raises(ConnectionClosed):
+        await asyncio.wait_for(s.recv(), 5)
+    await lst.close()
+    await t2.aclose()
+    await t1.aclose()
+
+
+def test_context_is_reset_between_event_loops():
+    async def once(i: int) -> None:
+        t = UCXTransport()
+        c, s, lst, stop = await pair(t)
+        await c.send([b"%d" % i])
+        assert bytes((await asyncio.wait_for(s.recv(), 5))[0]) == b"%d" % i
+        stop.set()
+        await c.close()
+        await lst.close()
+        await t.aclose()
+
+    for i in range(2):
+        asyncio.run(once(i))
+
+
+async def test_connect_refused_is_fast_transport_error():
+    t = UCXTransport()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(TransportError):
+        await t.connect("ucx://127.0.0.1:1", timeout=5)
+    assert loop.time() - t0 < 2
+    with pytest.raises(TransportError):
+        await t.connect("ucx://127.0.0.1", timeout=1)
+    await t.aclose()
+
+
+def test_missing_ucxx_is_transport_unavailable():
+    code = (
+        "import sys; sys.modules['ucxx'] = None\n"
+        "from aionet.transports.ucx import UCXTransport\n"
+        "from aionet.errors import TransportUnavailable\n"
+        "try:\n    UCXTransport.check_available()\n"
+        "except TransportUnavailable as e:\n    print('OK', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("OK ucx: ucxx is not installed"), out.stderr
+    assert TransportUnavailable  # the type the registry and the suite rely on
+
+
+@pytest.mark.skipif(not Devices(use_nvml=False).cuda_available(), reason="no CUDA device")
+async def test_cupy_frames_over_ucx():
+    import cupy as cp
+
+    t = UCXTransport()
+    c, s, lst, stop = await pair(t)
+    a = cp.arange(1000, dtype=cp.float32)
+    await c.send([b"gpu", a])
+    m = await asyncio.wait_for(s.recv(), 10)
+    assert bytes(m[0]) == b"gpu"
+    stop.set()
+    await c.close()
+    await lst.close()
+    await t.aclose()
