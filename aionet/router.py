@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .errors import AionetError, PeerUnavailable, RemoteError
+from .errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
 
 # Envelope kinds (element 0 of every application message header). Kinds 1..6 are sequenced
 # by the link: [kind, seq, ack, *fields] with the fields below.
@@ -157,9 +157,12 @@ class Router:
     # ------------------------------------------------------------------ dispatch
     def on_reply(self, kind: int, rid: Any, body: list[Any], peer: str) -> None:
         """REP body: [payload]; ERR body: [type, message, traceback]."""
-        entry = self.pending.pop(rid, None)
+        entry = self.pending.get(rid)
         if entry is None:
             return  # late reply after a timeout: drop
+        if entry[1] != peer:
+            raise ProtocolError(f"{peer} sent a reply to request {rid!r}, which went to {entry[1]}")
+        del self.pending[rid]
         fut = entry[0]
         if fut.done():
             return

@@ -43,7 +43,8 @@ async def test_idle_connection_does_not_burn_cpu():
     await asyncio.sleep(1.0)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    assert cpu < 0.3, f"an idle ucx connection used {cpu:.2f}s of CPU per second"
+    # a busy poll burns ~1.0 s per second; leave room for other threads of the test process
+    assert cpu < 0.8, f"an idle ucx connection used {cpu:.2f}s of CPU per second"
     await c.send([b"wake"])
     assert [bytes(f) for f in await asyncio.wait_for(pending, 5)] == [b"wake"]
     stop.set()
