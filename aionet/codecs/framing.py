@@ -15,8 +15,11 @@ Limits are checked as soon as a preamble or length is seen, before anything is a
 
 from __future__ import annotations
 
+import gc
 import mmap
 import struct
+import sys
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,9 +54,15 @@ _HEAD_N_LEN = ONE_FRAME_PREFIX
 _ONE_PREFIX = ONE_FRAME_PREFIX.size  # 16
 _KEY_LEN = struct.Struct("<QQ")  # (head | nframes << 32), first length
 _ONE_KEY = _HEAD | (1 << 32)
+# A 1-frame message shorter than this starts a run decoded out of a bytes snapshot of at most
+# _SNAPSHOT_MAX staged bytes (see FrameDecoder._parse_small).
+_SNAPSHOT_BELOW = 1024
+_SNAPSHOT_MAX = 65536
 
-#: Frames shorter than this are merged into the prefix by :func:`encode` (one iovec instead of
-#: two). Measured: below ~1 KiB the copy is cheaper than another buffer in writev/writelines.
+#: Frames shorter than this that directly follow the prefix are merged into it by :func:`encode`.
+#: Measured (uvloop ``writelines`` and raw ``sendmsg``, 64 B..1 KiB frames): merged and separate
+#: cost the same within noise, so this only halves the buffers a caller has to track; what does
+#: pay (~25%) is joining many small messages into one buffer, as the TCP transport's batch does.
 MERGE_BELOW = 1024
 
 #: Large frames at least this big get an anonymous mmap advised for transparent huge pages;
@@ -103,8 +112,8 @@ def encode(frames: Sequence[Any]) -> list[Buffer]:
     """Encode one message as ``[prefix, *frames]`` for a scatter-gather write.
 
     Payload frames are never concatenated, so large buffers go to the kernel without a copy.
-    Frames below :data:`MERGE_BELOW` that directly follow the prefix are merged into it
-    (small headers are the common case; one buffer fewer per message is measurably faster).
+    Frames below :data:`MERGE_BELOW` that directly follow the prefix are merged into it (a
+    small header is the common case), so a small message is a single buffer.
     Non-``bytes`` frames come back as 1-D unsigned-byte views of the caller's memory.
     """
     n = len(frames)
@@ -158,13 +167,16 @@ class FrameDecoder:
         "_alloc",
         "_buf",
         "_cap",
+        "_custom_alloc",
         "_delivered",
         "_end",
         "_error",
         "_fast_max",
         "_fi",
         "_frames",
+        "_free_refs",
         "_large",
+        "_large_allocs",
         "_lengths",
         "_max_frame",
         "_max_frames",
@@ -173,6 +185,10 @@ class FrameDecoder:
         "_min_free",
         "_mv",
         "_nframes",
+        "_reuse_frames",
+        "_reuse_max",
+        "_spare_objs",
+        "_spare_sizes",
         "_start",
         "_state",
         "_target",
@@ -188,6 +204,8 @@ class FrameDecoder:
         alloc: Callable[[int], Any] | None = None,
         large_frame_bytes: int = 65536,
         staging_bytes: int = 262144,
+        reuse_frames: int = 2,
+        reuse_max_bytes: int = 256 * 2**20,
     ) -> None:
         lim = limits or LimitsSection()
         self._max_message = lim.max_message_bytes
@@ -204,6 +222,18 @@ class FrameDecoder:
         self._start = 0
         self._end = 0
         self._alloc = alloc or default_alloc
+        self._custom_alloc = alloc is not None
+        # Recycling (default alloc only): the last ``reuse_frames`` large-frame buffers are
+        # remembered; one the receiver has dropped (we hold the only reference) is reused for
+        # the next frame of the same size instead of faulting in fresh pages.
+        self._reuse_frames = 0 if alloc is not None else max(0, reuse_frames)
+        self._reuse_max = reuse_max_bytes
+        self._spare_objs: list[Any] = [bytearray()]
+        self._spare_sizes: list[int] = [0]
+        self._free_refs = self._refs(0)  # calibrated: what "only this list holds it" reads as
+        self._spare_objs.clear()
+        self._spare_sizes.clear()
+        self._large_allocs = 0
         self._fast_max = min(self._max_header, self._max_message, self._large - 1)
         self._error: ProtocolError | None = None
         self._delivered = 0
@@ -230,6 +260,21 @@ class FrameDecoder:
     def delivered_bytes(self) -> int:
         """Total payload bytes of all messages returned so far (for receive-queue accounting)."""
         return self._delivered
+
+    @property
+    def large_allocs(self) -> int:
+        """How many large-frame buffers were obtained so far (fresh or reused)."""
+        return self._large_allocs
+
+    @property
+    def spare_bytes(self) -> int:
+        """Bytes of remembered large-frame buffers (in use by the receiver or reusable)."""
+        return sum(self._spare_sizes)
+
+    def trim(self) -> None:
+        """Forget remembered large-frame buffers, so dropped ones are freed (call when idle)."""
+        self._spare_objs.clear()
+        self._spare_sizes.clear()
 
     @property
     def failed(self) -> ProtocolError | None:
@@ -271,11 +316,22 @@ class FrameDecoder:
                 self._fail(exc)
             return out
         self._end += nbytes
+        # One chunk can complete thousands of small messages, each a new list. Those cannot
+        # form reference cycles, yet every 700 of them would trigger a cyclic-GC pass (and the
+        # survivors, queued for the consumer, later full collections): pausing the collector
+        # while one chunk is parsed cut the decode cost by ~40% (measured, 64-byte messages).
+        # The collector is re-enabled before returning, and never enabled if it was off.
+        gc_was_enabled = gc.isenabled()
+        if gc_was_enabled:
+            gc.disable()
         try:
             return self._parse()
         except ProtocolError as exc:
             self._fail(exc)
             raise  # unreachable: _fail raises
+        finally:
+            if gc_was_enabled:
+                gc.enable()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
         """Decode ``data`` by copying it through get_buffer/buffer_updated (tests, datagrams)."""
@@ -292,6 +348,15 @@ class FrameDecoder:
         if not n and self._error is not None:  # zero bytes fed: still surface a stored error
             raise self._error
         return out
+
+    def eof(self) -> None:
+        """The stream ended: raise ProtocolError if it stopped in the middle of a message."""
+        if self._error is not None:
+            raise self._error
+        if self._state != _IDLE or self._end > self._start:
+            self._fail(
+                ProtocolError(f"stream ended in the middle of a message ({self.pending_bytes} bytes of it received)")
+            )
 
     # ----------------------------------------------------------------- internals
     def _fail(self, exc: ProtocolError) -> None:
@@ -313,26 +378,19 @@ class FrameDecoder:
         while True:
             state = self._state
             if state == _IDLE:
-                # Hot path: whole 1-frame messages sitting in staging. (magic, version, flags,
-                # nframes=1) compare as one u64.
                 pos = self._start
-                fast_max = self._fast_max
-                unpack = _KEY_LEN.unpack_from
-                append = out.append
-                delivered = 0
-                while end - pos >= _ONE_PREFIX:
-                    key, ln = unpack(mv, pos)
-                    if key != _ONE_KEY or ln > fast_max:
-                        break
-                    start = pos + _ONE_PREFIX
-                    stop = start + ln
-                    if stop > end:
-                        break
-                    append([mv[start:stop].tobytes()])
-                    delivered += ln
-                    pos = stop
-                self._start = pos
-                self._delivered += delivered
+                if end - pos >= _ONE_PREFIX:
+                    # Hot path: a whole 1-frame message in staging; (magic, version, flags,
+                    # nframes=1) compare as one u64.
+                    key, ln = _KEY_LEN.unpack_from(mv, pos)
+                    if key == _ONE_KEY and ln <= self._fast_max and pos + _ONE_PREFIX + ln <= end:
+                        if ln < _SNAPSHOT_BELOW:
+                            self._start = self._parse_small(out, pos, end)
+                        else:
+                            out.append([mv[pos + _ONE_PREFIX : pos + _ONE_PREFIX + ln].tobytes()])
+                            self._delivered += ln
+                            self._start = pos + _ONE_PREFIX + ln
+                        continue
                 if pos == end or not self._parse_preamble(out):
                     return out
             elif state == _TABLE:
@@ -340,6 +398,34 @@ class FrameDecoder:
                     return out
             elif not self._parse_frames(out):
                 return out
+
+    def _parse_small(self, out: list[Message], pos: int, end: int) -> int:
+        """Decode a run of small 1-frame messages; return the new staging position.
+
+        Copies a window of staging into one ``bytes`` first: slicing and unpacking ``bytes``
+        costs about half as much per message as going through memoryviews (measured ~190 vs
+        ~375 ns per 64-byte message), which pays for the extra memcpy many times over.
+        """
+        b = self._mv[pos : min(end, pos + _SNAPSHOT_MAX)].tobytes()
+        limit = len(b) - _ONE_PREFIX
+        bend = len(b)
+        unpack = _KEY_LEN.unpack_from
+        fast_max = self._fast_max
+        append = out.append
+        n0 = len(out)
+        p = 0
+        while p <= limit:
+            key, ln = unpack(b, p)
+            if key != _ONE_KEY or ln > fast_max:
+                break
+            start = p + _ONE_PREFIX
+            stop = start + ln
+            if stop > bend:
+                break
+            append([b[start:stop]])
+            p = stop
+        self._delivered += p - _ONE_PREFIX * (len(out) - n0)
+        return pos + p
 
     def _parse_preamble(self, out: list[Message]) -> bool:
         pos = self._start
@@ -452,9 +538,10 @@ class FrameDecoder:
     def _start_large(self, n: int, initial: memoryview) -> None:
         """Allocate a frame's final buffer and copy in the part already staged."""
         try:
-            obj = self._alloc(n)
+            obj = self._alloc(n) if self._custom_alloc else self._reuse_or_alloc(n)
         except MemoryError:
             raise FrameTooLarge(f"cannot allocate {n} bytes for an incoming frame") from None
+        self._large_allocs += 1
         view = memoryview(obj)
         if view.readonly:
             raise TypeError("FrameDecoder alloc() must return a writable buffer")
@@ -476,6 +563,29 @@ class FrameDecoder:
         self._state = _LARGE
         if have == n:
             self._finish_large()
+
+    def _refs(self, i: int) -> int:
+        return sys.getrefcount(self._spare_objs[i])
+
+    def _reuse_or_alloc(self, n: int) -> Any:
+        """A buffer of exactly ``n`` bytes: a dropped one of that size, else a fresh one."""
+        sizes = self._spare_sizes
+        objs = self._spare_objs
+        for i in range(len(sizes)):
+            if sizes[i] == n and self._refs(i) <= self._free_refs and not weakref.getweakrefcount(objs[i]):
+                # Nobody else can reach it: no reference, no memoryview (views hold one).
+                exporter = objs.pop(i)
+                sizes.pop(i)
+                objs.append(exporter)
+                sizes.append(n)
+                return exporter if type(exporter) is bytearray else memoryview(exporter)
+        obj = default_alloc(n)
+        if self._reuse_frames and n <= self._reuse_max:
+            objs.append(obj.obj if type(obj) is memoryview else obj)
+            sizes.append(n)
+            if len(objs) > self._reuse_frames:
+                del objs[0], sizes[0]
+        return obj
 
     def _finish_large(self) -> None:
         self._frames.append(self._target_obj)

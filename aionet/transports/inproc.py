@@ -119,6 +119,12 @@ class _Channel:
         self.send_waiters.append((msg, size, fut))
         await fut  # a cancelled waiter stays queued with its future cancelled; _admit skips it
 
+    def put_nowait(self, msg: Message, size: int) -> None:
+        """Append ignoring the bound (small control messages: acks, heartbeats)."""
+        if self.closed:
+            raise ConnectionClosed("inproc connection is closed")
+        self._append(msg, size)
+
     def _admit(self) -> None:
         waiters = self.send_waiters
         while waiters:
@@ -175,7 +181,6 @@ class InprocConnection(Connection):
         self._closed = False
         self.local_address = local
         self.peer_address = peer
-        self._peer: InprocConnection | None = None
 
     async def send(self, frames: Sequence[Buffer]) -> None:
         if self._closed:
@@ -185,6 +190,12 @@ class InprocConnection(Connection):
         for f in msg:
             size += _nbytes(f)
         await self._tx.put(msg, size)
+
+    def send_nowait(self, frames: Sequence[Buffer]) -> None:
+        if self._closed:
+            raise ConnectionClosed("inproc connection is closed")
+        msg = list(frames)
+        self._tx.put_nowait(msg, sum(_nbytes(f) for f in msg))
 
     async def recv(self) -> Message:
         rx = self._rx
@@ -273,9 +284,7 @@ class InprocTransport(Transport):
         super().__init__(options, limits)
         unknown = sorted(set(self.options) - set(_OPTIONS))
         if unknown:
-            raise ConfigError(
-                f"unknown transport.inproc option(s) {', '.join(unknown)}; valid: {', '.join(_OPTIONS)}"
-            )
+            raise ConfigError(f"unknown transport.inproc option(s) {', '.join(unknown)}; valid: {', '.join(_OPTIONS)}")
         try:
             self._max_bytes = parse_size(self.options.get("max_queued_bytes", _OPTIONS["max_queued_bytes"]))
             self._max_msgs = int(self.options.get("max_queued_messages", _OPTIONS["max_queued_messages"]))

@@ -6,12 +6,11 @@ Connection); ZeroMQ is not. The mapping:
 * A listener is one ROUTER socket. Each ``connect`` is its own DEALER socket (so one TCP/IPC
   connection per aionet Connection). The ROUTER demultiplexes by routing id into per-peer
   Connection objects. Routing ids are assigned by libzmq, so ROUTER_HANDOVER is not needed.
-* One aionet message is one ZeroMQ multipart message; frames stay frames. Control and
-  escaped data use an empty first frame, which aionet data never needs (frame 0 is a header):
-  ``["", "H", version]`` hello, ``["", "W", version]`` welcome, ``["", "B", reason?]`` bye,
-  ``["", "D", *frames]`` data with zero frames or an empty frame 0, and ``["", "L", *frames]``
-  data holding a frame of at least ``zero_copy_min_bytes``, so the receiver knows to take
-  those frames without copying. The common message travels with no extra frame at all.
+* One aionet message is one ZeroMQ multipart message; frames stay frames. Control messages
+  and the rare data message that zmq could not otherwise carry use an empty first frame,
+  which aionet data never needs (frame 0 is a header): ``["", "H", version]`` hello,
+  ``["", "W", version]`` welcome, ``["", "B", reason?]`` bye, and ``["", "D", *frames]`` for
+  data with zero frames or an empty frame 0. Every other message travels exactly as sent.
 * ``connect`` returns only after the listener answered the hello with a welcome, so a dead or
   closed address fails with TransportError instead of a socket that queues forever.
 * Peer death: the DEALER and the ROUTER each have a socket monitor. ``EVENT_DISCONNECTED``
@@ -29,8 +28,9 @@ Connection); ZeroMQ is not. The mapping:
   TCP fills, and the remote sender blocks. On a listener this pauses all its peers at once.
 * Zero copy: frames of ``zero_copy_min_bytes`` (64 KiB) and more are sent with ``copy=False``;
   ``send`` returns once libzmq released mutable buffers (immutable ``bytes`` need no wait:
-  pyzmq holds a reference). Smaller frames are copied, which is faster. Large received frames
-  are writable memoryviews over libzmq's buffer; small ones are ``bytes``.
+  pyzmq holds a reference). Smaller frames are copied, which is faster. Frames are received
+  with ``copy=False``: large ones are handed over as writable memoryviews of libzmq's buffer,
+  small ones as ``bytes``.
 * I/O: no zmq.asyncio. Each socket's ``ZMQ_FD`` is watched with ``loop.add_reader``; on wake-up
   the socket is drained with non-blocking receives (one await per *batch*, not per message),
   and sends try NOBLOCK first, waiting for writability only when zmq would block.
@@ -49,6 +49,7 @@ import contextlib
 import os
 import socket as _socket
 import struct
+import tempfile
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,6 +57,7 @@ from typing import Any
 import numpy as np
 import structlog
 import zmq
+from zmq.backend import Socket as _BackendSocket
 
 from ..config import parse_size
 from ..errors import (
@@ -79,15 +81,15 @@ _HELLO = b"H"
 _WELCOME = b"W"
 _BYE = b"B"
 _DATA = b"D"
-_LARGE = b"L"
 _MALFORMED = b"?"  # internal marker: a message that cannot be decoded
 
 _NOBLOCK = zmq.NOBLOCK
 _MORE = zmq.NOBLOCK | zmq.SNDMORE
-_RCVMORE = zmq.RCVMORE
 _EVENTS = zmq.EVENTS
 _POLLIN = zmq.POLLIN
 _POLLOUT = zmq.POLLOUT
+# pyzmq's sugar Socket.send is a Python wrapper; the hot path calls the Cython method.
+_bsend = _BackendSocket.send
 
 _OPTIONS: dict[str, Any] = {
     "hwm": 1000,  # ZMQ_SNDHWM and ZMQ_RCVHWM, in messages
@@ -177,6 +179,11 @@ def _released(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> Non
         loop.call_soon_threadsafe(_set_done, fut)
 
 
+def _consume_exception(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _zmq_error(exc: zmq.ZMQError, what: str) -> TransportError:
     if exc.errno in (zmq.EHOSTUNREACH, zmq.ENOTSOCK, zmq.ETERM):
         err: TransportError = ConnectionClosed(f"{what}: {exc.strerror}")
@@ -186,97 +193,105 @@ def _zmq_error(exc: zmq.ZMQError, what: str) -> TransportError:
     return err
 
 
-def _endpoint(url: str, *, bind: bool) -> tuple[str, str]:
-    """aionet URL -> (zmq endpoint, scheme)."""
+def _endpoint(url: str, *, bind: bool) -> str:
+    """aionet URL -> zmq endpoint."""
     addr = Address.parse(url)
     if addr.scheme == "zmq+tcp":
         if not addr.host or addr.port is None:
             raise TransportError(f"zmq+tcp URL needs host and port: {url!r}")
         host = f"[{addr.host}]" if ":" in addr.host else addr.host
         port = "*" if (bind and addr.port == 0) else str(addr.port)
-        return f"tcp://{host}:{port}", addr.scheme
+        return f"tcp://{host}:{port}"
     if addr.scheme == "zmq+ipc":
         path = url.split("://", 1)[1]
         if not path or path == "*":
             if not bind:
                 raise TransportError(f"zmq+ipc URL needs a path: {url!r}")
-            path = "*"  # libzmq picks a unique path (the ipc "port 0")
+            # the ipc "port 0"; not libzmq's "ipc://*", which creates a directory in the cwd
+            path = os.path.join(tempfile.gettempdir(), f"aionet-{os.getpid()}-{os.urandom(6).hex()}.sock")
         if len(path.encode()) > zmq.IPC_PATH_MAX_LEN:
             raise TransportError(f"ipc path longer than {zmq.IPC_PATH_MAX_LEN} bytes: {path!r}")
-        return f"ipc://{path}", addr.scheme
+        return f"ipc://{path}"
     raise TransportError(f"ZMQTransport does not handle {addr.scheme!r} URLs")
 
 
+def _ipc_in_use(path: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError:
+            return False  # a stale file left by a dead process: libzmq replaces it
+    return True
+
+
 class _Receiver:
-    """Reads one message body from a socket, enforcing the configured limits."""
+    """Reads the rest of a message from a socket, enforcing the configured limits.
+
+    Frames are received with ``copy=False``: ``Frame.more`` is cheaper than asking the socket
+    for RCVMORE, and each frame can become ``bytes`` (small) or a memoryview (large)."""
 
     def __init__(self, sock: zmq.Socket, opts: _Opts, limits: Any) -> None:
         self.recv = sock.recv
-        self.getopt = sock.getsockopt
         self.zc_min = opts.zc_min
         self.max_frames = limits.max_frames
         self.max_bytes = limits.max_message_bytes
 
-    def body(self, first: bytes) -> tuple[bytes | None, list[Any], int]:
-        """Given frame 0 (already received), read the rest: (control or None, frames, bytes)."""
-        recv, getopt = self.recv, self.getopt
-        if first:  # plain data, frame 0 non-empty: the hot path
-            if not getopt(_RCVMORE):
-                return None, [first], len(first)
-            frames: list[Any] = [first]
-            size = len(first)
-            while getopt(_RCVMORE):
-                f = recv(0)
-                frames.append(f)
-                size += len(f)
-                if len(frames) > self.max_frames or size > self.max_bytes:
-                    return self._discard(frames, size)
-            return None, frames, size
-        if not getopt(_RCVMORE):
-            return _MALFORMED, [], 0
-        ctl = recv(0)
-        frames = []
-        size = 0
-        if ctl == _LARGE:
-            zc = self.zc_min
-            while getopt(_RCVMORE):
+    def body(self, fr: zmq.Frame) -> tuple[bytes | None, list[Any], int]:
+        """Given frame 0 (received), read the rest: (control or None for data, frames, bytes)."""
+        recv, zc = self.recv, self.zc_min
+        n = len(fr)
+        if n:  # data as sent
+            frames: list[Any] = [fr.bytes if n < zc else fr.buffer]
+            size = n
+            while fr.more:
+                if len(frames) >= self.max_frames or size > self.max_bytes:
+                    return self._discard(fr, len(frames), size)
                 fr = recv(0, copy=False)
                 n = len(fr)
-                frames.append(fr.buffer if n >= zc else fr.bytes)
+                frames.append(fr.bytes if n < zc else fr.buffer)
                 size += n
-                if len(frames) > self.max_frames or size > self.max_bytes:
-                    return self._discard(frames, size)
+            if size > self.max_bytes:
+                return self._discard(fr, len(frames), size)
             return None, frames, size
-        while getopt(_RCVMORE):
-            f = recv(0)
-            frames.append(f)
-            size += len(f)
-            if len(frames) > self.max_frames or size > self.max_bytes:
-                return self._discard(frames, size)
+        if not fr.more:
+            return _MALFORMED, [ProtocolError("a lone empty frame")], 0
+        fr = recv(0, copy=False)
+        ctl = fr.bytes
+        frames = []
+        size = 0
+        while fr.more:
+            if len(frames) >= self.max_frames or size > self.max_bytes:
+                return self._discard(fr, len(frames), size)
+            fr = recv(0, copy=False)
+            n = len(fr)
+            frames.append(fr.bytes if n < zc else fr.buffer)
+            size += n
+        if size > self.max_bytes:
+            return self._discard(fr, len(frames), size)
         return (None if ctl == _DATA else ctl), frames, size
 
-    def _discard(self, frames: list[Any], size: int) -> tuple[bytes, list[Any], int]:
-        count = len(frames)
-        frames.clear()
-        while self.getopt(_RCVMORE):
-            f = self.recv(0, copy=False)
+    def _discard(self, fr: zmq.Frame, count: int, size: int) -> tuple[bytes, list[Any], int]:
+        while fr.more:
+            fr = self.recv(0, copy=False)
             count += 1
-            size += len(f)
+            size += len(fr)
         if count > self.max_frames:
             return _MALFORMED, [TooManyFrames(f"message has {count} frames, limit {self.max_frames}")], 0
         return _MALFORMED, [FrameTooLarge(f"message of {size} bytes, limit {self.max_bytes}")], 0
-
-    def drain_rest(self) -> None:
-        while self.getopt(_RCVMORE):
-            self.recv(0, copy=False)
 
 
 class _Monitor:
     """A socket monitor read from the loop; calls ``on_event(event, value)`` per event."""
 
     def __init__(
-        self, ctx: zmq.Context, sock: zmq.Socket, loop: asyncio.AbstractEventLoop,
-        on_event: Callable[[int, int], None], events: int,
+        self,
+        ctx: zmq.Context,
+        sock: zmq.Socket,
+        loop: asyncio.AbstractEventLoop,
+        on_event: Callable[[int, int], None],
+        events: int,
     ) -> None:
         addr = f"inproc://aionet-monitor-{os.urandom(8).hex()}"
         sock.monitor(addr, events)
@@ -289,21 +304,20 @@ class _Monitor:
         self._fd = self._sock.getsockopt(zmq.FD)
         self._closed = False
         loop.add_reader(self._fd, self.poll)
+        # The inproc pipe attached synchronously, so no command will ever signal the FD until
+        # one read has found the pipe empty and put the reader to sleep: do that now.
+        self.poll()
 
     def poll(self) -> None:
         """Deliver every pending event (also called directly to bring the view up to date)."""
         sock = self._sock
         while not self._closed:
             try:
-                head = sock.recv(_NOBLOCK)
-                while sock.getsockopt(_RCVMORE):
-                    sock.recv(0)
-            except zmq.Again:
+                parts = sock.recv_multipart(_NOBLOCK)
+            except zmq.ZMQError:  # Again: nothing more; anything else: socket closed
                 return
-            except zmq.ZMQError:
-                return
-            if len(head) >= 6:
-                event, value = struct.unpack_from("=HI", head)
+            if len(parts[0]) >= 6:
+                event, value = struct.unpack_from("=HI", parts[0])
                 self._on_event(event, value)
 
     def close(self) -> None:
@@ -335,13 +349,11 @@ class _Pump:
         self._queued_msgs = 0
         self._paused = False
         loop.add_reader(self._fd, self._service)
+        self.kick()  # arm the edge-triggered FD: it only fires after EVENTS saw nothing to do
 
     # --- flow control of the receive side -------------------------------------------------
-    def _count_in(self, nbytes: int) -> None:
-        self._queued_bytes += nbytes
-        self._queued_msgs += 1
-        if self._queued_bytes > self._opts.max_queued_bytes or self._queued_msgs > self._opts.max_queued_msgs:
-            self._paused = True
+    def _over_bound(self) -> bool:
+        return self._queued_bytes > self._opts.max_queued_bytes or self._queued_msgs > self._opts.max_queued_msgs
 
     def _count_out(self, nbytes: int, nmsgs: int) -> None:
         self._queued_bytes -= nbytes
@@ -395,8 +407,9 @@ class _Pump:
             self._loop.remove_reader(self._fd)
 
     # --- subclass hooks ---------------------------------------------------------------------
-    def _drain(self, budget: int) -> bool:
-        """Receive up to ``budget`` messages; True when the budget ran out (more may wait)."""
+    def _drain(self, budget: int, force: bool = False) -> bool:
+        """Receive up to ``budget`` messages; True when the budget ran out (more may wait).
+        ``force`` ignores the receive bound (to take what a dead peer left in zmq's queue)."""
         raise NotImplementedError
 
     def _has_pending(self) -> bool:
@@ -414,10 +427,11 @@ class _Pump:
 
 
 class _PendingSend:
-    __slots__ = ("fut", "parts")
+    __slots__ = ("fut", "large", "parts")
 
-    def __init__(self, parts: list[Any], fut: asyncio.Future[Any]) -> None:
+    def __init__(self, parts: list[Any], large: bool, fut: asyncio.Future[Any]) -> None:
         self.parts = parts
+        self.large = large
         self.fut = fut
 
 
@@ -428,16 +442,22 @@ class _ZConnection(Connection):
         self._pump = pump
         self._loop = loop
         self._zc_min = opts.zc_min
-        self._rq: collections.deque[tuple[Message, int]] = collections.deque()
+        self._rq: collections.deque[Message] = collections.deque()
+        self._rq_bytes = 0
         self._rx_waiter: asyncio.Future[None] | None = None
         self._sendq: collections.deque[_PendingSend] = collections.deque()
         self._closed = False  # closed locally
         self._eof: ConnectionClosed | None = None  # remote side ended (recv drains, then raises)
+        self._bsock = pump._sock
 
     # --- receive ----------------------------------------------------------------------------
     def _deliver(self, frames: Message, nbytes: int) -> None:
-        self._rq.append((frames, nbytes))
-        self._pump._count_in(nbytes)
+        """Queue a message (the drain loops inline this for the common case)."""
+        self._rq.append(frames)
+        self._rq_bytes += nbytes
+        pump = self._pump
+        pump._queued_bytes += nbytes
+        pump._queued_msgs += 1
         w = self._rx_waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -446,6 +466,11 @@ class _ZConnection(Connection):
         w = self._rx_waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def _drop_queue(self) -> None:
+        self._pump._count_out(self._rq_bytes, len(self._rq))
+        self._rq.clear()
+        self._rq_bytes = 0
 
     def _end_error(self) -> ConnectionClosed:
         if self._closed:
@@ -463,86 +488,78 @@ class _ZConnection(Connection):
 
     async def recv(self) -> Message:
         while True:
-            if self._closed:
-                raise self._end_error()
-            if self._rq:
-                frames, nbytes = self._rq.popleft()
-                self._pump._count_out(nbytes, 1)
+            if self._rq and not self._closed:
+                frames = self._rq.popleft()
+                n = sum(map(len, frames))
+                self._rq_bytes -= n
+                self._pump._count_out(n, 1)
                 return frames
-            if self._eof is not None:
+            if self._closed or self._eof is not None:
                 raise self._end_error()
             await self._wait()
 
     async def recv_many(self) -> list[Message]:
         while True:
-            if self._closed:
-                raise self._end_error()
-            if self._rq:
-                rq = self._rq
-                self._rq = collections.deque()
-                nbytes = 0
-                out = []
-                for frames, n in rq:
-                    out.append(frames)
-                    nbytes += n
-                self._pump._count_out(nbytes, len(out))
+            if self._rq and not self._closed:
+                out = list(self._rq)
+                self._rq.clear()
+                n, self._rq_bytes = self._rq_bytes, 0
+                self._pump._count_out(n, len(out))
                 return out
-            if self._eof is not None:
+            if self._closed or self._eof is not None:
                 raise self._end_error()
             await self._wait()
 
     # --- send -------------------------------------------------------------------------------
-    def _encode(self, frames: Sequence[Buffer]) -> list[Any]:
+    def _encode(self, frames: Sequence[Buffer]) -> tuple[list[Any], bool]:
+        """-> (zmq parts, whether some frame is large enough for zero copy)."""
         zc = self._zc_min
-        if len(frames) == 1:  # the common case, kept branch-light
-            f = frames[0]
-            n = len(f) if type(f) is bytes else _nbytes(f)
-            if n >= zc:
-                return [_EMPTY, _LARGE, f]
-            return [f] if n else [_EMPTY, _DATA, f]
-        if not frames:
-            return [_EMPTY, _DATA]
+        large = False
         for f in frames:
-            if _nbytes(f) >= zc:
-                return [_EMPTY, _LARGE, *frames]
-        if not _nbytes(frames[0]):
-            return [_EMPTY, _DATA, *frames]
-        return list(frames)
+            if (len(f) if type(f) is bytes else _nbytes(f)) >= zc:
+                large = True
+                break
+        if not frames or not _nbytes(frames[0]):
+            return [_EMPTY, _DATA, *frames], large
+        return list(frames), large
 
-    def _send_parts(self, parts: list[Any], prefix: list[bytes]) -> list[asyncio.Future[None]] | None:
+    def _send_one(self, frame: bytes) -> None:
+        """Send a one-frame message, raising zmq.Again when it would block."""
+        raise NotImplementedError
+
+    def _send_parts(self, parts: list[Any], large: bool, prefix: bytes | None) -> list[asyncio.Future[None]] | None:
         """Send one multipart message without blocking.
 
         Returns None if zmq would block (nothing was sent), else the futures that complete
         when libzmq releases zero-copy mutable buffers (usually an empty list).
         """
-        sock = self._pump._sock
-        send = sock.send
+        sock = self._bsock
         try:
-            for p in prefix:
-                send(p, _MORE)
+            if prefix is not None:
+                _bsend(sock, prefix, _MORE)
             last = len(parts) - 1
-            if parts[0] is not _EMPTY or parts[1] is not _LARGE:
+            if not large:
                 for i in range(last):
-                    send(parts[i], _MORE)
-                send(parts[last], _NOBLOCK)
+                    _bsend(sock, parts[i], _MORE)
+                _bsend(sock, parts[last], _NOBLOCK)
                 return []
             waits: list[asyncio.Future[None]] = []
             zc = self._zc_min
             for i, p in enumerate(parts):
                 flags = _NOBLOCK if i == last else _MORE
                 if _nbytes(p) < zc:
-                    send(p, flags)
+                    _bsend(sock, p, flags)
                 elif _immutable(p):
-                    send(p, flags, copy=False)
+                    _bsend(sock, p, flags, copy=False)
                 else:
                     try:
                         view = np.frombuffer(p, dtype=np.uint8)
                     except (ValueError, TypeError):  # not contiguous: copy it
-                        send(memoryview(p).tobytes(), flags)
+                        _bsend(sock, memoryview(p).tobytes(), flags)
                         continue
                     fut = self._loop.create_future()
                     weakref.finalize(view, _released, self._loop, fut).atexit = False
-                    send(view, flags, copy=False)
+                    _bsend(sock, view, flags, copy=False)
                     del view  # libzmq (via pyzmq's gc thread) now holds the last reference
                     waits.append(fut)
             return waits
@@ -551,7 +568,7 @@ class _ZConnection(Connection):
             # rolls the message back, so retrying later is correct in both cases.
             return None
 
-    def _try_send(self, parts: list[Any]) -> list[asyncio.Future[None]] | None:
+    def _try_send(self, parts: list[Any], large: bool) -> list[asyncio.Future[None]] | None:
         raise NotImplementedError
 
     def _check_open(self) -> None:
@@ -561,16 +578,51 @@ class _ZConnection(Connection):
             raise self._end_error()
 
     async def send(self, frames: Sequence[Buffer]) -> None:
+        # Hot path: one small bytes frame, nothing queued ahead, zmq has room.
+        if len(frames) == 1 and not self._sendq and not self._closed and self._eof is None:
+            f = frames[0]
+            if type(f) is bytes and 0 < len(f) < self._zc_min:
+                try:
+                    self._send_one(f)
+                except zmq.ZMQError:
+                    pass  # would block, or failed: the general path queues or reports it
+                else:
+                    pump = self._pump
+                    if not pump._kick_pending:
+                        pump.kick()
+                    return
+        await self._send_general(frames)
+
+    async def _send_general(self, frames: Sequence[Buffer]) -> None:
         self._check_open()
-        parts = self._encode(frames)
+        parts, large = self._encode(frames)
         if not self._sendq:
-            waits = self._try_send(parts)
+            waits = self._try_send(parts, large)
             if waits is not None:
                 self._pump.kick()
                 for w in waits:
                     await w
                 return
-        item = _PendingSend(parts, self._loop.create_future())
+        await self._send_queued(parts, large)
+
+    def send_nowait(self, frames: Sequence[Buffer]) -> None:
+        """Send now, or queue behind earlier waiters without waiting (acks, heartbeats)."""
+        self._check_open()
+        parts, large = self._encode(frames)
+        if large:  # nobody waits for libzmq to release buffers here: copy the mutable ones
+            zc = self._zc_min
+            parts = [p if _immutable(p) or _nbytes(p) < zc else memoryview(p).tobytes() for p in parts]
+        if not self._sendq and self._try_send(parts, large) is not None:
+            self._pump.kick()
+            return
+        item = _PendingSend(parts, large, self._loop.create_future())
+        item.fut.add_done_callback(_consume_exception)
+        self._sendq.append(item)
+        self._pump.kick()
+
+    async def _send_queued(self, parts: list[Any], large: bool) -> None:
+        """Wait for writability behind earlier waiters (FIFO), then send."""
+        item = _PendingSend(parts, large, self._loop.create_future())
         self._sendq.append(item)
         self._pump.kick()
         try:
@@ -592,7 +644,7 @@ class _ZConnection(Connection):
                 q.popleft()
                 continue
             try:
-                waits = self._try_send(item.parts)
+                waits = self._try_send(item.parts, item.large)
             except TransportError as exc:
                 self._fail_sends(exc)
                 return True
@@ -618,6 +670,7 @@ class _ZConnection(Connection):
     def extra_info(self) -> dict[str, Any]:
         return {
             "queued_in_messages": len(self._rq),
+            "queued_in_bytes": self._rq_bytes,
             "queued_send_waiters": len(self._sendq),
             "eof": str(self._eof) if self._eof else None,
         }
@@ -634,13 +687,17 @@ class _PeerConnection(_ZConnection):
         self._listener = listener
         self._rid = rid
         self._fd = fd
-        self._prefix = [rid]
         self.local_address = listener.address
         self.peer_address = peer
 
-    def _try_send(self, parts: list[Any]) -> list[asyncio.Future[None]] | None:
+    def _send_one(self, frame: bytes) -> None:
+        sock = self._bsock
+        _bsend(sock, self._rid, _MORE)
+        _bsend(sock, frame, _NOBLOCK)
+
+    def _try_send(self, parts: list[Any], large: bool) -> list[asyncio.Future[None]] | None:
         try:
-            waits = self._send_parts(parts, self._prefix)
+            waits = self._send_parts(parts, large, self._rid)
         except zmq.ZMQError as exc:
             err = _zmq_error(exc, f"send to {self.peer_address}")
             if isinstance(err, ConnectionClosed):
@@ -664,9 +721,7 @@ class _PeerConnection(_ZConnection):
         if self._eof is None:
             self._listener._send_bye(self._rid)
         self._fail_sends(ConnectionClosed("connection closed"))
-        n = sum(size for _, size in self._rq)
-        self._listener._count_out(n, len(self._rq))
-        self._rq.clear()
+        self._drop_queue()
         self._wake()
         self._listener._forget(self)
 
@@ -681,10 +736,13 @@ class _RouterListener(_Pump, Listener):
     """A bound ROUTER socket; peers become Connections after a hello."""
 
     def __init__(
-        self, transport: ZMQTransport, sock: zmq.Socket, address: str, handler: ConnectionHandler,
+        self,
+        transport: ZMQTransport,
+        sock: zmq.Socket,
+        address: str,
+        handler: ConnectionHandler,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        _Pump.__init__(self, sock, loop, transport._opts, transport.limits)
         self._transport = transport
         self._address = address
         self._scheme = address.split("://", 1)[0]
@@ -699,6 +757,7 @@ class _RouterListener(_Pump, Listener):
         self._retry: asyncio.TimerHandle | None = None
         self._retry_delay = 0.001
         self._tasks: set[asyncio.Task[None]] = set()
+        _Pump.__init__(self, sock, loop, transport._opts, transport.limits)
         self._monitor = _Monitor(transport._context(), sock, loop, self._on_event, _MON_EVENTS)
 
     @property
@@ -706,29 +765,59 @@ class _RouterListener(_Pump, Listener):
         return self._address
 
     # --- receive ----------------------------------------------------------------------------
-    def _drain(self, budget: int) -> bool:
+    def _drain(self, budget: int, force: bool = False) -> bool:
         recv = self._sock.recv
-        body = self._rx.body
         conns = self._conns
+        zc = self._opts.zc_min
+        max_b = 1 << 62 if force else self._opts.max_queued_bytes
+        max_m = 1 << 62 if force else self._opts.max_queued_msgs
+        if self._stopped or (self._paused and not force):
+            return False
+        qb, qm = self._queued_bytes, self._queued_msgs  # kept in locals on the hot path
         n = 0
-        while n < budget:
-            if self._paused:
-                return False
-            try:
-                rid = recv(_NOBLOCK)
-            except zmq.Again:
-                return False
-            n += 1
-            conn = conns.get(rid)
-            if conn is None:
-                self._stranger(rid)
-                continue
-            ctl, frames, size = body(recv(0))
-            if ctl is None:
-                conn._deliver(frames, size)
-            else:
-                self._control(conn, ctl, frames)
-        return True
+        try:
+            while n < budget:
+                if qb > max_b or qm > max_m:
+                    self._paused = True
+                    return False
+                try:
+                    rid = recv(_NOBLOCK)
+                except zmq.Again:
+                    return False
+                n += 1
+                fr = recv(0, copy=False)
+                conn = conns.get(rid)
+                if conn is not None:
+                    size = len(fr)
+                    if size and not fr.more:  # the common case, inlined: one non-empty frame
+                        conn._rq.append([fr.bytes if size < zc else fr.buffer])
+                        conn._rq_bytes += size
+                        qb += size
+                        qm += 1
+                        w = conn._rx_waiter
+                        if w is not None and not w.done():
+                            w.set_result(None)
+                        continue
+                self._queued_bytes, self._queued_msgs = qb, qm
+                try:
+                    self._slow_message(rid, fr, conn)
+                finally:
+                    qb, qm = self._queued_bytes, self._queued_msgs
+                if self._stopped or (self._paused and not force):
+                    return False
+            return True
+        finally:
+            self._queued_bytes, self._queued_msgs = qb, qm
+
+    def _slow_message(self, rid: bytes, fr: zmq.Frame, conn: _PeerConnection | None) -> None:
+        if conn is None:
+            self._stranger(rid, fr)
+            return
+        ctl, frames, size = self._rx.body(fr)
+        if ctl is None:
+            conn._deliver(frames, size)
+        else:
+            self._control(conn, ctl, frames)
 
     def _control(self, conn: _PeerConnection, ctl: bytes, args: list[Any]) -> None:
         if ctl == _BYE:
@@ -738,29 +827,41 @@ class _RouterListener(_Pump, Listener):
             err: ProtocolError = args[0]
         else:
             err = ProtocolError(f"unexpected control frame {ctl[:16]!r}")
-        log.warning("zmq peer violated the protocol; closing its connection",
-                    peer=conn.peer_address, listener=self._address, error=str(err))
+        log.warning(
+            "zmq peer violated the protocol; closing its connection",
+            peer=conn.peer_address,
+            listener=self._address,
+            error=str(err),
+        )
         closed = ConnectionClosed(f"protocol violation by {conn.peer_address}: {err}")
         closed.__cause__ = err
         self._send_bye(conn._rid, str(err).encode()[:200])
         conn._remote_end(closed)
 
-    def _stranger(self, rid: bytes) -> None:
+    def _stranger(self, rid: bytes, fr: zmq.Frame) -> None:
         """First message from an unknown routing id: only a valid hello creates a Connection."""
-        fr = self._sock.recv(0, copy=False)
-        fd = fr.get(zmq.SRCFD) if fr.bytes == _EMPTY else -1
-        ctl, args, _ = self._rx.body(fr.bytes)
+        try:
+            fd = fr.get(zmq.SRCFD)
+        except zmq.ZMQError:  # e.g. a ZMTP 1.0 peer: no descriptor, so its death is unobservable
+            fd = -1
+        ctl, args, _ = self._rx.body(fr)
         if ctl != _HELLO:
             if ctl != _BYE:  # a bye from a peer we already forgot is normal
                 log.debug("zmq message from unknown peer ignored", listener=self._address, control=ctl)
             return
         if args[:1] != [PROTOCOL]:
-            log.warning("zmq hello with unsupported version rejected", listener=self._address,
-                        version=bytes(args[0][:32]) if args else None)
+            log.warning(
+                "zmq hello with unsupported version rejected",
+                listener=self._address,
+                version=bytes(args[0][:32]) if args else None,
+            )
             self._send_bye(rid, b"unsupported protocol version")
             return
         if not self._accepting:
             self._send_bye(rid, b"listener closed")
+            return
+        if fd < 0:
+            self._send_bye(rid, b"connection cannot be tracked (ZMTP 3 required)")
             return
         self._monitor.poll()  # bring fd liveness up to date before trusting SRCFD
         if fd not in self._live_fds:
@@ -811,18 +912,17 @@ class _RouterListener(_Pump, Listener):
                 conn._remote_end(ConnectionClosed(f"peer {conn.peer_address} disconnected"))
                 self.kick()
         elif event & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-            log.info("zmq handshake with an incoming peer failed", listener=self._address,
-                     event=_EVENT_NAMES.get(event, event))
+            log.info(
+                "zmq handshake with an incoming peer failed",
+                listener=self._address,
+                zmq_event=_EVENT_NAMES.get(event, event),
+            )
 
     def _drain_all(self) -> None:
-        paused, self._paused = self._paused, False
-        try:
-            limit = self._opts.rcvhwm * (len(self._conns) + 1) + 1024
-            self._drain(limit)
-        except zmq.ZMQError:
-            pass
-        finally:
-            self._paused = paused or self._paused
+        with contextlib.suppress(zmq.ZMQError):  # bounded by what zmq holds: rcvhwm per peer
+            self._drain(self._opts.rcvhwm * (len(self._conns) + 1) + 1024, force=True)
+        if self._over_bound():
+            self._paused = True
 
     # --- send -------------------------------------------------------------------------------
     def _send_bye(self, rid: bytes, reason: bytes = b"") -> None:
@@ -930,36 +1030,66 @@ class _DealerConnection(_Pump, _ZConnection):
     """A dialed connection: its own DEALER socket, never reconnecting."""
 
     def __init__(self, transport: ZMQTransport, sock: zmq.Socket, url: str, loop: asyncio.AbstractEventLoop):
+        self._transport = transport
+        self._handshake: asyncio.Future[None] = loop.create_future()
         _Pump.__init__(self, sock, loop, transport._opts, transport.limits)
         _ZConnection.__init__(self, self, loop, transport._opts)
-        self._transport = transport
         self.peer_address = url
         self.local_address = ""
-        self._handshake: asyncio.Future[None] = loop.create_future()
         self._monitor = _Monitor(transport._context(), sock, loop, self._on_event, _DIAL_FAIL_EVENTS)
 
     # --- receive ----------------------------------------------------------------------------
-    def _drain(self, budget: int) -> bool:
+    def _drain(self, budget: int, force: bool = False) -> bool:
         recv = self._sock.recv
-        body = self._rx.body
+        zc = self._opts.zc_min
+        rq = self._rq
+        max_b = 1 << 62 if force else self._opts.max_queued_bytes
+        max_m = 1 << 62 if force else self._opts.max_queued_msgs
+        if self._stopped or (self._paused and not force):
+            return False
+        welcomed = self._handshake.done()
+        qb, qm = self._queued_bytes, self._queued_msgs  # kept in locals on the hot path
         n = 0
-        while n < budget:
-            if self._paused or self._stopped:
-                return False
-            try:
-                first = recv(_NOBLOCK)
-            except zmq.Again:
-                return False
-            n += 1
-            ctl, frames, size = body(first)
-            if ctl is None:
-                if self._handshake.done():
-                    self._deliver(frames, size)
-                else:
-                    self._violation(ProtocolError("data before welcome"))
-            else:
-                self._control(ctl, frames)
-        return True
+        try:
+            while n < budget:
+                if qb > max_b or qm > max_m:
+                    self._paused = True
+                    return False
+                try:
+                    fr = recv(_NOBLOCK, copy=False)
+                except zmq.Again:
+                    return False
+                n += 1
+                size = len(fr)
+                if size and welcomed and not fr.more:  # the common case, inlined
+                    rq.append([fr.bytes if size < zc else fr.buffer])
+                    self._rq_bytes += size
+                    qb += size
+                    qm += 1
+                    w = self._rx_waiter
+                    if w is not None and not w.done():
+                        w.set_result(None)
+                    continue
+                self._queued_bytes, self._queued_msgs = qb, qm
+                try:
+                    self._slow_message(fr)
+                finally:
+                    qb, qm = self._queued_bytes, self._queued_msgs
+                welcomed = self._handshake.done()
+                if self._stopped or (self._paused and not force):
+                    return False
+            return True
+        finally:
+            self._queued_bytes, self._queued_msgs = qb, qm
+
+    def _slow_message(self, fr: zmq.Frame) -> None:
+        ctl, frames, size = self._rx.body(fr)
+        if ctl is not None:
+            self._control(ctl, frames)
+        elif self._handshake.done():
+            self._deliver(frames, size)
+        else:
+            self._violation(ProtocolError("data before welcome"))
 
     def _control(self, ctl: bytes, args: list[Any]) -> None:
         if ctl == _WELCOME and not self._handshake.done():
@@ -985,8 +1115,8 @@ class _DealerConnection(_Pump, _ZConnection):
     def _on_event(self, event: int, value: int) -> None:
         if self._stopped:
             return
-        with contextlib.suppress(zmq.ZMQError):
-            self._drain(1 << 30)  # what arrived before the link died is delivered first
+        with contextlib.suppress(zmq.ZMQError):  # what already arrived is delivered first
+            self._drain(1 << 30, force=True)
         name = _EVENT_NAMES.get(event, str(event))
         self._remote_end(ConnectionClosed(f"connection to {self.peer_address} lost ({name})"))
 
@@ -1010,9 +1140,12 @@ class _DealerConnection(_Pump, _ZConnection):
         self._release(0)
 
     # --- send -------------------------------------------------------------------------------
-    def _try_send(self, parts: list[Any]) -> list[asyncio.Future[None]] | None:
+    def _send_one(self, frame: bytes) -> None:
+        _bsend(self._bsock, frame, _NOBLOCK)
+
+    def _try_send(self, parts: list[Any], large: bool) -> list[asyncio.Future[None]] | None:
         try:
-            return self._send_parts(parts, [])
+            return self._send_parts(parts, large, None)
         except zmq.ZMQError as exc:
             err = _zmq_error(exc, f"send to {self.peer_address}")
             self._remote_end(err)
@@ -1028,10 +1161,10 @@ class _DealerConnection(_Pump, _ZConnection):
     async def _connect(self, timeout: float) -> None:
         try:
             async with asyncio.timeout(timeout):
-                await self.send([_EMPTY, _HELLO, PROTOCOL][2:3]) if False else None
-                item = _PendingSend([_EMPTY, _HELLO, PROTOCOL], self._loop.create_future())
-                self._sendq.append(item)  # sent once the link is up (IMMEDIATE blocks until then)
-                self.kick()
+                try:  # IMMEDIATE holds the hello until the link is up
+                    await self._send_queued([_EMPTY, _HELLO, PROTOCOL], False)
+                except TransportError:
+                    pass  # the handshake future carries the reason
                 await self._handshake
         except TimeoutError:
             self.abort()
@@ -1053,7 +1186,7 @@ class _DealerConnection(_Pump, _ZConnection):
             return
         self._closed = True
         self._fail_sends(ConnectionClosed("connection closed"))
-        self._rq.clear()
+        self._drop_queue()
         self._wake()
         self._release(0)
 
@@ -1065,7 +1198,7 @@ class _DealerConnection(_Pump, _ZConnection):
             return
         self._closed = True
         self._fail_sends(ConnectionClosed("connection closed"))
-        self._rq.clear()
+        self._drop_queue()
         self._wake()
         # The bye follows all data already handed to zmq; linger lets zmq flush both.
         with contextlib.suppress(zmq.ZMQError):
@@ -1123,7 +1256,10 @@ class ZMQTransport(Transport):
         return sock
 
     async def listen(self, url: str, handler: ConnectionHandler) -> Listener:
-        endpoint, scheme = _endpoint(url, bind=True)
+        endpoint = _endpoint(url, bind=True)
+        if endpoint.startswith("ipc://") and _ipc_in_use(endpoint[6:]):
+            # libzmq would unlink the file and silently take the path from the live listener
+            raise TransportError(f"cannot listen on {url}: address in use")
         sock = self._socket(zmq.ROUTER, ipv6=endpoint.startswith("tcp://["))
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
@@ -1139,7 +1275,7 @@ class ZMQTransport(Transport):
         return listener
 
     async def connect(self, url: str, *, timeout: float | None = None) -> Connection:
-        endpoint, _ = _endpoint(url, bind=False)
+        endpoint = _endpoint(url, bind=False)
         timeout = self._opts.connect_timeout if timeout is None else timeout
         sock = self._socket(zmq.DEALER, ipv6=endpoint.startswith("tcp://["))
         sock.setsockopt(zmq.RECONNECT_IVL, -1)  # a dropped link is ConnectionClosed, never re-dialled
