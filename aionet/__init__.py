@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 from .config import Config  # noqa: E402
 from .node import Node  # noqa: E402
+from .scheduler import TaskRef, task_context  # noqa: E402
 
 __all__ = [
     "AionetError",
@@ -29,7 +30,9 @@ __all__ = [
     "RemoteError",
     "SerializationError",
     "TaskError",
+    "TaskRef",
     "TransportError",
     "TransportUnavailable",
     "__version__",
+    "task_context",
 ]

@@ -33,6 +33,7 @@ class NodeSection:
 @dataclass
 class TransportSection:
     tcp: dict[str, Any] = field(default_factory=dict)
+    tls: dict[str, Any] = field(default_factory=dict)  # tcp options + cert/key/ca (default: [security])
     zmq: dict[str, Any] = field(default_factory=dict)
     inproc: dict[str, Any] = field(default_factory=dict)
     ucx: dict[str, Any] = field(default_factory=dict)
@@ -70,13 +71,37 @@ class LinkSection:
 
 @dataclass
 class HeartbeatSection:
-    interval: float = 0.2
-    phi_threshold: float = 8.0
+    """Membership and failure detection (see aionet/membership.py for how they interact)."""
+
+    interval: float = 0.2  # s between heartbeats to each watched peer
+    phi_threshold: float = 8.0  # suspicion level that starts a verification
+    min_std: float = 0.05  # s: floor on the heartbeat jitter the detector assumes
+    acceptable_pause: float = 0.1  # s of extra silence always tolerated
+    fanout: int = 3  # ring successors each node heartbeats (= watchers per node)
+    indirect_probes: int = 3  # other members asked to probe a suspect
+    probe_timeout: float = 0.4  # s a verification round waits for proof of life
+    suspect_timeout: float = 5.0  # s an unconfirmable suspicion lasts before death
+    max_piggyback: int = 6  # membership updates carried per heartbeat
+    load_interval: float = 1.0  # s between load samples
+    forget_after: float = 300.0  # s dead/left members stay listed
 
 
 @dataclass
 class SchedulerSection:
-    policy: str = "least-loaded"
+    policy: str = "least-loaded"  # round-robin | least-loaded | shortest-expected | locality
+    run_local: bool = True  # this node runs tasks too (false: it only submits)
+    resources: dict[str, Any] = field(default_factory=dict)  # e.g. {cpu = 8, gpu = 0, memory = "16GiB", ssd = 1}
+    default_retries: int = 3  # re-runs after node deaths when submit() gives no retries=
+    batch_size: int = 1000  # task specs / results per message
+    inline_max_bytes: int = 65536  # larger results stay on the executing node until fetched
+    queue_time: float = 0.05  # seconds of queued work per slot an owner keeps on each node
+    max_queued_per_slot: int = 256  # cap on that queue, in tasks per slot
+    steal: bool = True  # idle nodes take queued tasks from busy ones
+    steal_interval: float = 0.05  # how often idle nodes look for work and load is published
+    suspect_grace: float = 0.3  # without membership: a reset connection not back within this is a dead node
+    wait_for_nodes: float = 5.0  # how long a task waits when no node at all accepts tasks
+    process_workers: int = 0  # processes for executor="process" (0: one per cpu)
+    allow_modules: list[str] = field(default_factory=list)  # if set: only tasks from these packages run here
 
 
 @dataclass

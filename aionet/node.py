@@ -27,8 +27,8 @@ from .errors import (
 from .link import ACK, Link, close_conn, nbytes_of
 from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
-from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
 from .router import BYE, ERR, PEERS, REP, REQ, SEND, Router
+from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
 from .transports.base import Address, Connection, Listener
 from .transports.registry import TransportRegistry
 
@@ -543,7 +543,12 @@ class Node:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(conn.send([handshake.reject("authentication failed")]), 1.0)
                 raise HandshakeError(f"{url}: peer {hello.name!r} failed to prove the cluster token")
-            link = self._live_link(hello.name)
+            # a crossing dial from the peer may already have been promised a stream id in our
+            # accept reply: use it, or both sides reset each other's fresh stream (lost messages)
+            pending = self._peer(hello.name)
+            link = self._live_link(hello.name, pending.pending_tx)
+            if pending.link is link:
+                pending.pending_tx = ""
             notes = link.apply_resume(hello.link, hello.node_id)
             confirm = handshake.Confirm(
                 handshake.mac(self._token, b"D", hello.nonce, nonce_d, self.name, hello.name), link.resume_info()

@@ -1,0 +1,928 @@
+"""The submitting side: the ownership table.
+
+The node that submits a task owns it, as in Ray's ownership model: it alone knows whether the
+task waits for dependencies, where it was placed, which attempt counts and where its result
+lives, so there is no central scheduler to lose. Everything here is O(1) per task: records
+sit in dicts keyed by task id, per-node indexes make a node death cost O(tasks on that node),
+and placement runs in bounded batches on the loop so heartbeats never starve.
+
+Exactly-once: a record accepts the first completion of any attempt while it is placed; every
+later completion (an old attempt from a node wrongly presumed dead, a stolen copy) is dropped,
+so each future is resolved once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..config import parse_size
+from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
+from .policies import NodeView, RuntimeEstimator, TaskReq, choose, feasible, unsatisfiable_reason, window_size
+from .tasks import (
+    DEP_AT,
+    DEP_VALUE,
+    EXECUTORS,
+    F_HAS_DEPREFS,
+    F_PINNED,
+    F_PREEMPTIBLE,
+    M_CANCEL,
+    M_FREE,
+    M_SUBMIT,
+    R_CKPT,
+    R_DEPLOST,
+    R_ERROR,
+    R_HELD,
+    R_MOVED,
+    R_REJECT,
+    R_TIMEOUT,
+    R_VALUE,
+    S_TID,
+    TaskCancelled,
+    TaskFailed,
+    TaskLost,
+    TaskRef,
+    TaskTimeout,
+    Unschedulable,
+    extract_refs,
+    fn_path,
+)
+
+if TYPE_CHECKING:
+    from .service import Scheduler
+
+__all__ = ["Owner", "Rec", "normalize_resources"]
+
+WAITING, READY, PLACED, DONE, FAILED, CANCELLED = range(6)
+STATE_NAMES = ("waiting", "ready", "placed", "done", "failed", "cancelled")
+TERMINAL = (DONE, FAILED, CANCELLED)
+DEFAULT_RES: dict[str, float] = {"cpu": 1.0}
+NO_PRIO = -(2**62)
+MAX_DEPLOST = 20
+
+
+def normalize_resources(resources: Mapping[str, Any] | None) -> dict[str, float]:
+    """``{"gpu": 1, "memory": "2GiB"}`` -> ``{"cpu": 1.0, "gpu": 1.0, "memory": 2147483648.0}``
+    (a task takes one cpu unless it says otherwise)."""
+    out = dict(DEFAULT_RES)
+    if not resources:
+        return out
+    for k, v in resources.items():
+        if not isinstance(k, str):
+            raise TypeError(f"resource names must be strings, not {k!r}")
+        if isinstance(v, str):
+            try:
+                val = float(parse_size(v))
+            except Exception:
+                raise ValueError(f"resource {k}: cannot read {v!r} as an amount") from None
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"resource {k}: amount must be a number or a size string, not {v!r}")
+        else:
+            val = float(v)
+        if val < 0 or val != val:
+            raise ValueError(f"resource {k}: amount must be >= 0, not {v!r}")
+        out[k] = val
+    return out
+
+
+class Rec:
+    """One owned task."""
+
+    __slots__ = (
+        "affinity",
+        "args",
+        "attempt",
+        "ckpt",
+        "dependents",
+        "deplost",
+        "deps",
+        "est",
+        "exclude",
+        "exe",
+        "flags",
+        "fn",
+        "fut",
+        "has_value",
+        "holder",
+        "key",
+        "kwargs",
+        "name",
+        "nbytes",
+        "node",
+        "nrefs",
+        "pins",
+        "policy",
+        "prio",
+        "res",
+        "res_wire",
+        "retries",
+        "state",
+        "submitted",
+        "tid",
+        "timeout",
+        "value",
+        "waiting",
+    )
+
+    def __init__(self, tid: int, name: str, fn: str, fut: asyncio.Future[None]):
+        self.tid = tid
+        self.name = name
+        self.fn = fn
+        self.fut = fut
+        self.key: str | None = None
+        self.args: Any = None
+        self.kwargs: Any = None
+        self.flags = 0
+        self.prio = 0
+        self.res: dict[str, float] = DEFAULT_RES
+        self.res_wire: dict[str, float] | None = None
+        self.exe = 0
+        self.timeout: float | None = None
+        self.retries = 0
+        self.affinity: str | None = None
+        self.exclude: frozenset[str] = frozenset()
+        self.policy: str | None = None
+        self.deps: list[Rec] | None = None
+        self.waiting = 0
+        self.dependents: list[Rec] | None = None
+        self.pins = 0
+        self.nrefs = 0
+        self.state = WAITING
+        self.node: str | None = None
+        self.attempt = 0
+        self.has_value = False
+        self.value: Any = None
+        self.holder: str | None = None
+        self.nbytes = 0
+        self.est = 0.0
+        self.ckpt: Any = None
+        self.deplost = 0
+        self.submitted = 0.0
+
+    @property
+    def state_name(self) -> str:
+        return STATE_NAMES[self.state]
+
+
+class Owner:
+    """Ownership table, placement and recovery for the tasks this node submits."""
+
+    def __init__(self, sched: Scheduler):
+        self.sched = sched
+        self.name = sched.name
+        cfg = sched.cfg
+        self.policy = cfg.policy
+        self.default_retries = cfg.default_retries
+        self.batch_size = max(1, cfg.batch_size)
+        self.queue_time = cfg.queue_time
+        self.max_per_slot = max(1, cfg.max_queued_per_slot)
+        self.wait_for_nodes = cfg.wait_for_nodes
+        self.estimator = RuntimeEstimator()
+        self.views: dict[str, NodeView] = {}
+        self._live: list[NodeView] | None = None
+        self.dead: set[str] = set()
+        self.recs: dict[int, Rec] = {}
+        self.by_key: dict[str, Rec] = {}
+        self.placed: dict[str, dict[int, Rec]] = {}
+        self.held: dict[str, dict[int, Rec]] = {}
+        self.ready: list[tuple[int, int, Rec]] = []
+        self.rr_seq = 0
+        self._tid = itertools.count(1)
+        self._seq = itertools.count()
+        self._dispatch_pending = False
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self.outbox: dict[str, list[Any]] = {}
+        self._dirty: set[str] = set()
+        self._flushing: set[str] = set()
+        self._ctrl: dict[tuple[str, int], list[int]] = {}
+        self._ctrl_pending = False
+        self._thread = threading.get_ident()
+        self.closed = False
+        self.stats = {
+            "submitted": 0,
+            "completed": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "resubmitted": 0,
+            "duplicates_dropped": 0,
+            "moved": 0,
+            "rejected": 0,
+        }
+
+    # ------------------------------------------------------------------ submitting
+    def submit(
+        self,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        *,
+        resources: Mapping[str, Any] | None = None,
+        priority: int = 0,
+        retries: int | None = None,
+        timeout: float | None = None,
+        executor: str | None = None,
+        key: str | None = None,
+        preemptible: bool = False,
+        affinity: str | None = None,
+        policy: str | None = None,
+    ) -> TaskRef:
+        if self.closed:
+            raise TaskError("the scheduler is stopped (node not running)")
+        if self.sched.loop is None:
+            raise TaskError("start the node (await node.start() or async with) before submitting tasks")
+        if key is not None:
+            existing = self.by_key.get(key)
+            if existing is not None:
+                return TaskRef(self, existing)
+        path = fn_path(fn)
+        try:
+            exe = EXECUTORS[executor]
+        except (KeyError, TypeError):
+            raise ValueError(f"executor must be None, 'thread' or 'process', not {executor!r}") from None
+        if policy is not None:
+            self.sched.check_policy(policy)
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive, not {timeout!r}")
+        prio = int(priority)
+        tid = next(self._tid)
+        rec = Rec(tid, key if key is not None else f"{self.name}:{tid}", path, self.sched.loop.create_future())
+        rec.key = key
+        rec.prio = prio
+        if resources:
+            rec.res = normalize_resources(resources)
+            rec.res_wire = rec.res
+        rec.exe = exe
+        rec.timeout = timeout
+        rec.retries = self.default_retries if retries is None else int(retries)
+        rec.affinity = affinity
+        rec.policy = policy
+        rec.submitted = time.monotonic()
+        found: dict[int, tuple[int, TaskRef]] = {}
+        rec.args = extract_refs(list(args), found) if args else []
+        rec.kwargs = extract_refs(kwargs, found) if kwargs else None
+        flags = (F_PREEMPTIBLE if preemptible else 0) | (F_PINNED if affinity is not None else 0)
+        self.recs[tid] = rec
+        if key is not None:
+            self.by_key[key] = rec
+        ref = TaskRef(self, rec)
+        self.stats["submitted"] += 1
+        if found:
+            flags |= F_HAS_DEPREFS
+            deps: list[Rec] = []
+            for _i, r in sorted(found.values(), key=lambda e: e[0]):
+                if r._owner is not self:
+                    self.recs.pop(tid, None)
+                    raise TaskError(f"{r!r} belongs to another node's scheduler; TaskRefs do not travel")
+                deps.append(r._rec)
+            rec.deps = deps
+            rec.flags = flags
+            for d in deps:
+                d.pins += 1
+            if self._deps_ready(rec):
+                self._make_ready(rec)
+        else:
+            rec.flags = flags
+            self._make_ready(rec)
+        return ref
+
+    def _deps_ready(self, rec: Rec) -> bool:
+        """True when every dependency has a result; otherwise registers ``rec`` to wait (or
+        fails it when a dependency failed)."""
+        n = 0
+        for d in rec.deps or ():
+            st = d.state
+            if st == DONE:
+                continue
+            if st in (FAILED, CANCELLED):
+                self._fail(rec, self._dep_error(rec, d))
+                return False
+            n += 1
+            if d.dependents is None:
+                d.dependents = [rec]
+            else:
+                d.dependents.append(rec)
+        if n:
+            rec.state = WAITING
+            rec.waiting = n
+            return False
+        return True
+
+    def _dep_error(self, rec: Rec, dep: Rec) -> TaskError:
+        why = "was cancelled" if dep.state == CANCELLED else "failed"
+        cls = TaskCancelled if dep.state == CANCELLED else TaskError
+        err = cls(f"task {rec.name} not run: its dependency {dep.name} ({dep.fn}) {why}")
+        if dep.fut.done() and not dep.fut.cancelled():
+            err.__cause__ = dep.fut.exception()
+        return err
+
+    def _make_ready(self, rec: Rec) -> None:
+        rec.state = READY
+        heapq.heappush(self.ready, (-rec.prio, next(self._seq), rec))
+        if not self._dispatch_pending:
+            self._dispatch_pending = True
+            self.sched.loop.call_soon(self._dispatch)
+
+    def schedule_dispatch(self) -> None:
+        if not self._dispatch_pending and self.ready:
+            self._dispatch_pending = True
+            self.sched.loop.call_soon(self._dispatch)
+
+    # ------------------------------------------------------------------ placement
+    def _live_views(self) -> list[NodeView]:
+        if self._live is None:
+            self._live = list(self.views.values())
+        return self._live
+
+    def _req(self, rec: Rec) -> TaskReq:
+        dep_bytes: dict[str, int] = {}
+        for d in rec.deps or ():
+            if d.holder is not None:
+                dep_bytes[d.holder] = dep_bytes.get(d.holder, 0) + d.nbytes
+            elif d.nbytes:
+                dep_bytes[self.name] = dep_bytes.get(self.name, 0) + d.nbytes
+        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude)
+
+    def _dispatch(self) -> None:
+        self._dispatch_pending = False
+        heap = self.ready
+        if not heap or self.closed:
+            return
+        live = self._live_views()
+        budget = self.batch_size
+        deferred: list[tuple[int, int, Rec]] = []
+        retry_later = False
+        now = time.monotonic()
+        while heap and budget > 0:
+            rec = heap[0][2]
+            if rec.state != READY:
+                heapq.heappop(heap)
+                continue
+            if rec.deps is not None and not self._deps_ready(rec):
+                heapq.heappop(heap)
+                continue
+            req = self._req(rec)
+            name = choose(rec.policy or self.policy, req, live, seq=self.rr_seq, estimator=self.estimator)
+            if name is None:
+                entry = heapq.heappop(heap)
+                if not feasible(req, live):
+                    waiting_for_nodes = not live and now - rec.submitted < self.wait_for_nodes
+                    if self.sched.info_pending() or waiting_for_nodes:
+                        deferred.append(entry)
+                        retry_later = True
+                        continue
+                    self._fail(rec, Unschedulable(unsatisfiable_reason(req, live)))
+                    continue
+                deferred.append(entry)
+                # a plain cpu task that finds no room means no cpu task has room: stop scanning
+                if rec.res is DEFAULT_RES or len(deferred) >= 64:
+                    break
+                continue
+            heapq.heappop(heap)
+            self._place(rec, self.views[name])
+            budget -= 1
+        for e in deferred:
+            heapq.heappush(heap, e)
+        if heap and budget == 0:
+            self.schedule_dispatch()
+        elif retry_later and self._retry_timer is None:
+            self._retry_timer = self.sched.loop.call_later(0.05, self._retry_dispatch)
+        self._flush()
+
+    def _retry_dispatch(self) -> None:
+        self._retry_timer = None
+        self.schedule_dispatch()
+
+    def _place(self, rec: Rec, view: NodeView) -> None:
+        name = view.name
+        rec.state = PLACED
+        rec.node = name
+        rec.attempt += 1
+        pl = self.placed.get(name)
+        if pl is None:
+            pl = self.placed[name] = {}
+        pl[rec.tid] = rec
+        view.inflight += 1
+        est = self.estimator.estimate(rec.fn, name)
+        if est is None:
+            est = self.estimator.mean(rec.fn) or 0.0
+        rec.est = est
+        view.backlog += est
+        if rec.prio > view.max_prio:
+            view.max_prio = rec.prio
+        if rec.res is not DEFAULT_RES:
+            free = view.free
+            for k, v in rec.res.items():
+                if k != "cpu":
+                    free[k] = free.get(k, 0.0) - v
+        self.rr_seq += 1
+        deps = self._deps_wire(rec, name) if rec.deps is not None else None
+        spec = [
+            rec.tid,
+            rec.fn,
+            rec.args,
+            rec.kwargs,
+            rec.prio,
+            rec.res_wire,
+            rec.exe,
+            rec.flags,
+            rec.timeout,
+            rec.attempt,
+            deps,
+            rec.ckpt,
+            rec.key,
+        ]
+        box = self.outbox.get(name)
+        if box is None:
+            box = self.outbox[name] = []
+        box.append(spec)
+        self._dirty.add(name)
+
+    def _deps_wire(self, rec: Rec, target: str) -> list[list[Any]]:
+        out = []
+        for i, d in enumerate(rec.deps or ()):
+            if d.holder is not None and (d.holder == target or not d.has_value):
+                out.append([i, DEP_AT, [d.holder, d.tid]])
+            else:
+                out.append([i, DEP_VALUE, d.value])
+        return out
+
+    def _unplace(self, rec: Rec) -> None:
+        """Undo a placement's bookkeeping (the task finished, failed, moved or its node died)."""
+        node = rec.node
+        pl = self.placed.get(node) if node is not None else None
+        if pl is not None:
+            pl.pop(rec.tid, None)
+        view = self.views.get(node) if node is not None else None
+        if view is not None:
+            view.inflight -= 1
+            view.backlog -= rec.est
+            if view.inflight <= 0:
+                view.inflight = 0
+                view.backlog = 0.0
+                view.max_prio = NO_PRIO
+            if rec.res is not DEFAULT_RES:
+                free = view.free
+                for k, v in rec.res.items():
+                    if k != "cpu":
+                        free[k] = free.get(k, 0.0) + v
+
+    # ------------------------------------------------------------------ sending
+    def _flush(self) -> None:
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        for name in dirty:
+            if name == self.name:
+                box = self.outbox.pop(name, None)
+                if box:
+                    self.sched.worker.accept(self.name, box, local=True)
+            elif name not in self._flushing:
+                self._flushing.add(name)
+                self.sched.spawn(self._flush_remote(name), f"aionet-sched-submit-{name}")
+
+    async def _flush_remote(self, name: str) -> None:
+        try:
+            while True:
+                box = self.outbox.get(name)
+                if not box:
+                    return
+                self.outbox[name] = []
+                step = self.batch_size
+                for i in range(0, len(box), step):
+                    chunk = box[i : i + step]
+                    try:
+                        await self.sched.send(name, [M_SUBMIT, self.name, chunk])
+                    except SerializationError:
+                        await self._send_checked(name, chunk)
+                    except PeerUnavailable as exc:
+                        self.sched.node_down(name, graceful=False, reason=str(exc))
+                        return
+        finally:
+            self._flushing.discard(name)
+
+    async def _send_checked(self, name: str, chunk: list[Any]) -> None:
+        """A batch did not serialize: find the specs that do not, fail their tasks, send the rest."""
+        good = []
+        dumps = self.sched.node.serializer.dumps
+        for spec in chunk:
+            try:
+                dumps(spec)
+                good.append(spec)
+            except Exception as exc:
+                rec = self.recs.get(spec[S_TID])
+                if rec is not None and rec.state == PLACED:
+                    self._fail(rec, TaskError(f"task {rec.name}: cannot send its arguments: {exc}"))
+        if good:
+            await self.sched.send(name, [M_SUBMIT, self.name, good])
+
+    def _send_ctrl(self, node: str, kind: int, tid: int) -> None:
+        """Cancel/free messages, batched per loop iteration."""
+        if node in self.dead:
+            return
+        k = (node, kind)
+        lst = self._ctrl.get(k)
+        if lst is None:
+            lst = self._ctrl[k] = []
+        lst.append(tid)
+        if not self._ctrl_pending:
+            self._ctrl_pending = True
+            self.sched.loop.call_soon(self._flush_ctrl)
+
+    def _flush_ctrl(self) -> None:
+        self._ctrl_pending = False
+        ctrl, self._ctrl = self._ctrl, {}
+        for (node, kind), tids in ctrl.items():
+            if node == self.name:
+                w = self.sched.worker
+                (w.cancel if kind == M_CANCEL else w.free)(self.name, tids)
+            else:
+                self.sched.spawn(self.sched.send_quiet(node, [kind, self.name, tids]), "aionet-sched-ctrl")
+
+    # ------------------------------------------------------------------ results
+    def on_results(self, worker: str, items: list[Any], load: Any) -> None:
+        view = self.views.get(worker)
+        if view is not None and load:
+            self._apply_load(view, load, mine=True)
+        recs = self.recs
+        stats = self.stats
+        est = self.estimator
+        for item in items:
+            tid, _attempt, status, payload, runtime, nbytes = item
+            rec = recs.get(tid)
+            if rec is None or rec.state != PLACED:
+                if status == R_CKPT:
+                    if rec is not None and rec.state not in TERMINAL:
+                        rec.ckpt = payload
+                elif status == R_HELD:
+                    self._send_ctrl(worker, M_FREE, tid)  # a late duplicate: let the worker drop it
+                    stats["duplicates_dropped"] += 1
+                elif status != R_MOVED:
+                    stats["duplicates_dropped"] += 1
+                continue
+            if status == R_CKPT:
+                rec.ckpt = payload
+                continue
+            if status == R_MOVED:
+                if rec.node == worker:
+                    self._move(rec, payload)
+                continue
+            where = rec.node
+            self._unplace(rec)
+            if where is not None and where != worker:
+                self._send_ctrl(where, M_CANCEL, tid)  # another attempt may still run there
+            rec.node = worker
+            if status == R_VALUE:
+                est.update(rec.fn, worker, runtime)
+                rec.value = payload
+                rec.has_value = True
+                rec.nbytes = nbytes
+                self._done(rec)
+            elif status == R_HELD:
+                est.update(rec.fn, worker, runtime)
+                rec.holder = worker
+                rec.nbytes = nbytes
+                h = self.held.get(worker)
+                if h is None:
+                    h = self.held[worker] = {}
+                h[tid] = rec
+                self._done(rec)
+            elif status == R_ERROR:
+                est.update(rec.fn, worker, runtime)
+                rtype, msg, tb = payload
+                self._fail(rec, TaskFailed(rec.name, worker, str(rtype), str(msg), str(tb)))
+            elif status == R_TIMEOUT:
+                self._fail(rec, TaskTimeout(f"task {rec.name} ({rec.fn}) on {worker}: {payload}"))
+            elif status == R_DEPLOST:
+                self._dep_lost(rec, payload)
+            elif status == R_REJECT:
+                stats["rejected"] += 1
+                rec.exclude = rec.exclude | {worker}
+                rec.attempt -= 1
+                self._make_ready(rec)
+        if view is not None:
+            view.window = window_size(
+                view.slots, est.node_mean(worker), queue_time=self.queue_time, max_per_slot=self.max_per_slot
+            )
+        self.schedule_dispatch()
+
+    def _apply_load(self, view: NodeView, load: Any, mine: bool) -> None:
+        try:
+            q, r, m, free = load
+            view.other = max(0, int(q) + int(r) - (int(m) if mine else view.inflight))
+            if isinstance(free, dict):
+                view.free = {k: float(v) for k, v in free.items()}
+        except (TypeError, ValueError):
+            pass
+
+    def load_report(self, node: str, load: Any) -> None:
+        view = self.views.get(node)
+        if view is not None:
+            self._apply_load(view, load, mine=False)
+
+    def _move(self, rec: Rec, thief: Any) -> None:
+        """A queued task was stolen by ``thief``: it is now accounted there."""
+        self.stats["moved"] += 1
+        self._unplace(rec)
+        thief = str(thief)
+        rec.node = thief
+        if thief in self.dead or (thief not in self.views and thief != self.name):
+            self._retry(rec, f"node {thief} (which took it over) died", count=True)
+            return
+        pl = self.placed.get(thief)
+        if pl is None:
+            pl = self.placed[thief] = {}
+        pl[rec.tid] = rec
+        view = self.views.get(thief)
+        if view is not None:
+            view.inflight += 1
+            view.backlog += rec.est
+
+    def _dep_lost(self, rec: Rec, payload: Any) -> None:
+        """The executing node could not fetch a dependency: its holder is probably dead."""
+        rec.deplost += 1
+        try:
+            holder = str(payload[0])
+        except Exception:
+            holder = ""
+        if rec.deplost > MAX_DEPLOST:
+            self._fail(rec, TaskLost(f"task {rec.name}: dependency on {holder} could not be fetched"))
+            return
+        if holder:
+            self.sched.suspect(holder)
+        rec.attempt -= 1  # not the task's fault: does not count as an attempt
+        rec.state = READY
+        self.sched.loop.call_later(min(0.02 * rec.deplost, 0.5), self._requeue_if_ready, rec)
+
+    def _requeue_if_ready(self, rec: Rec) -> None:
+        if rec.state == READY:
+            self._make_ready(rec)
+
+    def _done(self, rec: Rec) -> None:
+        rec.state = DONE
+        self.stats["completed"] += 1
+        fut = rec.fut
+        if not fut.done():
+            fut.set_result(None)
+        deps = rec.dependents
+        if deps is not None:
+            rec.dependents = None
+            for d in deps:
+                if d.state == WAITING:
+                    d.waiting -= 1
+                    if d.waiting <= 0:
+                        self._make_ready(d)
+        if rec.holder is None:
+            # value is here: nothing to re-run, nothing to free remotely
+            self.recs.pop(rec.tid, None)
+            rec.args = rec.kwargs = rec.ckpt = None
+            self._release_deps(rec)
+            if rec.nrefs <= 0 and rec.pins <= 0 and rec.key is not None:
+                self._forget(rec)
+        elif rec.nrefs <= 0 and rec.pins <= 0:
+            self._forget(rec)
+
+    def _fail(self, rec: Rec, exc: BaseException) -> None:
+        """Finish ``rec`` with an error, and every task waiting on it (iteratively)."""
+        stack: list[tuple[Rec, BaseException]] = [(rec, exc)]
+        while stack:
+            r, e = stack.pop()
+            if r.state in TERMINAL:
+                continue
+            if r.state == PLACED:
+                self._unplace(r)
+                if r.node is not None:
+                    self._send_ctrl(r.node, M_CANCEL, r.tid)
+            cancelled = isinstance(e, TaskCancelled)
+            r.state = CANCELLED if cancelled else FAILED
+            self.stats["cancelled" if cancelled else "failed"] += 1
+            fut = r.fut
+            if not fut.done():
+                fut.set_exception(e)
+                fut.exception()  # retrieved: a ref nobody awaits must not log "never retrieved"
+            self.recs.pop(r.tid, None)
+            r.args = r.kwargs = r.ckpt = None
+            self._release_deps(r)
+            if r.nrefs <= 0 and r.key is not None:
+                self._forget(r)
+            deps = r.dependents
+            if deps is not None:
+                r.dependents = None
+                for d in deps:
+                    if d.state == WAITING:
+                        stack.append((d, self._dep_error(d, r)))
+
+    def _release_deps(self, rec: Rec) -> None:
+        deps = rec.deps
+        if deps is None:
+            return
+        rec.deps = None
+        for d in deps:
+            d.pins -= 1
+            if d.pins <= 0 and d.nrefs <= 0 and d.state in TERMINAL:
+                self._forget(d)
+
+    def _forget(self, rec: Rec) -> None:
+        """Nobody can ask for ``rec`` any more: drop it here and its result where it lives."""
+        if rec.key is not None and self.by_key.get(rec.key) is rec:
+            del self.by_key[rec.key]
+        holder = rec.holder
+        if holder is not None:
+            rec.holder = None
+            h = self.held.get(holder)
+            if h is not None:
+                h.pop(rec.tid, None)
+            self._send_ctrl(holder, M_FREE, rec.tid)
+        self.recs.pop(rec.tid, None)
+        self._release_deps(rec)
+
+    def ref_dropped(self, rec: Rec) -> None:
+        """A TaskRef was garbage-collected (possibly in another thread)."""
+        if threading.get_ident() != self._thread:
+            self.sched.loop.call_soon_threadsafe(self.ref_dropped, rec)
+            return
+        rec.nrefs -= 1
+        if rec.nrefs <= 0 and rec.pins <= 0 and rec.state in TERMINAL and (rec.holder or rec.key):
+            self._forget(rec)
+
+    def cancel(self, rec: Rec) -> bool:
+        if rec.state in TERMINAL:
+            return False
+        self._fail(rec, TaskCancelled(f"task {rec.name} ({rec.fn}) was cancelled"))
+        return True
+
+    # ------------------------------------------------------------------ awaiting
+    async def result(self, rec: Rec) -> Any:
+        """The value of ``rec``: wait for completion, then fetch it from its holder if it is
+        large and lives elsewhere. A holder that dies meanwhile makes the owner re-run the
+        task (lineage) and this waits for the new result."""
+        tries = 0
+        while True:
+            fut = rec.fut
+            await fut
+            if rec.has_value:
+                return rec.value
+            holder = rec.holder
+            if holder is None:
+                if rec.fut is fut:
+                    raise TaskLost(f"task {rec.name}: its result is no longer available")
+                continue
+            try:
+                value = await self.sched.fetch(holder, self.name, rec.tid)
+            except (PeerUnavailable, RemoteError, TimeoutError) as exc:
+                tries += 1
+                if rec.fut is fut and rec.holder == holder:
+                    if isinstance(exc, RemoteError) and exc.remote_type == "KeyError":
+                        self.result_lost(rec)
+                    elif tries > MAX_DEPLOST:
+                        raise TaskLost(f"task {rec.name}: cannot fetch its result from {holder}: {exc}") from exc
+                    else:
+                        self.sched.suspect(holder)
+                        await asyncio.sleep(min(0.02 * tries, 0.5))
+                continue
+            if rec.holder == holder and rec.state == DONE:
+                rec.value = value
+                rec.has_value = True
+            return value
+
+    def result_lost(self, rec: Rec) -> None:
+        """The holder no longer has the result (restarted): run the task again."""
+        holder = rec.holder
+        if holder is not None:
+            h = self.held.get(holder)
+            if h is not None:
+                h.pop(rec.tid, None)
+        self._rerun(rec, f"its result on {holder} was lost")
+
+    def _rerun(self, rec: Rec, why: str) -> None:
+        rec.holder = None
+        rec.state = READY
+        rec.fut = self.sched.loop.create_future()
+        self.recs[rec.tid] = rec
+        self._retry(rec, why, count=True)
+
+    async def gather(self, refs: Iterable[TaskRef], return_exceptions: bool = False) -> list[Any]:
+        """Results of ``refs`` in order; the first failure raises unless ``return_exceptions``."""
+        recs = [r._rec for r in refs]
+        pending = [r.fut for r in recs if not r.fut.done()]
+        if pending:
+            loop = self.sched.loop
+            waiter: asyncio.Future[None] = loop.create_future()
+            left = len(pending)
+
+            def one_done(f: asyncio.Future[None]) -> None:
+                nonlocal left
+                left -= 1
+                if waiter.done():
+                    return
+                if left == 0 or (not return_exceptions and (f.cancelled() or f.exception() is not None)):
+                    waiter.set_result(None)
+
+            for f in pending:
+                f.add_done_callback(one_done)
+            try:
+                await waiter
+            finally:
+                for f in pending:
+                    f.remove_done_callback(one_done)
+        out: list[Any] = [None] * len(recs)
+        slow: list[int] = []
+        for i, rec in enumerate(recs):
+            if rec.has_value:
+                out[i] = rec.value
+                continue
+            fut = rec.fut
+            if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                if not return_exceptions:
+                    raise fut.exception()  # type: ignore[misc]
+                out[i] = fut.exception()
+                continue
+            slow.append(i)
+        if slow:
+            got = await asyncio.gather(*(self.result(recs[i]) for i in slow), return_exceptions=return_exceptions)
+            for i, v in zip(slow, got, strict=True):
+                out[i] = v
+        return out
+
+    # ------------------------------------------------------------------ membership
+    def node_up(self, name: str, total: Mapping[str, float], run_tasks: bool) -> None:
+        self.dead.discard(name)
+        if not run_tasks:
+            if self.views.pop(name, None) is not None:
+                self._live = None
+            return
+        view = self.views.get(name)
+        if view is None:
+            view = NodeView(name, dict(total), free=dict(total))
+            view.window = window_size(
+                view.slots, self.estimator.node_mean(name), queue_time=self.queue_time, max_per_slot=self.max_per_slot
+            )
+            self.views[name] = view
+            self._live = None
+        else:
+            view.total = dict(total)
+        self.schedule_dispatch()
+
+    def node_dead(self, name: str, graceful: bool) -> None:
+        """Re-run what was placed on ``name`` (counting against retries unless it left
+        cleanly) and what only ``name`` held a result of and is still wanted."""
+        self.dead.add(name)
+        if self.views.pop(name, None) is not None:
+            self._live = None
+        lost = self.placed.pop(name, None) or {}
+        for rec in list(lost.values()):
+            if rec.state == PLACED and rec.node == name:
+                self._retry(rec, f"node {name} {'left' if graceful else 'died'}", count=not graceful)
+        held = self.held.pop(name, None) or {}
+        for rec in list(held.values()):
+            if rec.holder != name:
+                continue
+            if rec.nrefs <= 0 and rec.pins <= 0:
+                rec.holder = None
+                self._forget(rec)
+            elif rec.has_value:
+                rec.holder = None  # we fetched it already: the copy here is the result now
+            else:
+                self._rerun(rec, f"its result was on node {name}, which {'left' if graceful else 'died'}")
+        for k in [k for k in self._ctrl if k[0] == name]:
+            del self._ctrl[k]
+        self.outbox.pop(name, None)
+        self.schedule_dispatch()
+
+    def _retry(self, rec: Rec, why: str, count: bool) -> None:
+        if count:
+            rec.retries -= 1
+        if rec.retries < 0:
+            self._fail(rec, TaskLost(f"task {rec.name} ({rec.fn}) lost: {why}, and its retries are used up"))
+            return
+        self.stats["resubmitted"] += 1
+        rec.node = None
+        if rec.deps is not None:
+            if self._deps_ready(rec):
+                self._make_ready(rec)
+        else:
+            self._make_ready(rec)
+
+    # ------------------------------------------------------------------ lifecycle
+    def shutdown(self, why: str) -> None:
+        self.closed = True
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+        for rec in list(self.recs.values()):
+            if rec.state not in TERMINAL:
+                self._fail(rec, TaskLost(f"task {rec.name}: {why}"))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            **self.stats,
+            "owned": len(self.recs),
+            "ready": len(self.ready),
+            "nodes": {
+                n: {"inflight": v.inflight, "window": v.window, "other": v.other, "backlog_s": round(v.backlog, 6)}
+                for n, v in self.views.items()
+            },
+        }

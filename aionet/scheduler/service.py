@@ -1,0 +1,434 @@
+"""The Scheduler a Node carries: owner + worker + a membership view, over the node's messaging.
+
+It uses only the node's public surface: ``add_service`` (resources, result fetch, steal),
+``send``/``recv_batch`` on one mailbox channel (batched task specs, results, cancels, frees,
+load reports), ``request``, ``members()`` and connection/membership events. It never imports
+``node.py``: the node is passed in.
+
+Who is dead: when ``aionet.membership`` is present (``node.on_member_change``) its verdicts
+are used. Without it, a link that dies or a peer that leaves counts at once, and a
+connection *reset* (a killed process) counts when it is not re-established within
+``scheduler.suspect_grace`` seconds. A node wrongly presumed dead costs duplicate work, never
+a duplicate result: owners accept one completion per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import threading
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import Any
+
+from ..errors import ConfigError, PeerUnavailable, RemoteError
+from ..log import get_logger
+from .owner import Owner, normalize_resources
+from .policies import POLICIES
+from .tasks import (
+    CHANNEL,
+    DEP_TYPE_NAME,
+    M_CANCEL,
+    M_FREE,
+    M_LOAD,
+    M_RESULTS,
+    M_SUBMIT,
+    SVC_FETCH,
+    SVC_RESOURCES,
+    SVC_STEAL,
+    DepRef,
+    TaskRef,
+)
+from .worker import Worker
+
+__all__ = ["Scheduler"]
+
+
+def _count_gpus() -> int:
+    """GPUs to offer. Skips the (slow) CUDA probe when the host has no NVIDIA device files."""
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        return 0
+    try:
+        from ..devices import gpu_count
+    except ImportError:
+        return 0
+    try:
+        return int(gpu_count())
+    except Exception:
+        return 0
+
+
+class Scheduler:
+    """Tasks for one node: ``node.scheduler``. Users call ``node.submit/map/gather``."""
+
+    def __init__(self, node: Any):
+        self.node = node
+        self.name: str = node.name
+        self.cfg = node.config.scheduler
+        self._validate()
+        self.log = get_logger("aionet.scheduler", node=self.name)
+        node.register_type(DepRef, DEP_TYPE_NAME)
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
+        self.owner = Owner(self)
+        self.worker = Worker(self)
+        self.alive: set[str] = set()
+        self.down: set[str] = set()
+        self._info_pending: set[str] = set()
+        self._death: dict[str, asyncio.Future[str]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ready: asyncio.Event | None = None
+        self._running = False
+        self._has_membership = hasattr(node, "on_member_change")
+        node.add_service(SVC_RESOURCES, self._svc_resources)
+        node.add_service(SVC_FETCH, self._svc_fetch)
+        node.add_service(SVC_STEAL, self._svc_steal)
+        node.on_connection_event(self._on_connection_event)
+        if self._has_membership:
+            node.on_member_change(self._on_member_change)
+        sampler = getattr(getattr(node, "membership", None), "load", None)
+        if sampler is not None and hasattr(sampler, "add_field"):
+            # queue length etc. in the node's load reports (members(), aionet status)
+            sampler.add_field("sched", lambda: self.worker.load(None)[:3])
+
+    def _validate(self) -> None:
+        c = self.cfg
+        self.check_policy(c.policy)
+        for name in ("batch_size", "max_queued_per_slot"):
+            if getattr(c, name) < 1:
+                raise ConfigError(f"scheduler.{name} must be at least 1")
+        for name in ("steal_interval", "queue_time", "suspect_grace"):
+            if getattr(c, name) <= 0:
+                raise ConfigError(f"scheduler.{name} must be positive")
+        if c.default_retries < 0:
+            raise ConfigError("scheduler.default_retries must be >= 0")
+        try:
+            normalize_resources(c.resources)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"scheduler.resources: {exc}") from None
+
+    @staticmethod
+    def check_policy(policy: str) -> None:
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._running:
+            return
+        self.loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self._running = True
+        self.owner._thread = self.worker._loop_thread = threading.get_ident()
+        total = await self._detect_resources()
+        self.worker.start(total)
+        self._ready.set()
+        self.owner.node_up(self.name, total, self.worker.run_tasks)
+        self.spawn(self._consume(), "aionet-sched-consume")
+        self.spawn(self._tick(), "aionet-sched-tick")
+        for name, m in self.node.members().items():
+            if name != self.name and m.get("state") == "alive":
+                self.alive.add(name)
+                self._learn(name)
+        self.log.debug("scheduler started", resources=total, run_tasks=self.worker.run_tasks)
+
+    async def _detect_resources(self) -> dict[str, float]:
+        declared = normalize_resources(self.cfg.resources) if self.cfg.resources else {}
+        if self.cfg.resources and "cpu" not in self.cfg.resources:
+            declared.pop("cpu", None)
+        total: dict[str, float] = {"cpu": float(os.cpu_count() or 1)}
+        try:
+            import psutil
+
+            total["memory"] = float(psutil.virtual_memory().total)
+        except Exception:
+            pass
+        if "gpu" not in declared:
+            total["gpu"] = float(await asyncio.to_thread(_count_gpus))
+        total.update(declared)
+        return total
+
+    async def stop(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        self.owner.shutdown("the local node is shutting down")
+        self.worker.shutdown()
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2.0)
+        for fut in self._death.values():
+            if not fut.done():
+                fut.set_result("local node stopped")
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        t = self.loop.create_task(coro, name=name)
+        self._tasks.add(t)
+        t.add_done_callback(self._task_done)
+        return t
+
+    def _task_done(self, t: asyncio.Task[Any]) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            self.log.error("scheduler task failed", task=t.get_name(), error=repr(t.exception()))
+
+    # ------------------------------------------------------------------ user API
+    def submit(self, fn: Any, *args: Any, **options: Any) -> TaskRef:
+        kw = options.pop("kwargs", None)
+        opts = {k: options.pop(k) for k in _OPTIONS if k in options}
+        if options:
+            kw = {**options, **(kw or {})}
+        return self.owner.submit(fn, args, kw, **opts)
+
+    async def map(self, fn: Any, *iterables: Iterable[Any], **options: Any) -> list[Any]:
+        key = options.pop("key", None)
+        return_exceptions = options.pop("return_exceptions", False)
+        refs = []
+        for i, args in enumerate(zip(*iterables, strict=False)):
+            if key is not None:
+                options["key"] = f"{key}-{i}"
+            refs.append(self.submit(fn, *args, **options))
+        return await self.owner.gather(refs, return_exceptions=return_exceptions)
+
+    async def gather(self, refs: Iterable[TaskRef], return_exceptions: bool = False) -> list[Any]:
+        return await self.owner.gather(refs, return_exceptions=return_exceptions)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner.snapshot(),
+            "worker": self.worker.snapshot(),
+            "alive": sorted(self.alive),
+            "down": sorted(self.down),
+        }
+
+    # ------------------------------------------------------------------ messaging
+    async def send(self, peer: str, msg: list[Any]) -> None:
+        if peer in self.down:
+            raise PeerUnavailable(f"{peer}: node is dead")
+        await self.node.send(peer, CHANNEL, msg)
+
+    async def send_quiet(self, peer: str, msg: list[Any]) -> None:
+        try:
+            await self.send(peer, msg)
+        except Exception as exc:  # cancels/frees/load reports are advisory
+            self.log.debug("scheduler message not sent", peer=peer, error=str(exc))
+
+    def broadcast_load(self, load: list[Any]) -> None:
+        for peer in self.alive:
+            self.spawn(self.send_quiet(peer, [M_LOAD, self.name, load]), "aionet-sched-load")
+
+    async def request_unless_dead(self, peer: str, service: str, obj: Any, timeout: float | None = None) -> Any:
+        """``node.request`` that also fails as soon as the scheduler learns ``peer`` died (a
+        killed peer's link may otherwise keep trying to reconnect for a long time)."""
+        if peer in self.down:
+            raise PeerUnavailable(f"{peer}: node is dead")
+        death = self._death.get(peer)
+        if death is None or death.done():
+            death = self._death[peer] = self.loop.create_future()
+        req = asyncio.ensure_future(self.node.request(peer, service, obj, timeout=timeout))
+        await asyncio.wait((req, death), return_when=asyncio.FIRST_COMPLETED)
+        if req.done():
+            return req.result()
+        req.cancel()
+        raise PeerUnavailable(f"{peer}: node died ({death.result()})")
+
+    async def fetch(self, holder: str, owner: str, tid: int) -> Any:
+        if holder == self.name:
+            return self.worker.fetch_local(owner, tid)
+        return await self.request_unless_dead(holder, SVC_FETCH, [owner, tid])
+
+    async def _consume(self) -> None:
+        recv_batch = self.node.recv_batch
+        owner = self.owner
+        worker = self.worker
+        while True:
+            msgs = await recv_batch(CHANNEL)
+            for m in msgs:
+                try:
+                    kind = m[0]
+                    sender = m[1]
+                    if kind == M_SUBMIT:
+                        worker.accept(sender, m[2], local=False)
+                    elif kind == M_RESULTS:
+                        owner.on_results(sender, m[2], m[3])
+                    elif kind == M_CANCEL:
+                        worker.cancel(sender, m[2])
+                    elif kind == M_FREE:
+                        worker.free(sender, m[2])
+                    elif kind == M_LOAD:
+                        worker.peer_load[sender] = list(m[2])
+                        owner.load_report(sender, m[2])
+                    else:
+                        raise ValueError(f"unknown scheduler message kind {kind!r}")
+                except Exception as exc:  # one bad message must not stop the scheduler
+                    self.log.warning("bad scheduler message", error=repr(exc))
+            if len(msgs) > 1:
+                await asyncio.sleep(0)  # let heartbeats and I/O run between big batches
+
+    async def _tick(self) -> None:
+        interval = self.cfg.steal_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.worker.tick()
+            except Exception as exc:
+                self.log.error("scheduler tick failed", error=repr(exc))
+
+    # ------------------------------------------------------------------ services
+    async def _svc_resources(self, _arg: Any) -> dict[str, Any]:
+        if self._ready is not None:
+            await self._ready.wait()
+        w = self.worker
+        return {"total": dict(w.pool.total), "run_tasks": w.run_tasks, "load": w.load(None)}
+
+    # async on purpose: a reply of 1 MiB or more waits for the peer's ack, and a sync handler's
+    # reply is sent from the connection's reader, which must not wait (it reads that ack)
+    async def _svc_fetch(self, arg: Any) -> Any:
+        owner, tid = arg
+        return self.worker.fetch_local(str(owner), int(tid))
+
+    async def _svc_steal(self, arg: Any) -> list[list[Any]]:
+        return self.worker.steal(arg)
+
+    # ------------------------------------------------------------------ membership
+    def info_pending(self) -> bool:
+        """Resource information of some live peer is still being fetched."""
+        return bool(self._info_pending)
+
+    def is_alive(self, name: str) -> bool:
+        return name in self.alive
+
+    def _learn(self, name: str) -> None:
+        if not self._running or name in self._info_pending:
+            return
+        self._info_pending.add(name)
+        self.spawn(self._fetch_info(name), f"aionet-sched-info-{name}")
+
+    async def _fetch_info(self, name: str) -> None:
+        info: Mapping[str, Any] | None = None
+        try:
+            for attempt in range(8):
+                # short timeouts, retried: a request can be lost when a link is reset while two
+                # nodes dial each other at the same moment
+                try:
+                    info = await self.request_unless_dead(name, SVC_RESOURCES, None, timeout=1.0 + attempt)
+                    break
+                except TimeoutError:
+                    if name not in self.alive:
+                        break
+            else:
+                self.log.warning("could not learn a peer's resources", peer=name)
+        except RemoteError:
+            info = {"total": {}, "run_tasks": False}  # a node without a scheduler: never place there
+        except PeerUnavailable as exc:
+            self.log.info("could not learn a peer's resources", peer=name, error=str(exc))
+        finally:
+            self._info_pending.discard(name)
+        if info is not None and name in self.alive:
+            try:
+                total = {str(k): float(v) for k, v in dict(info.get("total") or {}).items()}
+                run_tasks = bool(info.get("run_tasks"))
+            except (TypeError, ValueError, AttributeError):
+                total, run_tasks = {}, False
+            self.owner.node_up(name, total, run_tasks)
+            load = info.get("load")
+            if load:
+                self.worker.peer_load[name] = list(load)
+        self.owner.schedule_dispatch()
+
+    def _on_connection_event(self, peer: str, event: str, details: dict[str, Any]) -> None:
+        if event == "connected":
+            # with membership, only members run tasks (a CLI client that connects is not one)
+            if not self._has_membership or self._member_state(peer) == "alive":
+                self._peer_alive(peer)
+        elif event == "left" or (event == "dead" and not self._has_membership):
+            self.node_down(peer, graceful=event == "left", reason=str(details.get("reason", event)))
+        elif event == "lost" and details.get("reset") and not self._has_membership and self._running:
+            self.loop.call_later(self.cfg.suspect_grace, self._check_suspect, peer)
+
+    def _member_state(self, peer: str) -> str | None:
+        m = self.node.members().get(peer)
+        return m.get("state") if isinstance(m, Mapping) else None
+
+    def _on_member_change(self, *args: Any, **kwargs: Any) -> None:
+        """A membership event: an object with ``name``, ``kind`` and ``state`` (also accepts
+        ``(name, state)`` or a mapping, so the scheduler does not depend on the event's class)."""
+        name = kwargs.get("name")
+        state = kwargs.get("state")
+        kind = kwargs.get("kind")
+        if args:
+            first = args[0]
+            if isinstance(first, str):
+                name = first
+                state = args[1] if len(args) > 1 else state
+            elif isinstance(first, Mapping):
+                name, state, kind = first.get("name"), first.get("state"), first.get("kind")
+            else:
+                name = getattr(first, "name", None)
+                state = getattr(first, "state", None)
+                kind = getattr(first, "kind", None)
+        if not isinstance(name, str) or name == self.name:
+            return
+        state = getattr(state, "value", state)  # an Enum
+        if kind == "restarted":
+            # a new process under the old name: whatever the old one ran or held is gone
+            self.node_down(name, graceful=False, reason="restarted")
+        if state == "alive":
+            self._peer_alive(name)
+        elif state in ("dead", "left"):
+            self.node_down(name, graceful=state == "left", reason=f"membership: {kind or state}")
+
+    def _peer_alive(self, peer: str) -> None:
+        if peer == self.name:
+            return
+        self.down.discard(peer)
+        self.alive.add(peer)
+        self._learn(peer)
+
+    def _check_suspect(self, peer: str) -> None:
+        if not self._running or peer in self.down:
+            return
+        state = self._member_state(peer)
+        if state != "alive":
+            self.node_down(
+                peer,
+                graceful=False,
+                reason=f"connection reset and not re-established within {self.cfg.suspect_grace} s",
+            )
+
+    def suspect(self, peer: str) -> None:
+        """Someone failed to reach ``peer``: count it dead if membership does not say alive."""
+        if peer == self.name or peer in self.down or not self._running:
+            return
+        state = self._member_state(peer)
+        if self._has_membership:
+            if state in (None, "dead", "left"):  # a suspect is being verified by membership
+                self.node_down(peer, graceful=state == "left", reason=f"unreachable (state {state})")
+        elif state != "alive":
+            self.node_down(peer, graceful=False, reason=f"unreachable (state {state})")
+
+    def node_down(self, peer: str, graceful: bool, reason: str) -> None:
+        if peer == self.name or peer in self.down or not self._running:
+            return
+        self.down.add(peer)
+        self.alive.discard(peer)
+        self._info_pending.discard(peer)
+        self.log.info("node down for scheduling", peer=peer, graceful=graceful, reason=reason)
+        fut = self._death.pop(peer, None)
+        if fut is not None and not fut.done():
+            fut.set_result(reason)
+        self.owner.node_dead(peer, graceful)
+        self.worker.peer_dead(peer)
+
+
+_OPTIONS = (
+    "resources",
+    "priority",
+    "retries",
+    "timeout",
+    "executor",
+    "key",
+    "preemptible",
+    "affinity",
+    "policy",
+)

@@ -1,0 +1,899 @@
+"""The executing side: every node that runs tasks has one Worker.
+
+Tasks arrive in batches (one message carries many specs), wait in a priority queue until
+their resources are free, and run where their kind says: ``async def`` on the event loop,
+plain functions in a thread pool, ``executor="process"`` in a process pool. Completions are
+batched back to each owner (one message per owner per loop turn), large results stay here
+until their owner frees them, and idle workers steal queued tasks from busy ones.
+
+The thread pool is our own rather than ``run_in_executor``: a thread that finishes a task
+frees its resources and takes the next runnable sync task from the queue itself (under a
+lock; the resource pool still bounds concurrency), and only the first completion of a burst
+wakes the loop. Thousands of short sync tasks thus cost a few loop wake-ups, not one future,
+one thread hand-off and one wake-up each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
+from .policies import fits
+from .queue import Preemptible, ResourcePool, TaskQueue, pick_preemptions
+from .tasks import (
+    _CURRENT,
+    DEP_VALUE,
+    EXE_PROCESS,
+    EXE_THREAD,
+    F_PINNED,
+    F_PREEMPTIBLE,
+    M_RESULTS,
+    R_CKPT,
+    R_DEPLOST,
+    R_ERROR,
+    R_HELD,
+    R_MOVED,
+    R_REJECT,
+    R_TIMEOUT,
+    R_VALUE,
+    SPEC_LEN,
+    SVC_STEAL,
+    TaskContext,
+    error_fields,
+    estimate_nbytes,
+    import_fn,
+    substitute,
+)
+
+if TYPE_CHECKING:
+    from .service import Scheduler
+
+__all__ = ["Worker"]
+
+FETCHING, QUEUED, RUNNING, FINISHED = range(4)
+_DEFAULT_RES = {"cpu": 1.0}
+_MAX_THREADS = 512
+_BACKFILL_SCAN = 32
+
+
+class Job:
+    """One task attempt on this node."""
+
+    __slots__ = (
+        "args",
+        "attempt",
+        "call",
+        "cancelled",
+        "ckpt",
+        "ctx",
+        "deps",
+        "exe",
+        "flags",
+        "fn",
+        "key",
+        "kwargs",
+        "local",
+        "name",
+        "owner",
+        "preempting",
+        "prio",
+        "queued",
+        "released",
+        "reported",
+        "res",
+        "seq",
+        "state",
+        "sync",
+        "t0",
+        "task",
+        "tid",
+        "timed_out",
+        "timeout",
+        "timer",
+    )
+
+    def __init__(self, owner: str, spec: list[Any], local: bool):
+        if type(spec) is not list or len(spec) != SPEC_LEN:
+            raise ValueError("malformed task spec")
+        (tid, fn, args, kwargs, prio, res, exe, flags, timeout, attempt, deps, ckpt, key) = spec
+        if not isinstance(fn, str) or not isinstance(tid, int):
+            raise ValueError("malformed task spec")
+        self.owner = owner
+        self.tid = tid
+        self.fn = fn
+        self.args = args if type(args) is list else list(args or ())
+        self.kwargs = kwargs or None
+        self.prio = int(prio)
+        self.res = {k: float(v) for k, v in res.items()} if res else _DEFAULT_RES
+        self.exe = int(exe)
+        self.flags = int(flags)
+        self.timeout = float(timeout) if timeout else None
+        self.attempt = int(attempt)
+        self.deps = deps or None
+        self.ckpt = ckpt
+        self.key = key
+        self.name = key if key is not None else f"{owner}:{tid}"
+        self.local = local
+        self.seq = -1
+        self.queued = False
+        self.state = FETCHING
+        self.t0 = 0.0
+        self.task: asyncio.Future[Any] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.ctx: TaskContext | None = None
+        self.preempting = False
+        self.cancelled = False
+        self.timed_out = False
+        self.reported = False
+        self.released = False
+        self.sync = False  # runs in a thread (a plain function, or executor="thread")
+        self.call: Callable[..., Any] | None = None
+
+    def spec(self) -> list[Any]:
+        """This (still queued, dependencies resolved) task as a spec for another node."""
+        res = None if self.res is _DEFAULT_RES else self.res
+        ckpt = self.ctx.restore() if self.ctx is not None else self.ckpt
+        return [
+            self.tid,
+            self.fn,
+            self.args,
+            self.kwargs,
+            self.prio,
+            res,
+            self.exe,
+            self.flags,
+            self.timeout,
+            self.attempt,
+            None,
+            ckpt,
+            self.key,
+        ]
+
+
+class _ThreadRunner:
+    """Threads running sync tasks; completions are handed to the loop in bursts."""
+
+    def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop, name: str):
+        self._worker = worker
+        self._loop = loop
+        self._name = name
+        self._q: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._done: list[Any] = []
+        self._lock = threading.Lock()
+        self._wake = False
+
+    def submit(self, job: Job, running: int) -> None:
+        """Run ``job`` (its resources are acquired); ``running`` sync tasks hold resources now,
+        so that many threads must exist for none of them to wait for a thread."""
+        if len(self._threads) < min(running, _MAX_THREADS):
+            t = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
+            self._threads.append(t)
+            t.start()
+        self._q.put(job)
+
+    def _run(self) -> None:
+        q = self._q
+        worker = self._worker
+        perf = time.perf_counter
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            while job is not None:
+                if job.ctx is None:
+                    worker.make_context(job)
+                token = _CURRENT.set(job.ctx)
+                t0 = perf()
+                job.t0 = t0
+                try:
+                    fn = job.call
+                    kw = job.kwargs
+                    value = fn(*job.args, **kw) if kw else fn(*job.args)  # type: ignore[misc]
+                    if inspect.iscoroutine(value):  # async def forced into a thread: its own loop
+                        value = asyncio.run(value)
+                    ok = True
+                except BaseException as exc:  # the task's failure is its result; the thread lives on
+                    value = error_fields(exc)
+                    ok = False
+                finally:
+                    _CURRENT.reset(token)
+                dt = perf() - t0
+                nxt = worker.thread_finished(job)
+                with self._lock:
+                    self._done.append((job, ok, value, dt))
+                    wake = not self._wake
+                    self._wake = True
+                if wake:
+                    try:
+                        self._loop.call_soon_threadsafe(self._drain)
+                    except RuntimeError:  # loop closed: the node is gone
+                        return
+                job = nxt
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._done = self._done, []
+            self._wake = False
+        self._worker.threads_done(items)
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._q.put(None)
+        self._threads.clear()
+
+
+def _process_entry(fn: str, args: list[Any], kwargs: dict[str, Any] | None, info: list[Any]) -> tuple[bool, Any, float]:
+    """Runs in a pool process: import by path, call, report (ok, value or error fields, seconds)."""
+    task_id, node, owner, attempt, ckpt = info
+    token = _CURRENT.set(TaskContext(task_id, node, owner, attempt, ckpt, None))
+    t0 = time.perf_counter()
+    try:
+        f, _is_async = import_fn(fn)
+        value = f(*args, **(kwargs or {}))
+        if inspect.iscoroutine(value):
+            value = asyncio.run(value)
+        return True, value, time.perf_counter() - t0
+    except BaseException as exc:
+        return False, error_fields(exc), time.perf_counter() - t0
+    finally:
+        _CURRENT.reset(token)
+
+
+class Worker:
+    """Runs tasks handed to this node by owners (itself included)."""
+
+    def __init__(self, sched: Scheduler):
+        self.sched = sched
+        self.name = sched.name
+        cfg = sched.cfg
+        self.run_tasks = cfg.run_local
+        self.inline_max = cfg.inline_max_bytes
+        self.batch_size = max(1, cfg.batch_size)
+        self.steal_enabled = cfg.steal
+        self.process_workers = cfg.process_workers
+        self.allow_modules = tuple(cfg.allow_modules)
+        self.pool = ResourcePool({})
+        self.queue = TaskQueue()
+        self.jobs: dict[tuple[str, int], Job] = {}
+        self.active: dict[str, int] = {}  # owner -> tasks here (fetching, queued or running)
+        self.async_running: dict[tuple[str, int], Job] = {}
+        self.n_preemptible = 0
+        self.preempting = 0
+        self.n_running = 0
+        self.sync_running = 0
+        # guards queue, pool, n_running/sync_running and Job.state/released: threads take work
+        self._wlock = threading.Lock()
+        self.store: dict[tuple[str, int], Any] = {}
+        self.fns: dict[str, tuple[Callable[..., Any], bool] | TaskError] = {}
+        self.outbox: dict[str, list[Any]] = {}
+        self._flushing: set[str] = set()
+        self._fetches: dict[tuple[str, int], asyncio.Future[Any]] = {}
+        self._threads: _ThreadRunner | None = None
+        self._ppool: Any = None
+        self._pump_pending = False
+        self._loop_thread = threading.get_ident()
+        self.peer_load: dict[str, list[Any]] = {}
+        self._stealing = False
+        self._last_report: tuple[int, float] = (-1, 0.0)
+        self.stats = {
+            "accepted": 0,
+            "ran": 0,
+            "errors": 0,
+            "rejected": 0,
+            "stolen_in": 0,
+            "stolen_out": 0,
+            "preempted": 0,
+            "cancelled": 0,
+            "results_held": 0,
+        }
+
+    def start(self, total: dict[str, float]) -> None:
+        self.pool = ResourcePool(total)
+        self._loop_thread = threading.get_ident()
+        self._threads = _ThreadRunner(self, self.sched.loop, f"aionet-task-{self.name}")
+
+    # ------------------------------------------------------------------ arrivals
+    def accept(self, owner: str, specs: list[Any], local: bool) -> None:
+        """A batch of task specs from ``owner``."""
+        jobs = self.jobs
+        for spec in specs:
+            try:
+                job = Job(owner, spec, local)
+            except (ValueError, TypeError, AttributeError) as exc:
+                self.sched.log.warning("malformed task spec dropped", owner=owner, error=str(exc))
+                continue
+            k = (owner, job.tid)
+            if k in jobs:
+                continue  # this attempt (or an earlier one) is already here
+            if not self.run_tasks or not self.pool.could_ever_fit(job.res):
+                self.stats["rejected"] += 1
+                why = "does not run tasks" if not self.run_tasks else f"cannot provide {job.res}"
+                self._post(owner, [job.tid, job.attempt, R_REJECT, f"node {self.name} {why}", 0.0, 0])
+                continue
+            jobs[k] = job
+            self.active[owner] = self.active.get(owner, 0) + 1
+            self.stats["accepted"] += 1
+            if job.deps is not None:
+                self._resolve_deps(job)
+            else:
+                self._enqueue(job)
+        self._pump()
+
+    def _enqueue(self, job: Job) -> None:
+        """Queue ``job`` (dependencies resolved). Imports its function first: a task that
+        cannot run here fails now rather than after waiting for resources."""
+        if job.call is None:
+            entry = self.fns.get(job.fn)
+            if entry is None:
+                try:
+                    self._check_allowed(job.fn)
+                    entry = import_fn(job.fn)
+                except TaskError as exc:
+                    entry = exc
+                self.fns[job.fn] = entry
+            if isinstance(entry, TaskError):
+                self._finish(job, R_ERROR, ["aionet.TaskError", f"{entry} (on node {self.name})", ""], 0.0)
+                return
+            job.call, is_async = entry
+            job.sync = job.exe == EXE_THREAD or (job.exe != EXE_PROCESS and not is_async)
+        with self._wlock:
+            job.state = QUEUED
+            if job.seq < 0:
+                job.seq = self.queue.next_seq()
+            self.queue.push(job)
+
+    def _check_allowed(self, path: str) -> None:
+        """``scheduler.allow_modules``: a cluster member may only make this node import and run
+        functions from the listed packages (empty: anything installed)."""
+        if not self.allow_modules:
+            return
+        mod = path.partition(":")[0]
+        if not any(mod == p or mod.startswith(p + ".") for p in self.allow_modules):
+            raise TaskError(
+                f"task function {path!r} is not allowed here: scheduler.allow_modules = {list(self.allow_modules)}"
+            )
+
+    def _resolve_deps(self, job: Job) -> None:
+        deps = job.deps or []
+        values: list[Any] = [None] * len(deps)
+        missing: list[tuple[int, str, int]] = []
+        for entry in deps:
+            i, mode, data = entry
+            if mode == DEP_VALUE:
+                values[i] = data
+                continue
+            holder, dtid = data
+            if holder == self.name:
+                try:
+                    values[i] = self.store[(job.owner, dtid)]
+                except KeyError:
+                    self._dep_lost(job, holder, dtid)
+                    return
+            else:
+                missing.append((i, holder, dtid))
+        if not missing:
+            self._bind(job, values)
+            self._enqueue(job)
+            return
+        self.sched.spawn(self._fetch_deps(job, values, missing), f"aionet-sched-deps-{job.name}")
+
+    def _bind(self, job: Job, values: list[Any]) -> None:
+        job.args = substitute(job.args, values)
+        if job.kwargs:
+            job.kwargs = substitute(job.kwargs, values)
+        job.deps = None
+
+    async def _fetch_deps(self, job: Job, values: list[Any], missing: list[tuple[int, str, int]]) -> None:
+        try:
+            got = await asyncio.gather(*(self._fetch(job.owner, h, t) for _i, h, t in missing))
+        except (PeerUnavailable, RemoteError, TimeoutError, OSError) as exc:
+            if job.state == FETCHING and not job.cancelled:
+                bad = next(((h, t) for _i, h, t in missing), ("", 0))
+                self.sched.log.info("dependency fetch failed", task=job.name, error=str(exc))
+                self._dep_lost(job, *bad)
+            return
+        if job.cancelled or job.state != FETCHING:
+            return
+        for (i, _h, _t), v in zip(missing, got, strict=True):
+            values[i] = v
+        self._bind(job, values)
+        self._enqueue(job)
+        self._pump()
+
+    def _fetch(self, owner: str, holder: str, tid: int) -> asyncio.Future[Any]:
+        """One fetch per result, shared by every task here that needs it."""
+        k = (owner, tid)
+        fut = self._fetches.get(k)
+        if fut is None or fut.done():
+            fut = asyncio.ensure_future(self.sched.fetch(holder, owner, tid))
+            self._fetches[k] = fut
+            fut.add_done_callback(lambda f, k=k: self._fetches.pop(k, None) if self._fetches.get(k) is f else None)
+        return fut
+
+    def _dep_lost(self, job: Job, holder: str, dtid: int) -> None:
+        self._drop(job)
+        self._post(job.owner, [job.tid, job.attempt, R_DEPLOST, [holder, dtid], 0.0, 0])
+
+    # ------------------------------------------------------------------ admission
+    def _pump(self) -> None:
+        """Start queued tasks while their resources fit (priority order, bounded backfill)."""
+        self._pump_pending = False
+        started: list[Job] = []
+        with self._wlock:
+            q = self.queue
+            pool = self.pool
+            while len(q):
+                job = q.peek()
+                if pool.fits(job.res):
+                    q.pop()
+                    self._acquire_locked(job)
+                    started.append(job)
+                    continue
+                if self.preempting or (self.n_preemptible and self._try_preempt(job)):
+                    break
+                if job.res is _DEFAULT_RES:
+                    break  # a plain one-cpu task does not fit: nothing behind it can either
+                other = q.first_fitting(pool.free, _BACKFILL_SCAN)
+                if other is None:
+                    break
+                q.remove(other)
+                self._acquire_locked(other)
+                started.append(other)
+        for job in started:
+            self._start(job)
+
+    def _acquire_locked(self, job: Job) -> None:
+        self.pool.acquire(job.res)
+        self.n_running += 1
+        job.state = RUNNING
+        if job.sync:
+            self.sync_running += 1
+
+    def _release_locked(self, job: Job) -> None:
+        if job.released:
+            return
+        job.released = True
+        self.pool.release(job.res)
+        self.n_running -= 1
+        if job.sync:
+            self.sync_running -= 1
+
+    def thread_finished(self, job: Job) -> Job | None:
+        """Called by a task thread: free ``job``'s resources and take the next sync task if it
+        is at the head of the queue and fits (so the thread needs no loop round trip)."""
+        with self._wlock:
+            self._release_locked(job)
+            q = self.queue
+            if not len(q) or self.preempting:
+                return None
+            nxt = q.peek()
+            if not nxt.sync or nxt.timeout or not self.pool.fits(nxt.res):
+                return None
+            q.pop()
+            self._acquire_locked(nxt)
+            return nxt
+
+    def make_context(self, job: Job) -> None:
+        sink = None if job.exe == EXE_PROCESS else functools.partial(self._checkpoint, job)
+        job.ctx = TaskContext(job.name, self.name, job.owner, job.attempt, job.ckpt, sink)
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_pending:
+            self._pump_pending = True
+            self.sched.loop.call_soon(self._pump)
+
+    def _try_preempt(self, head: Job) -> bool:
+        running = [
+            Preemptible(k, j.prio, j.t0, j.res)
+            for k, j in self.async_running.items()
+            if j.flags & F_PREEMPTIBLE and not j.preempting and j.prio < head.prio
+        ]
+        if not running:
+            return False
+        keys = pick_preemptions(head.res, head.prio, self.pool.free, running)
+        if not keys:
+            return False
+        for k in keys:
+            j = self.async_running[k]
+            j.preempting = True
+            self.preempting += 1
+            if j.task is not None:
+                j.task.cancel()
+        self.sched.log.info("preempting", for_task=head.name, priority=head.prio, victims=len(keys))
+        return True
+
+    def _start(self, job: Job) -> None:
+        """Run an admitted job (its resources are acquired) where its kind says."""
+        self.make_context(job)
+        loop = self.sched.loop
+        job.t0 = time.perf_counter()
+        if job.timeout:
+            job.timer = loop.call_later(job.timeout, self._on_timeout, job)
+        if job.sync:
+            assert self._threads is not None
+            self._threads.submit(job, self.sync_running)
+        elif job.exe == EXE_PROCESS:
+            self._start_process(job)
+        else:
+            context = contextvars.copy_context()
+            context.run(_CURRENT.set, job.ctx)
+            try:
+                coro = context.run(job.call, *job.args, **(job.kwargs or {}))  # type: ignore[arg-type]
+            except BaseException as exc:
+                self._finish(job, R_ERROR, error_fields(exc), 0.0)
+                return
+            if not inspect.isawaitable(coro):
+                self._finish(job, R_VALUE, coro, time.perf_counter() - job.t0)
+                return
+            task = loop.create_task(coro, context=context)  # type: ignore[arg-type]
+            job.task = task
+            self.async_running[(job.owner, job.tid)] = job
+            if job.flags & F_PREEMPTIBLE:
+                self.n_preemptible += 1
+            task.add_done_callback(functools.partial(self._async_done, job))
+
+    def _start_process(self, job: Job) -> None:
+        if self._ppool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            n = self.process_workers or int(max(self.pool.total.get("cpu", 1.0), 1.0))
+            self._ppool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+        info = [job.name, self.name, job.owner, job.attempt, job.ckpt]
+        fut = self.sched.loop.run_in_executor(self._ppool, _process_entry, job.fn, job.args, job.kwargs, info)
+        job.task = fut
+        fut.add_done_callback(functools.partial(self._process_done, job))
+
+    # ------------------------------------------------------------------ completions
+    def threads_done(self, items: list[Any]) -> None:
+        for job, ok, value, dt in items:
+            self._completed(job, ok, value, dt)
+        self._pump()
+
+    def _process_done(self, job: Job, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            ok, value, dt = False, ["asyncio.CancelledError", "process task cancelled", ""], 0.0
+        elif fut.exception() is not None:
+            exc = fut.exception()
+            ok, value, dt = False, error_fields(exc), time.perf_counter() - job.t0  # type: ignore[arg-type]
+            if type(exc).__name__ == "BrokenProcessPool":
+                self._ppool = None  # a pool process died: start a fresh pool next time
+        else:
+            ok, value, dt = fut.result()
+        self._completed(job, ok, value, dt)
+        self._pump()
+
+    def _completed(self, job: Job, ok: bool, value: Any, dt: float) -> None:
+        if job.state != RUNNING:
+            with self._wlock:
+                self._release_locked(job)
+            return
+        if job.cancelled or job.reported:
+            self._drop(job)  # cancelled or already reported as timed out: just free its resources
+            return
+        self._finish(job, R_VALUE if ok else R_ERROR, value, dt)
+
+    def _async_done(self, job: Job, task: asyncio.Task[Any]) -> None:
+        self.async_running.pop((job.owner, job.tid), None)
+        if job.flags & F_PREEMPTIBLE:
+            self.n_preemptible -= 1
+        if job.preempting:
+            self.preempting -= 1
+            job.preempting = False
+            if task.cancelled() and not job.cancelled:
+                self._requeue_preempted(job)
+                self._pump()
+                return
+        if job.state != RUNNING:
+            return
+        dt = time.perf_counter() - job.t0
+        if job.cancelled:
+            self._drop(job)
+        elif task.cancelled():
+            if job.timed_out:
+                self._finish(job, R_TIMEOUT, f"exceeded its timeout of {job.timeout} s", dt)
+            else:
+                self._finish(job, R_ERROR, ["asyncio.CancelledError", f"cancelled on node {self.name}", ""], dt)
+        else:
+            exc = task.exception()
+            if exc is None:
+                self._finish(job, R_VALUE, task.result(), dt)
+            else:
+                self._finish(job, R_ERROR, error_fields(exc), dt)
+        self._pump()
+
+    def _requeue_preempted(self, job: Job) -> None:
+        with self._wlock:
+            self._release_locked(job)
+            job.released = False
+        if job.timer is not None:
+            job.timer.cancel()
+            job.timer = None
+        job.ckpt = job.ctx.restore() if job.ctx is not None else job.ckpt
+        job.ctx = None
+        job.task = None
+        self.stats["preempted"] += 1
+        self._enqueue(job)  # keeps its original place among equals
+
+    def _on_timeout(self, job: Job) -> None:
+        job.timer = None
+        if job.state != RUNNING or job.reported:
+            return
+        job.timed_out = True
+        if job.task is not None and job.exe != EXE_PROCESS:
+            job.task.cancel()  # async: _async_done reports the timeout
+            return
+        # a thread or process cannot be interrupted: report now, free its slot when it returns
+        job.reported = True
+        self._post(job.owner, [job.tid, job.attempt, R_TIMEOUT, f"exceeded its timeout of {job.timeout} s", 0.0, 0])
+
+    def _finish(self, job: Job, status: int, payload: Any, dt: float) -> None:
+        nbytes = 0
+        if status == R_VALUE:
+            self.stats["ran"] += 1
+            if not job.local:
+                nbytes = estimate_nbytes(payload)
+                if nbytes >= self.inline_max:
+                    self.store[(job.owner, job.tid)] = payload
+                    self.stats["results_held"] += 1
+                    status, payload = R_HELD, None
+        else:
+            self.stats["errors"] += 1
+        self._drop(job)
+        self._post(job.owner, [job.tid, job.attempt, status, payload, dt, nbytes])
+
+    def _drop(self, job: Job) -> None:
+        """Forget ``job`` here, releasing its resources if it held them. Only for jobs that
+        are not running in a thread (finished, queued under our control, fetching, async)."""
+        with self._wlock:
+            if job.state == FINISHED:
+                return
+            if job.state == RUNNING:
+                self._release_locked(job)
+            elif job.state == QUEUED:
+                self.queue.remove(job)
+            job.state = FINISHED
+        self._unregister(job)
+
+    def _unregister(self, job: Job) -> None:
+        if job.timer is not None:
+            job.timer.cancel()
+            job.timer = None
+        k = (job.owner, job.tid)
+        if self.jobs.get(k) is job:
+            del self.jobs[k]
+            n = self.active.get(job.owner, 1) - 1
+            if n > 0:
+                self.active[job.owner] = n
+            else:
+                self.active.pop(job.owner, None)
+
+    def _checkpoint(self, job: Job, state: Any) -> None:
+        """TaskContext.checkpoint: keep locally (preemption) and tell the owner (node death)."""
+        if threading.get_ident() != self._loop_thread:
+            self.sched.loop.call_soon_threadsafe(self._post, job.owner, [job.tid, job.attempt, R_CKPT, state, 0.0, 0])
+        else:
+            self._post(job.owner, [job.tid, job.attempt, R_CKPT, state, 0.0, 0])
+
+    # ------------------------------------------------------------------ sending results
+    def load(self, owner: str | None) -> list[Any]:
+        free = self.pool.free
+        return [len(self.queue), self.n_running, self.active.get(owner, 0) if owner else 0, dict(free)]
+
+    def _post(self, owner: str, item: list[Any]) -> None:
+        box = self.outbox.get(owner)
+        if box is None:
+            box = self.outbox[owner] = []
+        box.append(item)
+        if owner in self._flushing:
+            return
+        self._flushing.add(owner)
+        if owner == self.name:
+            self.sched.loop.call_soon(self._flush_local)
+        else:
+            self.sched.spawn(self._flush_remote(owner), f"aionet-sched-results-{owner}")
+
+    def _flush_local(self) -> None:
+        self._flushing.discard(self.name)
+        box = self.outbox.pop(self.name, None)
+        if box:
+            self.sched.owner.on_results(self.name, box, None)
+
+    async def _flush_remote(self, owner: str) -> None:
+        try:
+            while True:
+                box = self.outbox.get(owner)
+                if not box:
+                    return
+                self.outbox[owner] = []
+                step = self.batch_size
+                for i in range(0, len(box), step):
+                    chunk = box[i : i + step]
+                    msg = [M_RESULTS, self.name, chunk, self.load(owner)]
+                    try:
+                        await self.sched.send(owner, msg)
+                    except SerializationError:
+                        await self.sched.send(owner, [M_RESULTS, self.name, self._sanitize(chunk), self.load(owner)])
+                    except PeerUnavailable:
+                        self.owner_gone(owner)
+                        return
+        except PeerUnavailable:
+            self.owner_gone(owner)
+        finally:
+            self._flushing.discard(owner)
+
+    def _sanitize(self, chunk: list[Any]) -> list[Any]:
+        """Replace results that cannot be serialized by errors saying so."""
+        dumps = self.sched.node.serializer.dumps
+        out = []
+        for item in chunk:
+            try:
+                dumps(item)
+                out.append(item)
+            except Exception as exc:
+                tid, attempt, status, _payload, dt, _nb = item
+                what = "checkpoint state" if status == R_CKPT else "result"
+                if status == R_CKPT:
+                    continue  # a checkpoint that cannot travel is simply not kept remotely
+                out.append(
+                    [tid, attempt, R_ERROR, ["aionet.SerializationError", f"cannot send the {what}: {exc}", ""], dt, 0]
+                )
+        return out
+
+    # ------------------------------------------------------------------ owner requests
+    def cancel(self, owner: str, tids: list[int]) -> None:
+        for tid in tids:
+            job = self.jobs.get((owner, tid))
+            if job is None:
+                continue
+            self.stats["cancelled"] += 1
+            job.cancelled = True
+            with self._wlock:
+                state = job.state
+                if state == QUEUED:
+                    self.queue.remove(job)
+                    job.state = FINISHED
+            if state == QUEUED:
+                self._unregister(job)
+            elif state == RUNNING:
+                if job.task is not None and job.exe != EXE_PROCESS:
+                    job.task.cancel()  # async: _async_done frees it
+                # threads and processes cannot be interrupted: freed when they return
+            elif state == FETCHING:
+                self._drop(job)
+        self._schedule_pump()
+
+    def free(self, owner: str, tids: list[int]) -> None:
+        store = self.store
+        for tid in tids:
+            store.pop((owner, tid), None)
+
+    def fetch_local(self, owner: str, tid: int) -> Any:
+        """Service body: a held result, by its owner's task id (KeyError if not here)."""
+        return self.store[(owner, tid)]
+
+    def owner_gone(self, owner: str) -> None:
+        """The owner died: nobody will collect its tasks' results."""
+        for o, tid in [k for k in self.jobs if k[0] == owner]:
+            self.cancel(o, [tid])
+        for k in [k for k in self.store if k[0] == owner]:
+            del self.store[k]
+        self.outbox.pop(owner, None)
+
+    # ------------------------------------------------------------------ stealing
+    def steal(self, req: Any) -> list[list[Any]]:
+        """Service body (victim side): hand some queued, not-started tasks to an idle node."""
+        thief = str(req["thief"])
+        total = {str(k): float(v) for k, v in dict(req["total"]).items()}
+        want = max(1, int(req.get("n", 1)))
+        q = self.queue
+        if not len(q):
+            return []
+        n = min(want, max(1, len(q) // 2))
+
+        def ok(j: Job) -> bool:
+            return not j.local and not j.flags & F_PINNED and j.deps is None and fits(j.res, total)
+
+        with self._wlock:
+            jobs = q.tail(n, ok)
+            for j in jobs:
+                q.remove(j)
+                j.state = FINISHED
+        out = []
+        for j in jobs:
+            spec = j.spec()
+            self._unregister(j)
+            self._post(j.owner, [j.tid, j.attempt, R_MOVED, thief, 0.0, 0])
+            out.append([j.owner, spec])
+        if out:
+            self.stats["stolen_out"] += len(out)
+            self.sched.log.debug("tasks stolen from here", thief=thief, n=len(out))
+        return out
+
+    def tick(self) -> None:
+        """Periodic: publish this node's queue length when it changed, steal when idle."""
+        q = len(self.queue)
+        last_q, last_t = self._last_report
+        now = time.monotonic()
+        changed = (q == 0) != (last_q == 0) or abs(q - last_q) > max(4, last_q // 4)
+        if changed or (q > 0 and now - last_t > 1.0):
+            self._last_report = (q, now)
+            self.sched.broadcast_load(self.load(None))
+        if (
+            self.steal_enabled
+            and self.run_tasks
+            and not self._stealing
+            and q == 0
+            and self.pool.free.get("cpu", 0.0) >= 1.0
+        ):
+            best = None
+            for name, load in self.peer_load.items():
+                try:
+                    pq = int(load[0])
+                except (TypeError, ValueError, IndexError):
+                    continue
+                if pq > 0 and self.sched.is_alive(name) and (best is None or pq > best[0]):
+                    best = (pq, name)
+            if best is not None:
+                self._stealing = True
+                self.sched.spawn(self._steal_from(best[1]), "aionet-sched-steal")
+
+    async def _steal_from(self, victim: str) -> None:
+        free_cpu = int(self.pool.free.get("cpu", 1.0))
+        req = {"thief": self.name, "total": self.pool.total, "n": max(1, free_cpu * 2)}
+        try:
+            got = await self.sched.request_unless_dead(victim, SVC_STEAL, req, timeout=2.0)
+        except (PeerUnavailable, RemoteError, TimeoutError) as exc:
+            self.sched.log.debug("steal failed", victim=victim, error=str(exc))
+            self.peer_load.pop(victim, None)
+            return
+        finally:
+            self._stealing = False
+        if not got:
+            load = self.peer_load.get(victim)
+            if load:
+                load[0] = 0
+            return
+        self.stats["stolen_in"] += len(got)
+        by_owner: dict[str, list[Any]] = {}
+        for owner, spec in got:
+            by_owner.setdefault(str(owner), []).append(spec)
+        for owner, specs in by_owner.items():
+            self.accept(owner, specs, local=owner == self.name)
+
+    # ------------------------------------------------------------------ lifecycle
+    def peer_dead(self, name: str) -> None:
+        self.peer_load.pop(name, None)
+        self.owner_gone(name)
+
+    def shutdown(self) -> None:
+        for job in list(self.jobs.values()):
+            job.cancelled = True
+            if job.task is not None and job.state == RUNNING and job.exe != EXE_PROCESS:
+                job.task.cancel()
+        with self._wlock:
+            self.queue.clear()
+        if self._threads is not None:
+            self._threads.shutdown()
+        if self._ppool is not None:
+            self._ppool.shutdown(wait=False, cancel_futures=True)
+            self._ppool = None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            **self.stats,
+            "queued": len(self.queue),
+            "running": self.n_running,
+            "held_results": len(self.store),
+            "total": dict(self.pool.total),
+            "free": dict(self.pool.free),
+        }

@@ -1,0 +1,168 @@
+"""TLS transport (``tls://host:port``): the TCP transport with TLS 1.3 from the ``ssl`` module.
+
+Everything about framing, batching, back-pressure and limits is :mod:`aionet.transports.tcp`;
+this module only supplies the SSL contexts through TCPTransport's ``_server_ssl`` /
+``_client_ssl`` hooks and reports the negotiated TLS session in ``extra_info``.
+
+Options (``[transport] tls = {...}``; the node fills ``cert``/``key``/``ca`` from
+``security.tls_cert`` / ``tls_key`` / ``tls_ca`` and the table overrides them):
+
+* ``cert``, ``key`` -- PEM certificate (chain) and private key of this node; required. The
+  same pair is used when accepting and, for mutual TLS, when dialing.
+* ``ca`` -- PEM CA bundle. When set, TLS is mutual: a listener requires a client certificate
+  signed by it, and a dialer verifies the listener's certificate against it. When unset,
+  connections are encrypted but certificates are not verified (the cluster token still
+  authenticates peers, but an active man-in-the-middle is not excluded).
+* ``check_hostname`` (False) -- also match the listener's certificate against the host of the
+  URL dialed (needs ``ca``). Off by default: nodes are often dialed by IP, and with a private
+  cluster CA every certificate it signed belongs to a cluster member.
+* plus every ``tcp`` option (``nodelay``, ``max_queued_bytes``, ...).
+
+Only TLS 1.3 is offered or accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import ConfigError, TransportUnavailable
+from .base import Address
+from .tcp import DEFAULT_OPTIONS as TCP_OPTIONS
+from .tcp import TCPConnection, TCPTransport
+
+if TYPE_CHECKING:
+    from ..config import LimitsSection
+
+#: TLS-specific option name -> default; every TCP option is accepted as well.
+TLS_OPTIONS: dict[str, Any] = {
+    "cert": "",
+    "key": "",
+    "ca": "",
+    "check_hostname": False,
+}
+
+_HOW_TO = (
+    "set security.tls_cert and security.tls_key (or [transport] tls = {cert = ..., key = ...}); "
+    "`aionet keys DIR` writes a test CA, certificate and key"
+)
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    raise ConfigError(f"transport.tls.{name} must be a boolean, not {value!r}")
+
+
+def _as_str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"transport.tls.{name} must be a string, not {value!r}")
+    return value
+
+
+class TLSConnection(TCPConnection):
+    """A TCP connection whose transport is an SSL transport; addresses read ``tls://``."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # The accept handler runs as a task scheduled from super(): it sees these already.
+        self.local_address = _tls_url(self.local_address)
+        self.peer_address = _tls_url(self.peer_address)
+
+    def extra_info(self) -> dict[str, Any]:
+        info = super().extra_info()
+        t = self._transport
+        sslobj = t.get_extra_info("ssl_object") if t is not None else None
+        if sslobj is not None:
+            cipher = sslobj.cipher()
+            info["tls_version"] = sslobj.version()
+            info["tls_cipher"] = cipher[0] if cipher else None
+            peer = sslobj.getpeercert()
+            if peer:
+                subject = dict(x[0] for x in peer.get("subject", ()))
+                info["tls_peer_subject"] = subject.get("commonName", "")
+        return info
+
+
+def _tls_url(url: str) -> str:
+    return "tls://" + url[len("tcp://") :] if url.startswith("tcp://") else url
+
+
+class TLSTransport(TCPTransport):
+    """``tls://`` listeners and connections: aionet framing over TLS 1.3."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("tls",)
+
+    def __init__(self, options: dict[str, Any] | None = None, limits: LimitsSection | None = None):
+        raw = dict(options or {})
+        unknown = sorted(set(raw) - set(TLS_OPTIONS) - set(TCP_OPTIONS))
+        if unknown:
+            raise ConfigError(
+                f"unknown transport.tls option(s) {', '.join(unknown)}; "
+                f"valid: {', '.join([*TLS_OPTIONS, *TCP_OPTIONS])}"
+            )
+        tls = {k: raw.pop(k) for k in list(raw) if k in TLS_OPTIONS}
+        super().__init__(raw, limits)
+        self.tls_options: dict[str, Any] = {**TLS_OPTIONS, **tls}
+        self.check_available(self.tls_options)
+        opts = self.tls_options
+        self._cert = _as_str("cert", opts["cert"])
+        self._key = _as_str("key", opts["key"])
+        self._ca = _as_str("ca", opts["ca"])
+        self._check_hostname = _as_bool("check_hostname", opts["check_hostname"])
+        self._server_ctx = self._make_context(server=True)
+        self._client_ctx = self._make_context(server=False)
+
+    @classmethod
+    def check_available(cls, options: dict[str, Any] | None = None) -> None:
+        """Raise TransportUnavailable if Python's ssl lacks TLS 1.3 or, when ``options`` are
+        given (the constructor passes its own), if no certificate and key are configured."""
+        if not getattr(ssl, "HAS_TLSv1_3", False):
+            raise TransportUnavailable(f"tls:// needs TLS 1.3; this Python's {ssl.OPENSSL_VERSION} lacks it")
+        if options is not None:
+            missing = [k for k in ("cert", "key") if not options.get(k)]
+            if missing:
+                raise TransportUnavailable(f"tls:// has no {' and no '.join(missing)} configured: {_HOW_TO}")
+
+    def _make_context(self, server: bool) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        try:
+            ctx.load_cert_chain(self._cert, self._key)
+        except FileNotFoundError as exc:
+            raise TransportUnavailable(f"tls:// certificate or key file not found: {exc.filename}") from None
+        except (ssl.SSLError, OSError) as exc:
+            raise TransportUnavailable(
+                f"tls:// cannot load certificate {self._cert!r} with key {self._key!r}: {exc}"
+            ) from None
+        if self._ca:
+            try:
+                ctx.load_verify_locations(cafile=self._ca)
+            except FileNotFoundError:
+                raise TransportUnavailable(f"tls:// CA file not found: {self._ca}") from None
+            except (ssl.SSLError, OSError) as exc:
+                raise TransportUnavailable(f"tls:// cannot load CA file {self._ca!r}: {exc}") from None
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            if not server:
+                ctx.check_hostname = self._check_hostname
+        elif server:
+            ctx.verify_mode = ssl.CERT_NONE
+        else:
+            if self._check_hostname:
+                raise ConfigError("transport.tls.check_hostname needs a CA (security.tls_ca) to verify against")
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    # ---------------------------------------------------------------- TCPTransport hooks
+    def _server_ssl(self) -> ssl.SSLContext:
+        return self._server_ctx
+
+    def _client_ssl(self, addr: Address) -> ssl.SSLContext:
+        return self._client_ctx
+
+    def _connection(self, loop: asyncio.AbstractEventLoop, cb: Any = None) -> TCPConnection:
+        return TLSConnection(loop, self._opts, self.limits, cb)
