@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgpack
+
 from .errors import ConnectionClosed, PeerUnavailable, SerializationError
 from .link_state import LinkState
 from .transports.base import Connection
@@ -28,6 +30,8 @@ from .transports.base import Connection
 ACK = 7  # [ACK, recv_seq]                    unsequenced
 SEQUENCED_MAX = 6  # envelope kinds 1..6 are sequenced: [kind, seq, ack, *fields]
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
+_PLAIN = frozenset({int, float, bool, type(None)})
+_PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
 
 
 def nbytes_of(frames: list[Any]) -> int:
@@ -54,6 +58,7 @@ class Link:
     ):
         self.peer = peer
         self.dumps = dumps
+        self._pack = msgpack.Packer(use_bin_type=True, strict_types=True, datetime=False).pack
         self.state = LinkState(max_inflight_bytes)
         self.tx_id = uuid.uuid4().hex[:16]  # our outgoing stream toward this peer
         self.rx_id = ""  # the peer's outgoing stream toward us, as last seen
@@ -103,8 +108,17 @@ class Link:
     def _post_now(self, kind: int, fields: list[Any]) -> Awaitable[None] | None:
         st = self.state
         seq, ack = st.stamp()
+        payload = fields[-1] if fields else None
+        t = type(payload)
         try:
-            frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
+            if t in _PLAIN or ((t is bytes or t is str) and len(payload) < _PLAIN_MAX):
+                # every envelope field but the payload is an int or str: no walk needed
+                try:
+                    frames = [self._pack([kind, seq, ack, *fields])]
+                except OverflowError:  # an int beyond 64 bits: the serializer has an ext for it
+                    frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
+            else:
+                frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
         except BaseException:
             st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
             raise

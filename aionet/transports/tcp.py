@@ -361,6 +361,23 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         above its high-water mark or still references a large mutable frame of this message."""
         if self._closed:
             raise self._closed_error()
+        if len(frames) == 1:
+            # Fast path, as in send(): one small frame copied into the batch behind its prefix.
+            f = frames[0]
+            if type(f) is not bytes:
+                f = as_frame(f)
+            ln = len(f)
+            if ln < self._copy_below and ln <= self._max_header:
+                wbuf = self._wbuf
+                wbuf += _PACK1(HEAD, 1, ln)
+                wbuf += f
+                self._wbytes += ln + 16
+                self._schedule_flush()
+                if self._write_paused:
+                    fut = self._loop.create_future()
+                    self._write_waiters.append(fut)
+                    return fut
+                return None
         if self._append(frames, False):
             self._flush()
             return self._drained_future()
