@@ -15,16 +15,16 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-from .config import Config  # noqa: E402
-from .node import Node  # noqa: E402
-from .scheduler import TaskRef, task_context  # noqa: E402
+from .config import Config
+from .node import Node
+from .scheduler import TaskRef, task_context
 
 __all__ = [
     "AionetError",
     "Config",
-    "Node",
     "ConfigError",
     "ConnectionClosed",
+    "Node",
     "PeerUnavailable",
     "ProtocolError",
     "RemoteError",

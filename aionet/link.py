@@ -94,7 +94,7 @@ class Link:
         if aw is not None:
             await aw
 
-    def post(self, kind: int, fields: list[Any]) -> Awaitable[None] | None:
+    def post(self, kind: int, fields: list[Any], wait_ack: bool = True) -> Awaitable[None] | None:
         """Like :meth:`send` but synchronous when nothing needs waiting: the message's place
         in the stream is fixed by this call; returns an awaitable to await otherwise."""
         if self.dead is not None:
@@ -102,10 +102,10 @@ class Link:
         st = self.state
         if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes:
             self._waiting_senders += 1
-            return self._send_when_space(kind, fields)
-        return self._post_now(kind, fields)
+            return self._send_when_space(kind, fields, wait_ack)
+        return self._post_now(kind, fields, wait_ack)
 
-    def _post_now(self, kind: int, fields: list[Any]) -> Awaitable[None] | None:
+    def _post_now(self, kind: int, fields: list[Any], wait_ack: bool = True) -> Awaitable[None] | None:
         st = self.state
         seq, ack = st.stamp()
         payload = fields[-1] if fields else None
@@ -135,7 +135,7 @@ class Link:
                 w = c.conn.write_nowait(frames)
             except ConnectionClosed:
                 self.connection_lost(c)
-        if nbytes >= BIG_MESSAGE:
+        if nbytes >= BIG_MESSAGE and wait_ack:
             return self._finish(w, c, seq)
         if w is not None:
             return self._finish(w, c, 0)
@@ -150,12 +150,12 @@ class Link:
         if seq:
             await self.wait_acked(seq)
 
-    async def _send_when_space(self, kind: int, fields: list[Any]) -> None:
+    async def _send_when_space(self, kind: int, fields: list[Any], wait_ack: bool) -> None:
         try:
             await self._wait_space()
         finally:
             self._waiting_senders -= 1
-        aw = self._post_now(kind, fields)
+        aw = self._post_now(kind, fields, wait_ack)
         if aw is not None:
             await aw
 
@@ -192,6 +192,10 @@ class Link:
         st = self.state
         if ack <= st.acked:
             return
+        if ack >= st.next_seq:
+            # an ack for a stream we have since reset (both sides dialed at once): stale
+            self.log.debug("ignoring ack beyond what was sent", peer=self.peer, ack=ack, sent=st.next_seq - 1)
+            return
         st.on_ack(ack)
         if st.inflight_bytes < st.max_inflight_bytes:
             self._space.set()
@@ -222,7 +226,7 @@ class Link:
     # ------------------------------------------------------------------ connections
     def resume_info(self) -> dict[str, Any]:
         """What the handshake tells the peer about this link (for trimming and resets)."""
-        return {"tx": self.tx_id, "rx": self.rx_id, "recv": self.state.recv_seq}
+        return {"tx": self.tx_id, "rx": self.rx_id, "recv": self.state.recv_seq, "acked": self.state.acked}
 
     def apply_resume(self, info: dict[str, Any] | None, peer_node_id: str) -> list[str]:
         """Reconcile with the peer's view from its handshake; returns notes for the log."""
@@ -235,10 +239,18 @@ class Link:
         self.peer_node_id = peer_node_id
         their_tx = info.get("tx")
         if isinstance(their_tx, str) and their_tx != self.rx_id:
+            fresh = not self.rx_id and self.state.recv_seq == 0
             if self.rx_id:
                 notes.append("peer started a new stream")
             self._reset_rx()
             self.rx_id = their_tx
+            acked = info.get("acked")
+            if fresh and type(acked) is int and acked > 0:
+                # this link replaced one that was failed (peer declared dead, then it came back):
+                # join the peer's stream where our old link acknowledged it, or the peer's next
+                # message looks like a sequence gap and the connection flaps forever (issue 5)
+                self.state.recv_seq = acked
+                notes.append("joined the peer's stream after a failed link")
         if info.get("rx") == self.tx_id:
             recv = info.get("recv")
             if isinstance(recv, int) and self.state.acked < recv < self.state.next_seq:
@@ -308,7 +320,8 @@ class Link:
 
     async def _switch(self, c: Any) -> None:
         self.current = None
-        self.conns.remove(c)
+        if c in self.conns:
+            self.conns.remove(c)
         await self.attach(c, False)
 
     async def _reconnect(self) -> None:

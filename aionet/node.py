@@ -672,14 +672,20 @@ class Node:
         per batch; a full mailbox or a reply that must wait pauses reading that connection."""
 
         def reply(kind: int, fields: list[Any]) -> Awaitable[None] | None:
+            # Never block the reader on a reply: waiting for the transport to drain (or for
+            # an ack, which this very reader must read) could deadlock two busy peers. The
+            # reply's place in the stream is fixed by post(); finishing it runs on its own.
             if link.dead is not None:
                 return None  # the caller is gone; nothing to tell
             try:
-                return link.post(kind, fields)
+                aw = link.post(kind, fields, wait_ack=False)
             except PeerUnavailable:
                 return None
             except AionetError as exc:
-                return link.post(ERR, [fields[0], "aionet.SerializationError", f"cannot send the reply: {exc}", ""])
+                aw = link.post(ERR, [fields[0], "aionet.SerializationError", f"cannot send the reply: {exc}", ""])
+            if aw is not None:
+                self._spawn(_quiet(aw), name="aionet-reply")
+            return None
 
         def on_messages(batch: list[Any]) -> Awaitable[None] | None:
             return self._dispatch(c, link, reply, batch, 0)
@@ -730,7 +736,7 @@ class Node:
                     if aw is not None:
                         link.received(nbytes)
                         return self._resume(c, link, reply, batch, i, aw)
-                elif kind == REP or kind == ERR:
+                elif kind in (REP, ERR):
                     router.on_reply(kind, env[3], env[4:], peer)
                 elif kind == PEERS:
                     self._learn_peers(env[3])

@@ -239,3 +239,15 @@ async def test_bad_messages_after_handshake_close_connection_not_node():
             while True:
                 await asyncio.wait_for(conn.recv(), 5)
         assert await b.request("a", "aionet.echo", "still here", timeout=5) == "still here"
+
+
+async def test_large_reply_from_sync_handler_does_not_stall_the_connection(pair):
+    """A >= 1 MiB reply must not make the reader wait for an ack that only it can read."""
+    a, b = pair
+    a.add_service("big", lambda n: np.arange(n, dtype=np.float64))
+    got = await asyncio.wait_for(b.request("a", "big", 200_000), 20)
+    assert got.shape == (200_000,) and got[-1] == 199_999
+    await b.send("a", "after", 1)
+    assert await a.recv("after", timeout=10) == 1
+    await a.send("b", "back", 2)
+    assert await b.recv("back", timeout=10) == 2

@@ -186,8 +186,8 @@ class Transport(abc.ABC):
         self.options: dict[str, Any] = dict(options or {})
         self.limits: LimitsSection = limits or LimitsSection()
 
-    @classmethod
-    def check_available(cls) -> None:  # noqa: B027 - optional hook
+    @classmethod  # noqa: B027 - optional hook, empty on purpose
+    def check_available(cls) -> None:
         """Raise TransportUnavailable naming what is missing if this cannot run here."""
 
     @abc.abstractmethod

@@ -1,0 +1,122 @@
+"""Importable task functions for the scheduler tests (run by in-process and subprocess nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+import aionet
+
+
+def noop() -> None:
+    return None
+
+
+def add(a: Any, b: Any) -> Any:
+    return a + b
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def total(xs: list[Any]) -> Any:
+    return sum(xs)
+
+
+def pair(d: dict[str, Any]) -> list[Any]:
+    return [d["a"], d["b"]]
+
+
+async def async_add(a: Any, b: Any) -> Any:
+    await asyncio.sleep(0)
+    return a + b
+
+
+def boom(msg: str) -> None:
+    raise ValueError(msg)
+
+
+def where() -> str:
+    """The executing node's name."""
+    return aionet.task_context().node
+
+
+def whoami(i: int) -> list[Any]:
+    """(i, node, pid): which node ran item i."""
+    return [i, aionet.task_context().node, os.getpid()]
+
+
+def sleep_ms(i: int, ms: float = 10.0) -> list[Any]:
+    """Block a thread for ``ms`` (a CPU-ish task), report (i, node)."""
+    time.sleep(ms / 1000.0)
+    return [i, aionet.task_context().node]
+
+
+async def async_sleep(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return aionet.task_context().node
+
+
+async def work(i: int, base: float, slow: dict[str, float]) -> str:
+    """Simulated heterogeneous hardware: takes ``base * slow.get(node, 1)`` seconds."""
+    node = aionet.task_context().node
+    await asyncio.sleep(base * slow.get(node, 1.0))
+    return node
+
+
+def big(n: int) -> np.ndarray:
+    return np.arange(n, dtype=np.float64)
+
+
+def arr_sum(a: np.ndarray) -> float:
+    return float(a.sum())
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+async def steps(n: int, delay: float, fail_at_attempt_1: int | None = None) -> dict[str, Any]:
+    """Counts to ``n``, checkpointing after each step; resumes from the checkpoint when re-run."""
+    ctx = aionet.task_context()
+    state = ctx.restore() or {"i": 0, "resumed_from": None}
+    if state["i"]:
+        state["resumed_from"] = state["i"]
+    while state["i"] < n:
+        await asyncio.sleep(delay)
+        state["i"] += 1
+        ctx.checkpoint(dict(state))
+    return {**state, "attempt": ctx.attempt, "node": ctx.node}
+
+
+def sync_steps(n: int, delay: float) -> dict[str, Any]:
+    ctx = aionet.task_context()
+    state = ctx.restore() or {"i": 0, "resumed_from": None}
+    if state["i"]:
+        state["resumed_from"] = state["i"]
+    while state["i"] < n:
+        time.sleep(delay)
+        state["i"] += 1
+        ctx.checkpoint(dict(state))
+    return {**state, "node": ctx.node}
+
+
+async def hold(seconds: float, tag: str) -> str:
+    """A long async task (preemption victim)."""
+    ctx = aionet.task_context()
+    started = ctx.restore() or 0
+    ctx.checkpoint(started + 1)
+    await asyncio.sleep(seconds)
+    return f"{tag}:{started + 1}"
+
+
+def in_process() -> int:
+    return os.getpid()
+
+
+VALUE = 42  # not callable
