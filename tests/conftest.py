@@ -11,7 +11,9 @@ def listen_url(scheme: str, tmp_path=None) -> str:
     if scheme == "inproc":
         return "inproc://"
     if scheme == "zmq+ipc":
-        return f"zmq+ipc://{tmp_path}/n-{os.urandom(4).hex()}.sock"
+        import tempfile
+
+        return f"zmq+ipc://{tmp_path or tempfile.gettempdir()}/aionet-{os.urandom(4).hex()}.sock"
     return f"{scheme}://127.0.0.1:0"
 
 
