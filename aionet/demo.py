@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import statistics
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import Config
 from .node import Node
 
 
@@ -56,12 +58,13 @@ def _checksum(flat: np.ndarray) -> float:
 
 
 # ---------------------------------------------------------------- the demo driver
-async def _start(name: str, listen: str, join: str | None) -> tuple[asyncio.subprocess.Process, str]:
+async def _start(name: str, listen: str, join: str | None, token: str) -> tuple[asyncio.subprocess.Process, str]:
     args = [sys.executable, "-m", "aionet", "serve", "--name", name, "--listen", listen,
             "--app", "aionet.demo:setup", "--log-level", "warning"]
     if join:
         args += ["--join", join]
-    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+    env = {**os.environ, "AIONET_SECURITY_TOKEN": token}  # a fresh cluster secret for this demo
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, env=env)
     assert proc.stdout is not None
     try:
         while True:
@@ -92,14 +95,16 @@ async def _demo(size_mb: int, scheme: str) -> int:
     procs: list[asyncio.subprocess.Process] = []
     try:
         t0 = time.perf_counter()
-        pa, addr_a = await _start("demo-a", listen, None)
+        token = secrets.token_hex(16)
+        pa, addr_a = await _start("demo-a", listen, None, token)
         procs.append(pa)
         (pb, _), (pc, _) = await asyncio.gather(
-            _start("demo-b", listen, addr_a), _start("demo-c", listen, addr_a)
+            _start("demo-b", listen, addr_a, token), _start("demo-c", listen, addr_a, token)
         )
         procs += [pb, pc]
         startup = time.perf_counter() - t0
-        async with Node(name=f"demo-client-{os.getpid()}", listen=listen, join=[addr_a]) as me:
+        cfg = Config.from_dict({"security": {"token": token}})
+        async with Node(name=f"demo-client-{os.getpid()}", listen=listen, join=[addr_a], config=cfg) as me:
             names = ["demo-a", "demo-b", "demo-c"]
             infos = [await me.request(n, "aionet.info", timeout=10) for n in names]
 
@@ -117,9 +122,11 @@ async def _demo(size_mb: int, scheme: str) -> int:
             # one-way small messages into a mailbox on demo-b
             n_msgs = 50_000
             counter = asyncio.ensure_future(me.request("demo-b", "demo.count", n_msgs, timeout=60))
+            t_send = time.perf_counter()
             for i in range(n_msgs):
                 await me.send("demo-b", "demo.msgs", i)
             counted = await counter
+            counted["seconds"] = time.perf_counter() - t_send  # first send to last one counted
 
             # a large numpy array from demo-b to demo-c (the client only asks)
             shipped = await me.request("demo-b", "demo.ship", {"to": "demo-c", "size_mb": size_mb}, timeout=120)
