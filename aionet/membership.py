@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codecs import handshake
-from .errors import AionetError, ConfigError, ProtocolError, TransportError
+from .errors import AionetError, ConfigError, PeerUnavailable, ProtocolError, TransportError
 from .failure import LagClock, PhiAccrualDetector
 from .load import LoadReport, LoadSampler
 from .log import get_logger
@@ -328,8 +328,8 @@ class Membership:
         self._streams: set[MemberEventStream] = set()
         self._sent_load: dict[str, int] = {}
         self._dial_after: dict[str, float] = {}
-        self._want_conn: dict[str, float] = {}
-        self._next_revive = 0.0  # member -> since when we lack a connection to it
+        self._want_conn: dict[str, float] = {}  # member -> since when we lack a connection to it
+        self._next_revive = 0.0
         self._notified: dict[str, float] = {}
         self._load_rr = 0
         self._running = False
@@ -361,8 +361,6 @@ class Membership:
     async def join(self, seeds: Iterable[str], timeout: float = 5.0) -> int:
         """Join through seed URLs after start (``Node(join=...)`` does this for you); returns
         how many members are known afterwards. Raises PeerUnavailable if no seed answers."""
-        from .errors import PeerUnavailable
-
         names = []
         errors = []
         for url in seeds:

@@ -1,0 +1,471 @@
+"""Membership over real transports: in-process nodes (inproc://, tcp://) and real
+`aionet serve` processes killed with SIGKILL or frozen with SIGSTOP.
+
+Bounds here are deliberately generous (this runs on a noisy shared 2-core machine): the tests
+assert *that* detection, refutation and rejoin happen; how fast is measured by
+benchmarks/failure_detection.py."""
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from aionet import Node, PeerUnavailable
+from aionet.config import Config
+from aionet.membership import DEAD, SUSPECT, Update
+
+from .conftest import listen_url, wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCHEMES = ["tcp", "inproc"]
+
+
+def _cfg(**sections):
+    return Config.from_dict(sections, env={})
+
+
+@pytest.fixture(params=SCHEMES)
+def scheme(request):
+    return request.param
+
+
+class Cluster:
+    """In-process nodes, stopped (or cleaned up after a simulated crash) at the end."""
+
+    def __init__(self, scheme: str):
+        self.scheme = scheme
+        self.nodes: dict[str, Node] = {}
+        self.crashed: list[Node] = []
+
+    async def add(self, name: str, join: str | None = None, **cfg) -> Node:
+        seed = None if join is None else self.nodes[join].address
+        n = Node(name=name, listen=listen_url(self.scheme), join=[seed] if seed else None, config=_cfg(**cfg))
+        await n.start()
+        self.nodes[name] = n
+        return n
+
+    async def converge(self, timeout: float = 15.0) -> None:
+        names = set(self.nodes)
+
+        def done():
+            return all(
+                set(n.members()) >= names and all(n.members()[x]["state"] == "alive" for x in names)
+                for n in self.nodes.values()
+            )
+
+        await wait_for(done, timeout)
+
+    async def crash(self, name: str) -> None:
+        """Die like a killed process: no goodbye, listeners gone, every connection cut."""
+        node = self.nodes.pop(name)
+        self.crashed.append(node)
+        node._closing = True  # no BYE, no reconnect, no events
+        ms = node.membership
+        ms._leaving = True
+        for t in list(ms._tasks):
+            t.cancel()
+        for lst in node._listeners:
+            await lst.close()
+
+        async def gone(*_a, **_k):
+            raise PeerUnavailable("crashed")
+
+        node._dial = gone  # a dead process dials nobody
+        for p in node._peers.values():
+            if p.link is not None:
+                p.link.left = True  # stops its reconnect loop
+                if p.link._reconnect_task is not None:
+                    p.link._reconnect_task.cancel()
+                for c in list(p.link.conns):
+                    c.conn.abort()
+        for t in list(node._tasks):
+            t.cancel()
+        await node.transports.aclose()
+
+    async def close(self) -> None:
+        for n in reversed(list(self.nodes.values())):
+            await n.stop()
+        for n in self.crashed:
+            for t in list(n.membership._tasks):
+                t.cancel()
+
+
+@pytest.fixture
+async def cluster(scheme):
+    c = Cluster(scheme)
+    yield c
+    await c.close()
+
+
+def _states(node: Node) -> dict[str, str]:
+    return {k: v["state"] for k, v in node.members().items()}
+
+
+# ---------------------------------------------------------------- join, gossip, views
+async def test_join_through_any_seed_and_gossip_converges(cluster):
+    await cluster.add("a")
+    await cluster.add("b", join="a")
+    c = await cluster.add("c", join="b")  # joins through b, not the first node
+    # c received the member list from its seed at once
+    assert {"a", "b", "c"} <= set(c.members())
+    await cluster.add("d", join="c")
+    await cluster.converge()
+    view = cluster.nodes["a"].members()
+    me = view["a"]
+    assert me["self"] and me["state"] == "alive" and me["age"] == 0.0
+    for name in "bcd":
+        m = view[name]
+        assert m["self"] is False
+        assert m["address"] == cluster.nodes[name].address
+        assert m["node_id"] == cluster.nodes[name].node_id
+        assert m["incarnation"] == cluster.nodes[name].membership.incarnation
+    # load reports reach every member through heartbeats and gossip
+    await wait_for(lambda: all(v["load"] is not None for n in cluster.nodes.values() for v in n.members().values()), 15)
+    load = view["a"]["load"]
+    assert load["memory_total"] > 0 and load["tasks"] > 0 and load["loop_lag_ms"] >= 0
+    dev = cluster.nodes["b"].members()["d"]["devices"]
+    assert dev["cpu_count"] >= 1 and isinstance(dev["gpus"], list)  # no GPU here: an empty list
+
+
+async def test_graceful_leave_is_announced_and_is_not_a_failure(cluster):
+    a = await cluster.add("a")
+    await cluster.add("b", join="a")
+    await cluster.add("c", join="a")
+    await cluster.converge()
+    seen = []
+    a.on_member_change(seen.append)
+    async with a.member_events() as stream:
+        b = cluster.nodes.pop("b")
+        await b.stop()
+        ev = await stream.get(timeout=10)
+        assert (ev.name, ev.kind, ev.state, ev.previous) == ("b", "left", "left", "alive")
+    await wait_for(lambda: _states(cluster.nodes["c"]).get("b") == "left", 10)
+    await asyncio.sleep(1.0)
+    assert [e.kind for e in seen if e.name == "b"] == ["left"]  # never suspect or dead
+    assert _states(a)["b"] == "left"
+
+
+async def test_crash_is_detected_everywhere_and_fails_pending_requests(cluster):
+    a = await cluster.add("a")
+    for n in "bcd":
+        await cluster.add(n, join="a")
+    await cluster.converge()
+    victim = cluster.nodes["d"]
+
+    @victim.service("hang")
+    async def hang(_):
+        await asyncio.Event().wait()
+
+    pending = asyncio.ensure_future(a.request("d", "hang"))
+    await asyncio.sleep(0.05)
+    t0 = time.monotonic()
+    await cluster.crash("d")
+    with pytest.raises(PeerUnavailable):
+        await asyncio.wait_for(pending, 15)
+    for n in cluster.nodes.values():
+        await n.membership.wait_for("d", "dead", timeout=15)
+    # well before the link layer's own 30 s give-up: membership is the primary signal
+    assert time.monotonic() - t0 < 15
+    with pytest.raises(PeerUnavailable):
+        await a.request("d", "aionet.echo", 1, timeout=5)
+
+
+async def test_events_reach_sync_and_async_subscribers(cluster):
+    a = await cluster.add("a")
+    got_sync, got_async = [], []
+
+    async def on_change(ev):
+        await asyncio.sleep(0)
+        got_async.append(ev)
+
+    unsubscribe = a.on_member_change(got_sync.append)
+    a.on_member_change(on_change)
+    await cluster.add("b", join="a")
+    await wait_for(lambda: got_sync and got_async, 10)
+    assert got_sync[0].name == "b" and got_sync[0].kind == "joined" and got_sync[0].state == "alive"
+    unsubscribe()
+    await cluster.add("c", join="a")
+    await wait_for(lambda: any(e.name == "c" for e in got_async), 10)
+    assert not any(e.name == "c" for e in got_sync)
+
+
+async def test_a_suspected_node_refutes_with_a_higher_incarnation(cluster):
+    a = await cluster.add("a")
+    b = await cluster.add("b", join="a")
+    await cluster.add("c", join="a")
+    await cluster.converge()
+    inc = b.membership.incarnation
+    # a hears a (false) rumour that b is suspect: it spreads, b hears it and refutes
+    a.membership._apply(Update("b", b.node_id, inc, SUSPECT, tuple(b.addresses)), reason="test rumour")
+    await wait_for(lambda: b.membership.incarnation > inc, 10)
+    await wait_for(lambda: all(n.members()["b"]["state"] == "alive" for n in cluster.nodes.values()), 10)
+    assert a.members()["b"]["incarnation"] == b.membership.incarnation
+    assert b.membership.stats.refutations >= 1
+
+
+async def test_blocked_event_loop_does_not_accuse_peers(cluster):
+    """All nodes share this loop: block it far beyond the detection time. The silence was
+    everyone's own stall, so nobody may be suspected or declared dead afterwards."""
+    for n in "abc":
+        await cluster.add(n, join=None if n == "a" else "a")
+    await cluster.converge()
+    events = []
+    for n in cluster.nodes.values():
+        n.on_member_change(events.append)
+    time.sleep(2.5)
+    await asyncio.sleep(2.0)
+    assert not [e for e in events if e.kind in ("dead", "suspect")], events
+    assert all(set(_states(n).values()) == {"alive"} for n in cluster.nodes.values())
+
+
+async def test_one_bad_link_does_not_kill_a_healthy_node(cluster):
+    """a cannot hear b at all (heartbeats and its own probes fail), but c and d can: the
+    indirect probes keep b alive."""
+    a = await cluster.add("a")
+    for n in "bcd":
+        await cluster.add(n, join="a")
+    await cluster.converge()
+    b = cluster.nodes["b"]
+    ms = a.membership
+    real_send = a.send_control
+
+    def lossy_send(peer, env):
+        return True if peer == "b" else real_send(peer, env)  # black hole toward b
+
+    async def no_direct(url, name, node_id, deadline):
+        if name == "b":
+            await asyncio.sleep(max(deadline - ms.clock(), 0))
+            return "hung"
+        return await real_probe(url, name, node_id, deadline)
+
+    real_probe = ms._probe_url
+    a.send_control = lossy_send
+    ms._probe_url = no_direct
+    events = []
+    a.on_member_change(events.append)
+    await wait_for(lambda: ms.stats.probes_sent >= 2, 15)  # it did suspect b and ask others
+    await asyncio.sleep(1.0)
+    assert not [e for e in events if e.name == "b" and e.kind == "dead"]
+    assert a.members()["b"]["state"] in ("alive", "suspect")
+    a.send_control = real_send
+    ms._probe_url = real_probe
+    assert await a.request("b", "aionet.echo", "still here", timeout=5) == "still here"
+    assert b.members()["b"]["state"] == "alive"
+
+
+async def test_backpressured_peer_is_not_declared_dead():
+    """b floods a mailbox a never reads, so a stops reading that connection and no heartbeat
+    crosses it: the fresh-connection probe proves a is alive."""
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0", config=_cfg(link={"mailbox_size": 4})) as a,
+        Node(
+            name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=_cfg(link={"max_inflight_bytes": 1 << 20})
+        ) as b,
+    ):
+        events = []
+        a.on_member_change(events.append)
+        b.on_member_change(events.append)
+        payload = b"x" * 65536
+
+        async def flood():
+            while True:
+                await b.send("a", "sink", payload)
+
+        task = asyncio.ensure_future(flood())
+        await asyncio.sleep(4.0)  # several detection times
+        assert not [e for e in events if e.kind == "dead"], events
+        assert b.members()["a"]["state"] == "alive"
+        task.cancel()
+        for _ in range(4):
+            await a.recv("sink", timeout=5)
+
+
+async def test_heartbeat_traffic_per_node_does_not_grow_with_the_cluster():
+    cfg = {"heartbeat": {"interval": 0.1}}
+    nodes = [Node(name="n00", listen="inproc://", config=_cfg(**cfg))]
+    await nodes[0].start()
+    try:
+        for i in range(1, 12):
+            n = Node(name=f"n{i:02d}", listen="inproc://", join=[nodes[0].address], config=_cfg(**cfg))
+            await n.start()
+            nodes.append(n)
+        await wait_for(lambda: all(len(n.members()) == 12 for n in nodes), 15)
+        await asyncio.sleep(1.0)
+        before = [n.membership.stats.sent_msgs for n in nodes]
+        t0 = time.monotonic()
+        await asyncio.sleep(2.0)
+        intervals = (time.monotonic() - t0) / 0.1
+        per_interval = [(n.membership.stats.sent_msgs - b) / intervals for n, b in zip(nodes, before, strict=True)]
+        # fanout 3: 3 heartbeats + ~3 acks per interval per node; all-to-all would be 22
+        assert max(per_interval) < 10, per_interval
+        assert all(len(n.membership._detectors) == 3 for n in nodes)
+    finally:
+        for n in reversed(nodes):
+            await n.stop()
+
+
+async def test_status_command_prints_members_as_json_and_table():
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]),
+    ):
+        env = {**os.environ, "PYTHONPATH": REPO}
+
+        async def run(*args):
+            p = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "aionet",
+                "status",
+                "--connect",
+                a.address,
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+            out, err = await asyncio.wait_for(p.communicate(), 60)
+            assert p.returncode == 0, err.decode()[-2000:]
+            return out.decode()
+
+        snap = json.loads(await run("--json"))
+        assert snap["node"] == "a"
+        assert set(snap["members"]) == {"a", "b"}
+        assert snap["members"]["b"]["state"] == "alive"
+        assert snap["members"]["a"]["load"]["memory_total"] > 0
+        table = await run()
+        assert "alive" in table and " b " in table and "age" in table
+        lines = (await run("--json", "--watch", "--count", "2", "--interval", "0.1")).strip().splitlines()
+        assert len(lines) == 2 and all(json.loads(x)["node"] == "a" for x in lines)
+
+
+async def test_status_command_reports_an_unreachable_node():
+    p = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "aionet",
+        "status",
+        "--connect",
+        "tcp://127.0.0.1:9",
+        "--timeout",
+        "2",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _out, err = await asyncio.wait_for(p.communicate(), 60)
+    assert p.returncode != 0 and b"tcp://127.0.0.1:9" in err
+
+
+# ---------------------------------------------------------------- real processes
+def _serve(spawn, name, join=None):
+    args = ["--name", name, "--listen", "tcp://127.0.0.1:0", "--app", "tests.apps:setup"]
+    if join:
+        args += ["--join", join]
+    return spawn(*args, env={"PYTHONPATH": REPO})
+
+
+@pytest.mark.timeout(120)
+async def test_sigkilled_process_is_seen_dead_by_every_member(spawn):
+    p1, r1 = _serve(spawn, "p1")
+    _p2, _r2 = _serve(spawn, "p2", r1["addresses"][0])
+    victim, _rv = _serve(spawn, "victim", r1["addresses"][0])
+    async with Node(name="t", listen="tcp://127.0.0.1:0", join=r1["addresses"]) as t:
+        await wait_for(lambda: {"p1", "p2", "victim"} <= set(t.members()), 20)
+        assert await t.request("victim", "test.pid", timeout=10) == victim.pid
+        pending = asyncio.ensure_future(t.request("victim", "test.hang"))
+        await asyncio.sleep(0.1)
+        os.kill(victim.pid, signal.SIGKILL)
+        await t.membership.wait_for("victim", "dead", timeout=20)
+        with pytest.raises(PeerUnavailable):
+            await asyncio.wait_for(pending, 20)
+        for peer in ("p1", "p2"):  # the other processes agree
+
+            async def dead_there(peer=peer):
+                snap = await t.request(peer, "aionet.members", timeout=10)
+                return snap["members"]["victim"]["state"] == "dead"
+
+            deadline = time.monotonic() + 20
+            while not await dead_there():
+                assert time.monotonic() < deadline, f"{peer} never saw the victim dead"
+                await asyncio.sleep(0.1)
+        assert p1.poll() is None
+
+
+@pytest.mark.timeout(120)
+async def test_sigstopped_process_is_declared_dead_and_rejoins_after_sigcont(spawn):
+    _p1, r1 = _serve(spawn, "p1")
+    _serve(spawn, "p2", r1["addresses"][0])
+    victim, _rv = _serve(spawn, "victim", r1["addresses"][0])
+    async with Node(name="t", listen="tcp://127.0.0.1:0", join=r1["addresses"]) as t:
+        await wait_for(lambda: {"p1", "p2", "victim"} <= set(t.members()), 20)
+        await wait_for(lambda: t.members()["victim"]["state"] == "alive", 20)
+        inc = t.members()["victim"]["incarnation"]
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            await t.membership.wait_for("victim", "dead", timeout=20)
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        await t.membership.wait_for("victim", "alive", timeout=30)
+        m = t.members()["victim"]
+        assert m["incarnation"] > inc  # it refuted its death with a new incarnation
+        assert await t.request("victim", "test.pid", timeout=10) == victim.pid
+        snap = await t.request("p1", "aionet.members", timeout=10)
+        deadline = time.monotonic() + 20
+        while snap["members"]["victim"]["state"] != "alive":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+            snap = await t.request("p1", "aionet.members", timeout=10)
+
+
+@pytest.mark.timeout(120)
+async def test_restarted_process_with_the_same_name_joins_as_a_new_incarnation(spawn):
+    _p1, r1 = _serve(spawn, "p1")
+    victim, _rv = _serve(spawn, "victim", r1["addresses"][0])
+    async with Node(name="t", listen="tcp://127.0.0.1:0", join=r1["addresses"]) as t:
+        await wait_for(lambda: t.members().get("victim", {}).get("state") == "alive", 20)
+        old = t.members()["victim"]
+        events = t.member_events()
+        os.kill(victim.pid, signal.SIGKILL)
+        await t.membership.wait_for("victim", "dead", timeout=20)
+        victim2, _ = _serve(spawn, "victim", r1["addresses"][0])
+        await t.membership.wait_for("victim", "alive", timeout=30)
+        new = t.members()["victim"]
+        assert new["node_id"] != old["node_id"] and new["incarnation"] > old["incarnation"]
+        assert await t.request("victim", "test.pid", timeout=10) == victim2.pid
+        kinds = []
+        while True:
+            try:
+                ev = await events.get(timeout=0.5)
+            except TimeoutError:
+                break
+            if ev.name == "victim":
+                kinds.append(ev.kind)
+        assert "dead" in kinds and kinds[-1] in ("joined", "restarted")
+        events.close()
+
+
+async def test_a_live_node_declared_dead_refutes_and_comes_back(cluster):
+    """A false death (say, after a partition) is not permanent: the node hears about it,
+    refutes with a new incarnation, and every member takes it back."""
+    a = await cluster.add("a")
+    await cluster.add("b", join="a")
+    c = await cluster.add("c", join="a")
+    await cluster.converge()
+    for i in range(5):  # both directions have streams in progress when the false death hits
+        assert await a.request("c", "aionet.echo", i, timeout=5) == i
+        assert await c.request("a", "aionet.echo", i, timeout=5) == i
+    inc = c.membership.incarnation
+    a.membership._apply(Update("c", c.node_id, inc, DEAD, tuple(c.addresses)), reason="test: false death")
+    await wait_for(lambda: _states(cluster.nodes["b"])["c"] == "dead", 10)
+    await wait_for(lambda: c.membership.incarnation > inc, 15)
+    await wait_for(lambda: all(_states(n)["c"] == "alive" for n in (a, cluster.nodes["b"])), 15)
+    # the links replaced after the false death carry traffic both ways (no flapping)
+    for x in cluster.nodes.values():
+        for y in cluster.nodes:
+            if y != x.name:
+                for i in range(20):
+                    assert await x.request(y, "aionet.echo", i, timeout=5) == i
