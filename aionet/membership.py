@@ -69,6 +69,7 @@ MEMBERS_SERVICE = "aionet.members"  # the members() view, for `aionet status`
 GOSSIP_MULT = 3  # retransmissions per update = GOSSIP_MULT * ceil(log2(n + 1))
 LOADS_PER_MESSAGE = 2  # other members' load reports relayed per HB/ACK
 MAX_ADDRESSES = 16
+STALL_WARNING = 0.5  # s: log when this node's own loop was blocked this long
 REVIVE_EVERY = 2.0  # s between heartbeats to one random member believed dead
 SHOW_SUSPECT_AFTER = 0.1  # s: a suspicion a probe clears faster than this is not shown
 
@@ -529,7 +530,9 @@ class Membership:
         while True:
             expected = real() + tick
             await asyncio.sleep(tick)
-            self.clock.note(expected)
+            late = self.clock.note(expected)
+            if late > STALL_WARNING:
+                self.log.warning("event loop was blocked; not counting it against peers", seconds=round(late, 3))
             try:
                 self._check()
             except Exception as exc:
@@ -1187,7 +1190,7 @@ class Membership:
             return "unreachable"
         connecting = asyncio.ensure_future(transport.connect(url, timeout=None))
         if not await self._wait_until(connecting, deadline):
-            connecting.cancel()
+            _drop(connecting)
             return "unreachable"
         try:
             conn = connecting.result()
@@ -1209,7 +1212,7 @@ class Membership:
             await conn.send([hello.encode()])
             receiving = asyncio.ensure_future(conn.recv())
             if not await self._wait_until(receiving, deadline):
-                receiving.cancel()
+                _drop(receiving)
                 return "hung"
             reply = handshake.parse(receiving.result())
             if reply.name != name:
@@ -1224,6 +1227,13 @@ class Membership:
             return "error"
         finally:
             conn.abort()
+
+
+def _drop(fut: asyncio.Future[Any]) -> None:
+    """Cancel a helper future we gave up on, and swallow what it ends with (it may already
+    have failed, e.g. the connection closed just as we stopped waiting)."""
+    fut.cancel()
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def _validate(cfg: Any) -> None:

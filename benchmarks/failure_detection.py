@@ -140,7 +140,11 @@ class NodeProc:
             argv.append("--traffic")
         if bench.args.interval:
             argv += ["--interval", str(bench.args.interval)]
-        self.log = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+        logdir = Path(bench.args.logs) if bench.args.logs else None
+        if logdir is not None:
+            logdir.mkdir(parents=True, exist_ok=True)
+        target = logdir / f"{name}-{len(bench.procs)}.log" if logdir is not None else os.devnull
+        self.log = open(target, "w")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -473,6 +477,7 @@ def main() -> None:
     ap.add_argument("--traffic-seconds", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--interval", type=float, default=0.0, help="heartbeat.interval (default: the config default)")
+    ap.add_argument("--logs", default="", help="directory for the node processes' logs (default: discarded)")
     ap.add_argument("--json", default=str(_common.RESULTS_DIR / "failure_detection.json"))
     args = ap.parse_args()
     if args.child:
@@ -490,7 +495,7 @@ def main() -> None:
     defaults = HeartbeatSection()
     report: dict[str, Any] = {
         "environment": _common.environment(),
-        "config": {k: v for k, v in vars(args).items() if k not in ("child", "name", "join", "traffic")},
+        "config": {k: v for k, v in vars(args).items() if k not in ("child", "name", "join", "traffic", "logs")},
         "heartbeat": {**defaults.__dict__, **({"interval": args.interval} if args.interval else {})},
     }
     try:
