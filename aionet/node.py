@@ -462,13 +462,21 @@ class Node:
 
     async def _dial_peer(self, name: str) -> None:
         p = self._peers[name]
-        errors = []
-        for url in list(p.addresses):
-            try:
-                await self._dial(url, expect=name)
-                return
-            except (TimeoutError, TransportError, HandshakeError, OSError) as exc:
-                errors.append(f"{url}: {exc}")
+        errors: list[str] = []
+        # A handshake cut short (both sides dialing each other as one restarts or joins) is
+        # transient: retry briefly. A refused connection or a failed proof is not.
+        for attempt in range(3):
+            transient = False
+            for url in list(p.addresses):
+                try:
+                    await self._dial(url, expect=name)
+                    return
+                except (TimeoutError, TransportError, HandshakeError, OSError) as exc:
+                    errors.append(f"{url}: {exc}")
+                    transient = transient or "during handshake" in str(exc)
+            if not transient or attempt == 2:
+                break
+            await asyncio.sleep(0.05 * (attempt + 1))
         raise PeerUnavailable(f"{name}: unreachable ({'; '.join(errors) or 'no address'})")
 
     def _new_link(self, name: str, tx_id: str = "") -> Link:
