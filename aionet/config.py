@@ -79,7 +79,7 @@ class HeartbeatSection:
     acceptable_pause: float = 0.1  # s of extra silence always tolerated
     fanout: int = 3  # ring successors each node heartbeats (= watchers per node)
     indirect_probes: int = 3  # other members asked to probe a suspect
-    probe_timeout: float = 0.6  # s a verification round waits for proof of life
+    probe_timeout: float = 0.5  # s a verification round waits for proof of life (more if stalls were seen)
     suspect_timeout: float = 5.0  # s an unconfirmable suspicion lasts before death
     max_piggyback: int = 6  # membership updates carried per heartbeat
     load_interval: float = 1.0  # s between load samples

@@ -70,6 +70,7 @@ class LoadReport:
     rss: int = 0
     tasks: int = 0  # asyncio tasks on the node's loop (its run queue of coroutines)
     loop_lag_ms: float = 0.0
+    max_stall_ms: float = 0.0  # worst loop lateness seen recently (a starved or blocked loop)
     load_avg: float = 0.0  # 1-minute OS load average
     gpus: tuple[GpuLoad, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the scheduler's queue length
@@ -84,6 +85,7 @@ class LoadReport:
             "r": self.rss,
             "t": self.tasks,
             "l": round(self.loop_lag_ms, 2),
+            "st": round(self.max_stall_ms, 1),
             "a": round(self.load_avg, 2),
             "g": [g.to_wire() for g in self.gpus],
         }
@@ -110,6 +112,7 @@ class LoadReport:
             rss=int(w["r"]),
             tasks=int(w["t"]),
             loop_lag_ms=float(w["l"]),
+            max_stall_ms=float(w.get("st", 0.0)),
             load_avg=float(w["a"]),
             gpus=tuple(GpuLoad.from_wire(g) for g in w["g"]),
             extra=extra,
@@ -125,6 +128,7 @@ class LoadReport:
             "rss": self.rss,
             "tasks": self.tasks,
             "loop_lag_ms": self.loop_lag_ms,
+            "max_stall_ms": self.max_stall_ms,
             "load_avg": self.load_avg,
             "gpu_utilization": [g.utilization for g in self.gpus],
             **({"extra": dict(self.extra)} if self.extra else {}),
@@ -142,19 +146,22 @@ class LoadReport:
 class LoadSampler:
     """Produces this node's :class:`LoadReport`; one per node (no shared state).
 
-    ``lag_ms`` returns the loop lag measured elsewhere (the membership's lag task), so sampling
-    never sleeps. ``devices`` is an object with ``discover()`` (an :class:`aionet.devices.Devices`);
-    by default one is created if that module exists.
+    ``lag_ms`` and ``stall_ms`` return the loop lag and recent worst stall measured elsewhere
+    (the membership's lag task), so sampling never sleeps. ``devices`` is an object with
+    ``discover()`` (an :class:`aionet.devices.Devices`); by default one is created if that
+    module exists.
     """
 
     def __init__(
         self,
         lag_ms: Callable[[], float] = lambda: 0.0,
+        stall_ms: Callable[[], float] = lambda: 0.0,
         devices: Any = None,
         *,
         use_devices: bool = True,
     ):
         self._lag_ms = lag_ms
+        self._stall_ms = stall_ms
         self._devices = devices if devices is not None else (_Devices() if use_devices and _Devices else None)
         self._proc = psutil.Process(os.getpid())
         self._seq = 0
@@ -205,6 +212,7 @@ class LoadSampler:
             rss=rss,
             tasks=tasks,
             loop_lag_ms=float(self._lag_ms()),
+            max_stall_ms=float(self._stall_ms()),
             load_avg=la,
             gpus=self._gpus,
             extra=extra,

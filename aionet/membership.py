@@ -41,6 +41,7 @@ import contextlib
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +60,7 @@ _RANK = {s: i for i, s in enumerate(STATES)}
 # control envelope kinds (unsequenced, best effort; see Node.add_control_handler)
 HB = 11  # [HB, seq, incarnation, load|None, updates, loads]
 HB_ACK = 12  # [HB_ACK, seq, incarnation, load|None, updates, loads]
-PROBE_REQ = 13  # [PROBE_REQ, probe_id, target, target_node_id]
+PROBE_REQ = 13  # [PROBE_REQ, probe_id, target, target_node_id, timeout_s]
 PROBE_RSP = 14  # [PROBE_RSP, probe_id, result]  1 alive, 0 no proof of life, -1 could not try
 GOSSIP = 15  # [GOSSIP, updates, loads]
 
@@ -139,6 +140,12 @@ def ring_predecessors(names: Iterable[str], me: str, k: int) -> list[str]:
     ring = sorted(set(names) | {me})
     n, i = len(ring), ring.index(me)
     return [ring[(i - j) % n] for j in range(1, min(k, n - 1) + 1)]
+
+
+def verify_timeout(probe_timeout: float, recent_stall: float) -> float:
+    """How long a verification round waits for a member that recently stalled for
+    ``recent_stall`` s: 1.5x that on top of ``probe_timeout``, at most 3x ``probe_timeout``."""
+    return probe_timeout + min(2 * probe_timeout, 1.5 * max(recent_stall, 0.0))
 
 
 def gossip_budget(n_members: int) -> int:
@@ -314,7 +321,9 @@ class Membership:
         self.clock = LagClock(clock, slack=cfg.interval / 8)
         self.incarnation = int(time.time() * 1000)
         self.load = load_sampler or LoadSampler(
-            lag_ms=lambda: self.clock.lag * 1000.0, devices=getattr(node, "devices", None)
+            lag_ms=lambda: self.clock.lag * 1000.0,
+            stall_ms=self._recent_stall_ms,
+            devices=getattr(node, "devices", None),
         )
         self.stats = MembershipStats()
         self.count_bytes = False
@@ -331,6 +340,7 @@ class Membership:
         self._dial_after: dict[str, float] = {}
         self._want_conn: dict[str, float] = {}  # member -> since when we lack a connection to it
         self._next_revive = 0.0
+        self._stalls: deque[float] = deque(maxlen=10)
         self._notified: dict[str, float] = {}
         self._load_rr = 0
         self._running = False
@@ -1039,7 +1049,7 @@ class Membership:
             m = self._members.get(name)
             if m is None or m.node_id != node_id or m.state in (DEAD, LEFT):
                 return
-            outcome = await self._probe_round(m)
+            outcome = await self._probe_round(m, self._probe_timeout_for(m))
             m = self._members.get(name)
             if m is None or m.node_id != node_id or m.state in (DEAD, LEFT):
                 return
@@ -1057,24 +1067,37 @@ class Membership:
                 self._apply(Update(name, node_id, m.incarnation, SUSPECT, tuple(m.addresses)), reason=reason)
             await asyncio.sleep(self.cfg.interval)
 
-    async def _probe_round(self, m: Member) -> str:
+    def _recent_stall_ms(self) -> float:
+        """Worst lateness of our own loop over the last ~10 load samples (reported to peers)."""
+        self._stalls.append(self.clock.reset_max())
+        return max(self._stalls) * 1000.0
+
+    def _probe_timeout_for(self, m: Member) -> float:
+        """More patience when a stall is likely to be starvation rather than death: the member
+        recently reported its own loop stalling, or our own loop did (a starved host, as with
+        Lifeguard's local health). An idle node that freezes is judged at the plain timeout."""
+        theirs = m.load.max_stall_ms / 1000.0 if m.load is not None else 0.0
+        ours = max([self.clock.max_lag, *self._stalls])
+        return verify_timeout(self.cfg.probe_timeout, max(theirs, ours))
+
+    async def _probe_round(self, m: Member, timeout: float) -> str:
         """Direct probe plus indirect probes through other members -> ALIVE, DEAD or '' (unknown)."""
         cfg = self.cfg
-        deadline = self.clock() + cfg.probe_timeout
+        deadline = self.clock() + timeout
         self._next_id += 1
         pid = self._next_id
         rnd = self._rounds[pid] = _ProbeRound(m.name)
         direct = self._spawn(
-            self._direct_probe(m.name, m.node_id, list(m.addresses), cfg.probe_timeout), f"aionet-probe-{m.name}"
+            self._direct_probe(m.name, m.node_id, list(m.addresses), timeout), f"aionet-probe-{m.name}"
         )
         direct.add_done_callback(lambda _t: rnd.wake.set())
         for via in self._pick_intermediaries(m.name, cfg.indirect_probes):
-            if self._send(via, [PROBE_REQ, pid, m.name, m.node_id]):
+            if self._send(via, [PROBE_REQ, pid, m.name, m.node_id, timeout * 0.8]):
                 rnd.asked.add(via)
                 self.stats.probes_sent += 1
         # intermediaries probe with 0.8 x the timeout and may answer late when busy: wait a
         # little past the deadline for a first confirmation rather than give up on them
-        hard = deadline + cfg.probe_timeout / 2
+        hard = deadline + timeout / 2
         try:
             while True:
                 if rnd.alive or rnd.acks:
@@ -1131,18 +1154,27 @@ class Membership:
 
     def _on_probe_req(self, peer: str, env: list[Any]) -> None:
         self.stats.recv_msgs += 1
-        if len(env) != 4 or type(env[1]) is not int or not isinstance(env[2], str) or not isinstance(env[3], str):
+        if (
+            len(env) not in (4, 5)
+            or type(env[1]) is not int
+            or not isinstance(env[2], str)
+            or not isinstance(env[3], str)
+            or (len(env) == 5 and type(env[4]) not in (int, float))
+        ):
             raise ProtocolError("malformed probe request")
+        timeout = self.cfg.probe_timeout * 0.8
+        if len(env) == 5:
+            timeout = min(max(float(env[4]), 0.01), 4 * self.cfg.probe_timeout)
         if self._running and not self._leaving:
-            self._spawn(self._serve_probe(peer, env[1], env[2], env[3]), "aionet-probe-for")
+            self._spawn(self._serve_probe(peer, env[1], env[2], env[3], timeout), "aionet-probe-for")
 
-    async def _serve_probe(self, requester: str, pid: int, target: str, node_id: str) -> None:
+    async def _serve_probe(self, requester: str, pid: int, target: str, node_id: str, timeout: float) -> None:
         m = self._members.get(target)
         addrs = list(m.addresses) if m is not None else self.node.known_peers().get(target, [])
         if target == self.name or not addrs:
             result = -1
         else:
-            r = await self._direct_probe(target, node_id, addrs, self.cfg.probe_timeout * 0.8)
+            r = await self._direct_probe(target, node_id, addrs, timeout)
             result = 1 if r == "alive" else 0
         self._send(requester, [PROBE_RSP, pid, result])
 
@@ -1265,4 +1297,5 @@ __all__ = [
     "ring_predecessors",
     "ring_successors",
     "supersedes",
+    "verify_timeout",
 ]

@@ -21,6 +21,7 @@ from aionet.membership import (
     ring_predecessors,
     ring_successors,
     supersedes,
+    verify_timeout,
 )
 
 
@@ -273,6 +274,7 @@ def test_load_report_wire_roundtrip():
         rss=5,
         tasks=7,
         loop_lag_ms=1.25,
+        max_stall_ms=30.0,
         load_avg=0.5,
         gpus=(GpuLoad(0, "A100", 1, 2, 50.0), GpuLoad(1, "A100", 1, 2, None)),
         extra={"queued": 4},
@@ -283,3 +285,9 @@ def test_load_report_wire_roundtrip():
     assert LoadReport().devices()["gpus"] == []
     with pytest.raises((TypeError, KeyError, ValueError)):
         LoadReport.from_wire({"s": 1})
+
+
+def test_a_member_that_recently_stalled_gets_more_time_to_answer_a_probe():
+    assert verify_timeout(0.6, 0.0) == pytest.approx(0.6)  # idle: the plain timeout
+    assert verify_timeout(0.6, 0.4) == pytest.approx(1.2)
+    assert verify_timeout(0.6, 30.0) == pytest.approx(1.8)  # capped at 3x
