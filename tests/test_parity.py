@@ -57,7 +57,10 @@ async def test_same_app_same_results_over_every_transport(tmp_path):
     results = {}
     for scheme in SCHEMES:
         results[scheme] = await asyncio.wait_for(
-            _app(_toml(tmp_path, "a", listen_url(scheme, tmp_path)), _toml(tmp_path, "b", listen_url(scheme, tmp_path))),
+            _app(
+                _toml(tmp_path, "a", listen_url(scheme, tmp_path)),
+                _toml(tmp_path, "b", listen_url(scheme, tmp_path)),
+            ),
             120,
         )
     reference = results["tcp"]

@@ -333,28 +333,11 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             raise self._closed_error()
         if self._write_paused:
             await self._wait_writable()
-        if len(frames) == 1:
-            # Fast path: one small frame, copied into the batch behind its prefix.
-            f = frames[0]
-            if type(f) is not bytes:
-                f = as_frame(f)
-            ln = len(f)
-            if ln < self._copy_below and ln <= self._max_header:
-                wbuf = self._wbuf
-                wbuf += _PACK1(HEAD, 1, ln)
-                wbuf += f
-                self._wbytes += ln + 16
-                if not self._flush_scheduled:
-                    self._flush_scheduled = True
-                    self._loop.call_soon(self._scheduled_flush)
-                elif self._wbytes >= self._flush_bytes:
-                    self._flush()
-                return
-        if self._append(frames, False):
-            self._flush()
-            await self._wait_drained()
-        else:
-            self._schedule_flush()
+        w = self.write_nowait(frames)
+        if w is not None:
+            await w
+        if self._closed:
+            raise self._closed_error()
 
     def write_nowait(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
         """Enqueue now; return a future to await before writing more when the transport is
