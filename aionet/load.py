@@ -70,7 +70,7 @@ class LoadReport:
     rss: int = 0
     tasks: int = 0  # asyncio tasks on the node's loop (its run queue of coroutines)
     loop_lag_ms: float = 0.0
-    max_stall_ms: float = 0.0  # worst loop lateness seen recently (a starved or blocked loop)
+    max_stall_ms: float = 0.0  # loop lateness that keeps recurring (2nd-worst per-sample max, ~10 s)
     load_avg: float = 0.0  # 1-minute OS load average
     gpus: tuple[GpuLoad, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the scheduler's queue length

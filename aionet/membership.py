@@ -143,9 +143,16 @@ def ring_predecessors(names: Iterable[str], me: str, k: int) -> list[str]:
 
 
 def verify_timeout(probe_timeout: float, recent_stall: float) -> float:
-    """How long a verification round waits for a member that recently stalled for
-    ``recent_stall`` s: 1.5x that on top of ``probe_timeout``, at most 3x ``probe_timeout``."""
-    return probe_timeout + min(2 * probe_timeout, 1.5 * max(recent_stall, 0.0))
+    """How long a verification round waits when stalls of ``recent_stall`` s keep happening:
+    1.5x that on top of ``probe_timeout``, at most twice ``probe_timeout`` in all."""
+    return probe_timeout + min(probe_timeout, 1.5 * max(recent_stall, 0.0))
+
+
+def recurring_stall(samples: Iterable[float]) -> float:
+    """The second-worst of recent per-second stall maxima: stalls that recur (a starved host)
+    count, a single one (a node that was frozen once, then resumed) does not."""
+    worst = sorted(samples, reverse=True)
+    return worst[1] if len(worst) > 1 else 0.0
 
 
 def gossip_budget(n_members: int) -> int:
@@ -559,7 +566,8 @@ class Membership:
             phi = det.phi(now)
             if phi > self.stats.max_phi:
                 self.stats.max_phi = phi
-            if phi >= thr and now - m.verified_at >= cooldown:
+            # after a probe found it alive, give it a cooldown unless it answers heartbeats again
+            if phi >= thr and (now - m.verified_at >= cooldown or det.last > m.verified_at):
                 self._start_verify(m, f"no heartbeat reply for {det.elapsed(now):.2f} s (phi {phi:.1f})")
         real_now = self.clock.real()
         for m in list(self._members.values()):
@@ -1049,7 +1057,16 @@ class Membership:
             m = self._members.get(name)
             if m is None or m.node_id != node_id or m.state in (DEAD, LEFT):
                 return
-            outcome = await self._probe_round(m, self._probe_timeout_for(m))
+            timeout = self._probe_timeout_for(m)
+            t0 = self.clock()
+            outcome = await self._probe_round(m, timeout)
+            self.log.debug(
+                "probe round",
+                member=name,
+                outcome=outcome or "unknown",
+                timeout=round(timeout, 3),
+                took=round(self.clock() - t0, 3),
+            )
             m = self._members.get(name)
             if m is None or m.node_id != node_id or m.state in (DEAD, LEFT):
                 return
@@ -1068,16 +1085,16 @@ class Membership:
             await asyncio.sleep(self.cfg.interval)
 
     def _recent_stall_ms(self) -> float:
-        """Worst lateness of our own loop over the last ~10 load samples (reported to peers)."""
+        """Recurring lateness of our own loop over the last ~10 load samples (reported to peers)."""
         self._stalls.append(self.clock.reset_max())
-        return max(self._stalls) * 1000.0
+        return recurring_stall(self._stalls) * 1000.0
 
     def _probe_timeout_for(self, m: Member) -> float:
         """More patience when a stall is likely to be starvation rather than death: the member
         recently reported its own loop stalling, or our own loop did (a starved host, as with
         Lifeguard's local health). An idle node that freezes is judged at the plain timeout."""
         theirs = m.load.max_stall_ms / 1000.0 if m.load is not None else 0.0
-        ours = max([self.clock.max_lag, *self._stalls])
+        ours = recurring_stall([self.clock.max_lag, *self._stalls])
         return verify_timeout(self.cfg.probe_timeout, max(theirs, ours))
 
     async def _probe_round(self, m: Member, timeout: float) -> str:
@@ -1125,6 +1142,17 @@ class Membership:
                 return ALIVE
             return DEAD if (rnd.nacks or not rnd.asked) else ""
         finally:
+            self.log.debug(
+                "probe round detail",
+                member=m.name,
+                asked=sorted(rnd.asked),
+                answered=sorted(rnd.answered),
+                acks=rnd.acks,
+                nacks=rnd.nacks,
+                direct=direct.result()
+                if direct.done() and not direct.cancelled() and direct.exception() is None
+                else "pending",
+            )
             del self._rounds[pid]
             if not direct.done():
                 direct.cancel()
@@ -1294,6 +1322,7 @@ __all__ = [
     "MembershipStats",
     "Update",
     "gossip_budget",
+    "recurring_stall",
     "ring_predecessors",
     "ring_successors",
     "supersedes",

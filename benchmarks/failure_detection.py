@@ -52,7 +52,7 @@ def child_main(args: argparse.Namespace) -> None:
     from aionet.config import Config
     from aionet.log import configure
 
-    configure("warning", stream=sys.stderr)  # stdout carries the READY/EVENT/RESULT protocol
+    configure(args.log_level, stream=sys.stderr)  # stdout carries the READY/EVENT/RESULT protocol
 
     cfg = Config.from_dict({"heartbeat": {"interval": args.interval}} if args.interval else {})
     _common.parent_watchdog(os.getppid())
@@ -140,6 +140,7 @@ class NodeProc:
             argv.append("--traffic")
         if bench.args.interval:
             argv += ["--interval", str(bench.args.interval)]
+        argv += ["--log-level", bench.args.log_level]
         logdir = Path(bench.args.logs) if bench.args.logs else None
         if logdir is not None:
             logdir.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,8 @@ class NodeProc:
             stdin=subprocess.DEVNULL,
             text=True,
             bufsize=1,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "AIONET_LOG_LEVEL": "warning"},
+            # import aionet from this checkout, whatever the installed copy points at
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()},
         )
         bench.procs.append(self)
         self.ready: dict[str, Any] | None = None
@@ -458,6 +460,11 @@ async def _traffic(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def _pythonpath() -> str:
+    rest = os.environ.get("PYTHONPATH")
+    return str(_common.REPO_DIR) + (os.pathsep + rest if rest else "")
+
+
 def _fmt(v: float | None) -> str:
     return "timeout" if v is None else f"{v * 1000:.0f} ms"
 
@@ -477,6 +484,7 @@ def main() -> None:
     ap.add_argument("--traffic-seconds", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--interval", type=float, default=0.0, help="heartbeat.interval (default: the config default)")
+    ap.add_argument("--log-level", default="warning", help="node processes' log level (with --logs)")
     ap.add_argument("--logs", default="", help="directory for the node processes' logs (default: discarded)")
     ap.add_argument("--json", default=str(_common.RESULTS_DIR / "failure_detection.json"))
     args = ap.parse_args()
