@@ -16,8 +16,9 @@ from .errors import AionetError, ConfigError
 from .log import configure as configure_logging
 
 
-def _load_config(config: str | None, name: str | None, listen: tuple[str, ...], join: tuple[str, ...],
-                 advertise: str | None) -> Any:
+def _load_config(
+    config: str | None, name: str | None, listen: tuple[str, ...], join: tuple[str, ...], advertise: str | None
+) -> Any:
     from .config import Config
 
     cfg = Config.from_file(config) if config else Config.from_dict({})
@@ -61,8 +62,16 @@ def main() -> None:
 @click.option("--app", "apps", multiple=True, help="pkg.mod:setup called with the node before serving.")
 @click.option("--log-level", default=None, help="debug, info, warning, error.")
 @click.option("--json-logs", is_flag=True, help="Log as JSON lines.")
-def serve(config: str | None, name: str | None, listen: tuple[str, ...], join: tuple[str, ...],
-          advertise: str | None, apps: tuple[str, ...], log_level: str | None, json_logs: bool) -> None:
+def serve(
+    config: str | None,
+    name: str | None,
+    listen: tuple[str, ...],
+    join: tuple[str, ...],
+    advertise: str | None,
+    apps: tuple[str, ...],
+    log_level: str | None,
+    json_logs: bool,
+) -> None:
     """Run a node until SIGINT/SIGTERM, then shut down cleanly (exit code 0).
 
     Prints one line ``ready {json}`` to stdout once listening, for scripts."""
@@ -141,8 +150,13 @@ def demo(size_mb: int, transport: str) -> None:
 @click.option("--host", "hosts", multiple=True, help="Extra DNS name or IP for the node certificate (repeatable).")
 @click.option("--days", default=365, show_default=True, help="Certificate validity in days.")
 @click.option("--force", is_flag=True, help="Replace key files that already exist in DIRECTORY.")
-@click.option("--backend", type=click.Choice(["auto", "cryptography", "openssl"]), default="auto",
-              show_default=True, help="How TLS certificates are made.")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "cryptography", "openssl"]),
+    default="auto",
+    show_default=True,
+    help="How TLS certificates are made.",
+)
 def keys(directory: str, hosts: tuple[str, ...], days: int, force: bool, backend: str) -> None:
     """Generate key material for a test cluster into DIRECTORY and print the config to use it.
 
@@ -171,8 +185,9 @@ def keys(directory: str, hosts: tuple[str, ...], days: int, force: bool, backend
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes with --watch.")
 @click.option("--count", default=0, help="With --watch: stop after this many refreshes (0: never).")
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the node's answer.")
-def status(url: str, config: str | None, as_json: bool, watch: bool, interval: float, count: int,
-           timeout: float) -> None:
+def status(
+    url: str, config: str | None, as_json: bool, watch: bool, interval: float, count: int, timeout: float
+) -> None:
     """Show the cluster's members as one node sees them: state, address, load, devices and
     heartbeat age. The cluster token comes from --config or AIONET_SECURITY_TOKEN(_FILE)."""
     from .runner import run
@@ -218,9 +233,17 @@ def _show_status(snap: dict[str, Any], *, as_json: bool, watch: bool) -> None:
         console = Console(width=200)  # piped: do not wrap rows at 80 columns
     members = snap.get("members", {})
     table = Table(title=f"aionet cluster as seen by {snap.get('node')} ({len(members)} members)")
-    for col, just in (("name", "left"), ("state", "left"), ("address", "left"), ("cpu%", "right"),
-                      ("memory", "right"), ("tasks", "right"), ("lag ms", "right"), ("gpus", "left"),
-                      ("age", "right")):
+    for col, just in (
+        ("name", "left"),
+        ("state", "left"),
+        ("address", "left"),
+        ("cpu%", "right"),
+        ("memory", "right"),
+        ("tasks", "right"),
+        ("lag ms", "right"),
+        ("gpus", "left"),
+        ("age", "right"),
+    ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     table.caption = "age: time since this node last heard from the member (directly or by gossip)"
     colors = {"alive": "green", "suspect": "yellow", "dead": "red", "left": "dim"}
@@ -254,6 +277,8 @@ def _gpu_text(gpus: list[dict[str, Any]]) -> str:
         used, total = g.get("memory_used", 0) / 2**30, g.get("memory_total", 0) / 2**30
         parts.append(f"{g.get('name', '?')} {used:.0f}/{total:.0f} GiB" + (f" {util:.0f}%" if util is not None else ""))
     return "; ".join(parts)
+
+
 # --- end aionet status ---------------------------------------------------------------------
 
 

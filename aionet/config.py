@@ -298,8 +298,17 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int):
         return text
     s = text.strip().lower().replace(" ", "")
-    units = {"tib": 2**40, "gib": 2**30, "mib": 2**20, "kib": 2**10, "tb": 10**12, "gb": 10**9,
-             "mb": 10**6, "kb": 10**3, "b": 1}
+    units = {
+        "tib": 2**40,
+        "gib": 2**30,
+        "mib": 2**20,
+        "kib": 2**10,
+        "tb": 10**12,
+        "gb": 10**9,
+        "mb": 10**6,
+        "kb": 10**3,
+        "b": 1,
+    }
     for suffix, mult in units.items():
         if s.endswith(suffix):
             try:

@@ -59,8 +59,20 @@ def _checksum(flat: np.ndarray) -> float:
 
 # ---------------------------------------------------------------- the demo driver
 async def _start(name: str, listen: str, join: str | None, token: str) -> tuple[asyncio.subprocess.Process, str]:
-    args = [sys.executable, "-m", "aionet", "serve", "--name", name, "--listen", listen,
-            "--app", "aionet.demo:setup", "--log-level", "warning"]
+    args = [
+        sys.executable,
+        "-m",
+        "aionet",
+        "serve",
+        "--name",
+        name,
+        "--listen",
+        listen,
+        "--app",
+        "aionet.demo:setup",
+        "--log-level",
+        "warning",
+    ]
     if join:
         args += ["--join", join]
     env = {**os.environ, "AIONET_SECURITY_TOKEN": token}  # a fresh cluster secret for this demo
@@ -147,8 +159,10 @@ async def _demo(size_mb: int, scheme: str) -> int:
         rate = counted["count"] / max(counted["seconds"], 1e-9)
         table.add_row("one-way small messages", f"{counted['count']} at {rate:,.0f} msg/s")
         gbps = shipped["nbytes"] / shipped["seconds"] / 1e9
-        table.add_row(f"{size_mb} MiB array demo-b -> demo-c",
-                      f"{shipped['seconds'] * 1e3:.1f} ms, {gbps:.2f} GB/s, intact={shipped['ok']}")
+        table.add_row(
+            f"{size_mb} MiB array demo-b -> demo-c",
+            f"{shipped['seconds'] * 1e3:.1f} ms, {gbps:.2f} GB/s, intact={shipped['ok']}",
+        )
         table.add_row("8 MiB array client -> demo-a", f"intact={direct_ok}")
         table.add_row("members seen by the client", ", ".join(sorted(members)))
         console.print(table)

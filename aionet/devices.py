@@ -24,19 +24,12 @@ from typing import Any
 
 import psutil
 
-from .errors import AionetError
+from .errors import DeviceUnavailable
 from .log import get_logger
 
 __all__ = ["DeviceUnavailable", "Devices", "GPUInfo", "cuda_available", "discover", "gpu_count"]
 
 log = get_logger("aionet.devices")
-
-
-class DeviceUnavailable(AionetError, RuntimeError):
-    """A device path was asked for but the device (or its library) is missing here.
-
-    The message names what is missing, e.g. ``"no CUDA device: cupy is not installed"``.
-    """
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,19 @@ class ConnectionClosed(TransportError):
     """The connection was closed (by us, by the peer, or because the peer died)."""
 
 
+class ConnectTimeout(TransportError, TimeoutError):
+    """Connecting took longer than the timeout (also an ``asyncio.TimeoutError``)."""
+
+
 class TransportUnavailable(AionetError):
     """A transport cannot run here (missing library, no device, unknown URL scheme)."""
+
+
+class DeviceUnavailable(AionetError, RuntimeError):
+    """A device path was asked for but the device (or its library) is missing here.
+
+    The message names what is missing, e.g. ``"no CUDA device: cupy is not installed"``.
+    """
 
 
 class PeerUnavailable(AionetError):

@@ -259,6 +259,7 @@ class Node:
     def member_events(self, maxsize: int = 10_000) -> MemberEventStream:
         """``async for ev in node.member_events(): ...`` (subscribed from this call on)."""
         return self.membership.events(maxsize)
+
     # --- end membership ------------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
@@ -424,6 +425,7 @@ class Node:
     async def gather(self, refs: Any, return_exceptions: bool = False) -> list[Any]:
         """Results of TaskRefs, in order."""
         return await self.scheduler.gather(refs, return_exceptions=return_exceptions)
+
     # --- end tasks ------------------------------------------------------------------------
 
     async def connect(self, url: str) -> str:
@@ -523,13 +525,21 @@ class Node:
 
     def _hello(self, nonce: bytes, mac: bytes, link_info: dict[str, Any]) -> handshake.Hello:
         peers = {
-            n: p.addresses for n, p in self._peers.items()
+            n: p.addresses
+            for n, p in self._peers.items()
             if p.addresses and p.link is not None and not p.link.left and p.link.dead is None
         }
         features = {"compression": ["lz4"] if self._compression else [], "auth": self._token is not None}
         return handshake.Hello(
-            handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, peers,
-            nonce, mac, link_info,
+            handshake.PROTOCOL_VERSION,
+            self.name,
+            self.node_id,
+            self._advertised(),
+            features,
+            peers,
+            nonce,
+            mac,
+            link_info,
         )
 
     async def _dial(self, url: str, expect: str | None = None) -> _Conn:

@@ -64,8 +64,18 @@ class Hello:
 
     def encode(self) -> bytes:
         return msgpack.packb(
-            [HELLO, self.version, self.name, self.node_id, self.addresses, self.features, self.peers,
-             self.nonce, self.mac, self.link]
+            [
+                HELLO,
+                self.version,
+                self.name,
+                self.node_id,
+                self.addresses,
+                self.features,
+                self.peers,
+                self.nonce,
+                self.mac,
+                self.link,
+            ]
         )
 
 
@@ -90,7 +100,11 @@ def _unpack(frames: list[Any]) -> list[Any]:
         raise HandshakeError("handshake message too large")
     try:
         msg = msgpack.unpackb(
-            raw, max_str_len=65536, max_bin_len=65536, max_array_len=4096, max_map_len=4096,
+            raw,
+            max_str_len=65536,
+            max_bin_len=65536,
+            max_array_len=4096,
+            max_map_len=4096,
             strict_map_key=True,
         )
     except Exception as exc:  # msgpack raises several unrelated types
@@ -112,9 +126,7 @@ def parse(frames: list[Any]) -> Hello:
     if not isinstance(version, int):
         raise HandshakeError("malformed handshake: version is not an integer")
     if version != PROTOCOL_VERSION:
-        raise UnsupportedVersion(
-            f"peer speaks aionet protocol version {version}, this node speaks {PROTOCOL_VERSION}"
-        )
+        raise UnsupportedVersion(f"peer speaks aionet protocol version {version}, this node speaks {PROTOCOL_VERSION}")
     if len(msg) != 10:
         raise HandshakeError("malformed handshake: wrong number of fields")
     _, _, name, node_id, addresses, features, peers, nonce, mac_, link = msg

@@ -22,8 +22,14 @@ class ProxyStats:
 
 
 class _Pair:
-    def __init__(self, proxy: FaultProxy, cr: asyncio.StreamReader, cw: asyncio.StreamWriter,
-                 sr: asyncio.StreamReader, sw: asyncio.StreamWriter):
+    def __init__(
+        self,
+        proxy: FaultProxy,
+        cr: asyncio.StreamReader,
+        cw: asyncio.StreamWriter,
+        sr: asyncio.StreamReader,
+        sw: asyncio.StreamWriter,
+    ):
         self.proxy = proxy
         self.writers = (cw, sw)
         self.tasks = [

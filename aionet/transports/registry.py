@@ -68,8 +68,9 @@ class TransportRegistry:
             )
         return _load(target) if isinstance(target, str) else target
 
-    def get(self, url: str, options_by_scheme: dict[str, dict[str, Any]] | None = None,
-            limits: Any = None) -> Transport:
+    def get(
+        self, url: str, options_by_scheme: dict[str, dict[str, Any]] | None = None, limits: Any = None
+    ) -> Transport:
         """The transport instance for ``url``'s scheme (created on first use)."""
         scheme = Address.parse(url).scheme
         cls = self.transport_class(scheme)

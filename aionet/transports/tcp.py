@@ -43,6 +43,7 @@ from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, as_frame, enc
 from ..errors import (
     ConfigError,
     ConnectionClosed,
+    ConnectTimeout,
     FrameTooLarge,
     ProtocolError,
     TooManyFrames,
@@ -83,10 +84,6 @@ MESSAGE_OVERHEAD = 160
 TRIM_AFTER = 2.0
 
 _PACK1 = ONE_FRAME_PREFIX.pack  # (HEAD, 1, length) -> the 16-byte prefix of a 1-frame message
-
-
-class ConnectTimeout(TransportError, TimeoutError):
-    """Connecting took longer than the timeout (also an ``asyncio.TimeoutError``)."""
 
 
 def _options(raw: dict[str, Any]) -> dict[str, Any]:
