@@ -520,6 +520,7 @@ class Node:
         options = dict(self.config.transport.__dict__)
         sec = self.config.security  # tls:// takes [security] tls_*; [transport] tls = {...} overrides
         tls = {"cert": sec.tls_cert, "key": sec.tls_key, "ca": sec.tls_ca}
+        tls["handshake_timeout"] = self.config.link.handshake_timeout
         options["tls"] = {**{k: v for k, v in tls.items() if v}, **(options.get("tls") or {})}
         return self.transports.get(url, options, self.config.limits)
 

@@ -255,3 +255,48 @@ def test_keygen_errors(tmp_path):
         generate(tmp_path, days=0)
     with pytest.raises(KeygenError, match="backend"):
         generate(tmp_path, backend="nope")
+
+
+@pytest.mark.timeout(20)
+async def test_silent_tls_client_is_dropped_after_the_handshake_timeout(keys):
+    """A socket that never starts its TLS handshake is closed after link.handshake_timeout,
+    not asyncio's 60 s default, and the node keeps serving."""
+    cfg = _cfg(keys, link={"handshake_timeout": 0.5})
+    async with Node(name="a", listen=TLS, config=cfg) as a:
+        host, port = a.address.removeprefix("tls://").rsplit(":", 1)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        reader, writer = await asyncio.open_connection(host, int(port))  # plain TCP, no ClientHello
+        try:
+            assert await asyncio.wait_for(reader.read(100), 10) == b""  # closed by the server
+        except ConnectionResetError:
+            pass
+        finally:
+            writer.close()
+        assert loop.time() - t0 < 5
+        async with Node(name="b", listen=TLS, join=[a.address], config=_cfg(keys)) as b:
+            assert await b.request("a", "aionet.echo", 1, timeout=5) == 1
+
+
+@pytest.mark.timeout(20)
+async def test_tls_dial_to_a_silent_server_fails_within_the_handshake_timeout(keys):
+    """A server that accepts TCP but never answers the ClientHello fails the dial in time."""
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    t = TLSTransport({"cert": str(keys.node_cert), "key": str(keys.node_key), "handshake_timeout": 0.5})
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        with pytest.raises((TransportError, TimeoutError)):
+            await t.connect(f"tls://127.0.0.1:{port}", timeout=None)
+        assert loop.time() - t0 < 5
+    finally:
+        server.close()
+        await t.aclose()
+
+
+def test_handshake_timeout_option_is_checked(keys):
+    base = {"cert": str(keys.node_cert), "key": str(keys.node_key)}
+    for bad in (0, -1, "soon"):
+        with pytest.raises(ConfigError, match="handshake_timeout"):
+            TLSTransport({**base, "handshake_timeout": bad})

@@ -687,6 +687,14 @@ class TCPTransport(Transport):
     def _client_ssl(self, addr: Address) -> ssl.SSLContext | None:
         return None
 
+    def _ssl_handshake_timeout(self) -> float | None:
+        return None
+
+    def _ssl_kwargs(self, ctx: ssl.SSLContext | None) -> dict[str, Any]:
+        if ctx is None:
+            return {}  # asyncio rejects ssl_handshake_timeout without ssl
+        return {"ssl": ctx, "ssl_handshake_timeout": self._ssl_handshake_timeout()}
+
     def _check_url(self, url: str) -> Address:
         addr = Address.parse(url)
         if addr.scheme not in self.schemes:
@@ -723,8 +731,8 @@ class TCPTransport(Transport):
                 lambda: self._connection(loop, start),
                 bind_host,
                 addr.port,
-                ssl=self._server_ssl(),
                 backlog=self._opts["backlog"],
+                **self._ssl_kwargs(self._server_ssl()),
             )
         except OSError as exc:
             raise TransportError(f"cannot listen on {url}: {exc.strerror or exc}") from exc
@@ -743,7 +751,7 @@ class TCPTransport(Transport):
                     lambda: conn,
                     addr.host or "127.0.0.1",
                     addr.port,
-                    ssl=self._client_ssl(addr),
+                    **self._ssl_kwargs(self._client_ssl(addr)),
                 )
         except TimeoutError:
             raise ConnectTimeout(f"connect to {url} timed out after {timeout}s") from None

@@ -41,6 +41,9 @@ TLS_OPTIONS: dict[str, Any] = {
     "key": "",
     "ca": "",
     "check_hostname": False,
+    # Seconds a TLS handshake may take before the connection is dropped (a peer that opens a
+    # socket and sends nothing must not hold it open). A Node sets it to link.handshake_timeout.
+    "handshake_timeout": 10.0,
 }
 
 _HOW_TO = (
@@ -113,6 +116,14 @@ class TLSTransport(TCPTransport):
         self._key = _as_str("key", opts["key"])
         self._ca = _as_str("ca", opts["ca"])
         self._check_hostname = _as_bool("check_hostname", opts["check_hostname"])
+        try:
+            self._handshake_timeout = float(opts["handshake_timeout"])
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"transport.tls.handshake_timeout must be a number, not {opts['handshake_timeout']!r}"
+            ) from None
+        if self._handshake_timeout <= 0:
+            raise ConfigError("transport.tls.handshake_timeout must be positive")
         self._server_ctx = self._make_context(server=True)
         self._client_ctx = self._make_context(server=False)
 
@@ -163,6 +174,9 @@ class TLSTransport(TCPTransport):
 
     def _client_ssl(self, addr: Address) -> ssl.SSLContext:
         return self._client_ctx
+
+    def _ssl_handshake_timeout(self) -> float | None:
+        return self._handshake_timeout
 
     def _connection(self, loop: asyncio.AbstractEventLoop, cb: Any = None) -> TCPConnection:
         return TLSConnection(loop, self._opts, self.limits, cb)
