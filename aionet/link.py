@@ -28,7 +28,7 @@ from .link_state import LinkState
 from .transports.base import Connection
 
 ACK = 7  # [ACK, recv_seq]                    unsequenced
-SEQUENCED_MAX = 6  # envelope kinds 1..6 are sequenced: [kind, seq, ack, *fields]
+SEQUENCED_MAX = 6  # envelope kinds 1..6 (and 8, XFER) are sequenced: [kind, seq, ack, *fields]
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
@@ -239,18 +239,10 @@ class Link:
         self.peer_node_id = peer_node_id
         their_tx = info.get("tx")
         if isinstance(their_tx, str) and their_tx != self.rx_id:
-            fresh = not self.rx_id and self.state.recv_seq == 0
             if self.rx_id:
                 notes.append("peer started a new stream")
             self._reset_rx()
             self.rx_id = their_tx
-            acked = info.get("acked")
-            if fresh and type(acked) is int and acked > 0:
-                # this link replaced one that was failed (peer declared dead, then it came back):
-                # join the peer's stream where our old link acknowledged it, or the peer's next
-                # message looks like a sequence gap and the connection flaps forever (issue 5)
-                self.state.recv_seq = acked
-                notes.append("joined the peer's stream after a failed link")
         if info.get("rx") == self.tx_id:
             recv = info.get("recv")
             if isinstance(recv, int) and self.state.acked < recv < self.state.next_seq:
@@ -259,6 +251,15 @@ class Link:
             notes.append("peer lost our stream: restarting it")
             self._reset_tx(PeerUnavailable(f"{self.peer}: link reset by peer; in-flight messages are lost"))
         return notes
+
+    def inherit_rx(self, old: Link) -> None:
+        """Continue receiving the peer's stream where a failed link to it stopped.
+
+        Without this, a peer that was declared dead but kept its stream would replay messages
+        we had delivered but not yet acknowledged, and they would be delivered twice."""
+        self.rx_id = old.rx_id
+        self.peer_node_id = old.peer_node_id
+        self.state.recv_seq = old.state.recv_seq
 
     def _reset_tx(self, exc: BaseException) -> None:
         old = self.state
@@ -395,7 +396,7 @@ class Link:
 
 
 def is_sequenced(kind: int) -> bool:
-    return 1 <= kind <= SEQUENCED_MAX
+    return 1 <= kind <= SEQUENCED_MAX or kind == 8  # 8: XFER, a staged device array chunk (router.py)
 
 
 async def close_conn(conn: Connection) -> None:

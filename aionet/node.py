@@ -14,7 +14,7 @@ from typing import Any
 
 from . import __version__
 from .codecs import handshake
-from .codecs.serialize import Serializer
+from .codecs.serialize import DecodeDeferred, Serializer
 from .config import Config
 from .errors import (
     AionetError,
@@ -27,7 +27,8 @@ from .errors import (
 from .link import ACK, Link, close_conn, nbytes_of
 from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
-from .router import BYE, ERR, PEERS, REP, REQ, SEND, Router
+from .device_transfer import DeviceTransfers, StagingRequired
+from .router import BYE, ERR, PEERS, REP, REQ, SEND, XFER, Router
 from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
 from .transports.base import Address, Connection, Listener
 from .transports.registry import TransportRegistry
@@ -84,6 +85,7 @@ class Node:
         *,
         config: Config | None = None,
         transports: dict[str, Any] | None = None,
+        device_backend: Any = None,
     ):
         cfg = config if config is not None else Config.from_dict({})
         if name is not None:
@@ -102,6 +104,16 @@ class Node:
         self.node_id = uuid.uuid4().hex
         self.log = get_logger("aionet.node", node=self.name)
         self.serializer = Serializer.from_config(cfg)
+        # device arrays in messages (aionet/device_transfer.py); ``device_backend`` overrides the
+        # array backend (tests and benchmarks pass aionet.staging.SimulatedDeviceBackend())
+        self._device = DeviceTransfers(
+            buffers=cfg.buffers,
+            limits=cfg.limits,
+            serializer=self.serializer,
+            log=self.log,
+            spawn=lambda coro, name: self._spawn(coro, name=name),
+            backend=device_backend,
+        )
         self.transports = TransportRegistry(transports)
         self.router = Router(self.name, cfg.link.mailbox_size, self.log)
         self._token = cfg.load_token()
@@ -202,6 +214,7 @@ class Node:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=2.0)
         await self.transports.aclose()
+        self._device.close()
         self._running = False
         self.log.info("stopped")
 
@@ -296,6 +309,7 @@ class Node:
             "peers": peers,
             "services": sorted(self.router.services),
             "mailboxes": {ch: mb.qsize() for ch, mb in self.router.mailboxes.items()},
+            "device": self._device.info(),
         }
 
     # ------------------------------------------------------------------ services & types
@@ -367,9 +381,12 @@ class Node:
         link = p.link if p is not None else None
         if link is None or link.dead is not None:
             link = await self._link_to(peer)
-        aw = link.post(SEND, [channel, obj])
-        if aw is not None:
-            await aw
+        try:
+            aw = link.post(SEND, [channel, obj])
+            if aw is not None:
+                await aw
+        except StagingRequired:  # device arrays: stage them, then post (device_transfer.py)
+            await self._device.send(link, SEND, [channel, obj])
 
     async def recv(self, channel: str, timeout: float | None = None) -> Any:
         """Next object from mailbox ``channel`` (any sender)."""
@@ -402,9 +419,12 @@ class Node:
         if timeout is not None:
             handle = asyncio.get_running_loop().call_later(timeout, _expire, fut, peer, service, timeout)
         try:
-            aw = link.post(REQ, [rid, service, obj])
-            if aw is not None:
-                await aw
+            try:
+                aw = link.post(REQ, [rid, service, obj])
+                if aw is not None:
+                    await aw
+            except StagingRequired:  # device arrays: stage them, then post (device_transfer.py)
+                await self._device.send(link, REQ, [rid, service, obj])
             return await fut
         finally:
             if handle is not None:
@@ -511,8 +531,15 @@ class Node:
     def _live_link(self, name: str, tx_id: str = "") -> Link:
         """The peer's link, replacing one that died (a fresh stream)."""
         p = self._peer(name)
-        if p.link is None or p.link.dead is not None:
+        old = p.link
+        if old is None or old.dead is not None:
             p.link = self._new_link(name, tx_id)
+            if old is not None and not old.left:
+                # Declared dead but maybe alive (a false suspicion): our outgoing stream is
+                # gone, but remember how far we got in the peer's stream. If the peer kept it,
+                # it replays what we have not acknowledged and we drop what we already
+                # delivered; if it started a new one, the handshake resets this.
+                p.link.inherit_rx(old)
         return p.link
 
     # ------------------------------------------------------------------ handshake
@@ -625,7 +652,8 @@ class Node:
             info = p.link.resume_info()
         else:
             p.pending_tx = p.pending_tx or uuid.uuid4().hex[:16]
-            info = {"tx": p.pending_tx, "rx": "", "recv": 0}
+            old = p.link if p.link is not None and not p.link.left else None  # see _live_link
+            info = {"tx": p.pending_tx, "rx": old.rx_id if old else "", "recv": old.state.recv_seq if old else 0}
         nonce_a = handshake.new_nonce()
         mac_a = handshake.mac(self._token, b"A", hello.nonce, nonce_a, self.name, hello.name)
         await conn.send([self._hello(nonce_a, mac_a, info).encode()])

@@ -130,8 +130,10 @@ async def test_large_array_across_cuts(proxied_pair):
 async def test_stalled_link_backpressures_sender_with_bounded_memory():
     cfg_b = _cfg(link={"max_inflight_bytes": 1 << 20})
     cfg_a = _cfg(link={"mailbox_size": 4})
-    async with Node(name="a", listen="tcp://127.0.0.1:0", config=cfg_a) as a, \
-            Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=cfg_b) as b:
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0", config=cfg_a) as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=cfg_b) as b,
+    ):
         payload = np.zeros(64 * 1024, dtype=np.uint8)
         sent = 0
 
@@ -155,8 +157,9 @@ async def test_stalled_link_backpressures_sender_with_bounded_memory():
 
 
 async def test_peer_sigkill_fails_pending_requests(spawn):
-    proc, ready = spawn("--name", "victim", "--listen", "tcp://127.0.0.1:0", "--app", "tests.apps:setup",
-                        env={"PYTHONPATH": REPO})
+    proc, ready = spawn(
+        "--name", "victim", "--listen", "tcp://127.0.0.1:0", "--app", "tests.apps:setup", env={"PYTHONPATH": REPO}
+    )
     cfg = _cfg(link={"give_up_after": 1.0})
     async with Node(name="client", listen="tcp://127.0.0.1:0", join=ready["addresses"], config=cfg) as c:
         assert await c.request("victim", "test.pid", timeout=5) == proc.pid
@@ -177,8 +180,10 @@ def _token_cfg(token):
 
 
 async def test_matching_tokens_connect():
-    async with Node(name="a", config=_token_cfg("s3cret")) as a, \
-            Node(name="b", join=[a.address], config=_token_cfg("s3cret")) as b:
+    async with (
+        Node(name="a", config=_token_cfg("s3cret")) as a,
+        Node(name="b", join=[a.address], config=_token_cfg("s3cret")) as b,
+    ):
         assert await b.request("a", "aionet.echo", 1, timeout=5) == 1
 
 
@@ -225,3 +230,35 @@ def test_local_peer_detection():
     assert _is_local("inproc://x")
     assert not _is_local("tcp://10.1.2.3:5")
     assert not _is_local("garbage")
+
+
+@pytest.mark.timeout(30)
+async def test_false_death_neither_duplicates_nor_loses_messages():
+    """A declares B dead right after delivering messages it has not acknowledged yet. B is
+    alive and keeps its stream: it reconnects and replays them. A must drop what it already
+    delivered (no duplicates) and B's later messages must still arrive (no silent loss)."""
+    n = 2000
+    cfg = _cfg(link={"give_up_after": 10})
+    async with Node(name="a", config=cfg) as a, Node(name="b", join=[a.address], config=cfg) as b:
+        got: list = []
+        first = asyncio.Event()
+
+        async def consume():
+            while True:
+                batch = await a.recv_batch("ch")
+                if not first.is_set():
+                    a.declare_dead("b", "test: false suspicion")  # before any ack went out
+                    first.set()
+                got.extend(batch)
+                if batch[-1] == "end":
+                    return
+
+        task = asyncio.create_task(consume())
+        for i in range(n):
+            await b.send("a", "ch", i)
+        await first.wait()
+        await b.send("a", "ch", "end")
+        await asyncio.wait_for(task, 20)
+        nums = [x for x in got if x != "end"]
+        assert len(nums) == len(set(nums)), f"{len(nums) - len(set(nums))} duplicates"
+        assert nums == list(range(n))
