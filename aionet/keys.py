@@ -62,14 +62,15 @@ class KeySet:
             f'tls_ca = "{self.ca_cert}"         # mutual TLS: peers must present a cert signed by this CA',
             "",
             "[node]",
-            'listen = ["tls://0.0.0.0:7700"]      # or keep tcp:// and use only the token',
+            'listen = ["tls://0.0.0.0:7700"]      # or zmq+tcp:// (CurveZMQ below), or tcp:// with only the token',
         ]
         if self.curve_public is not None and self.curve_secret is not None:
+            # One shared pair: each listener is a CURVE server with it, each dial expects it
+            # (curve_server_key_file) and presents it (curve_allowed_clients defaults to it).
             lines += [
                 "",
-                "# CurveZMQ for zmq+tcp:// (uncomment when your zmq transport supports the curve_* options):",
-                "# [transport]",
-                f'# zmq = {{ curve_public_key_file = "{self.curve_public}", '
+                "[transport]                          # CurveZMQ: encrypts and authenticates zmq+tcp:// (and zmq+ipc://)",
+                f'zmq = {{ curve_public_key_file = "{self.curve_public}", '
                 f'curve_secret_key_file = "{self.curve_secret}" }}',
             ]
         return "\n".join(lines) + "\n"

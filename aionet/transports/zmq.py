@@ -38,7 +38,17 @@ Connection); ZeroMQ is not. The mapping:
   disconnects a peer that announces a larger one. Frame count and total size per message
   are checked on arrival; a violation closes that Connection with a log line.
 
-One zmq Context per transport instance, created lazily and terminated in ``aclose``.
+* CurveZMQ: with ``curve_public_key_file``/``curve_secret_key_file`` set, every listening
+  socket is a CURVE server and every dialing socket a CURVE client, on ``zmq+tcp://`` and
+  ``zmq+ipc://`` alike (one transport instance serves both; a plaintext ipc socket next to an
+  encrypted tcp one would be a hole). Plaintext peers fail the ZMTP handshake. CURVE alone
+  admits any client key, so the transport binds a ZAP handler (:class:`_ZapHandler`) on its
+  own Context that admits only ``curve_allowed_clients`` (default: the node's own public key,
+  the shared key of an ``aionet keys`` cluster). A dial to a listener with another key fails
+  at the handshake, which the socket monitor reports at once, well within ``connect_timeout``.
+
+One zmq Context per transport instance, created lazily and terminated in ``aclose`` (with the
+ZAP handler, which is closed first).
 """
 
 from __future__ import annotations
@@ -47,17 +57,22 @@ import asyncio
 import collections
 import contextlib
 import os
+import re
 import socket as _socket
+import stat
 import struct
 import tempfile
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import structlog
 import zmq
 from zmq.backend import Socket as _BackendSocket
+from zmq.utils import z85 as _z85
 
 from ..config import parse_size
 from ..errors import (
@@ -105,6 +120,11 @@ _OPTIONS: dict[str, Any] = {
     "drain_batch": 2048,  # messages read per wake-up before yielding to the loop
     "io_threads": 1,
     "max_sockets": 8192,
+    # CurveZMQ (see _CurveKeys): this node's key pair turns encryption on for every socket
+    "curve_public_key_file": None,
+    "curve_secret_key_file": None,
+    "curve_server_key_file": None,  # public key of the listeners dialed; default: our own
+    "curve_allowed_clients": None,  # file(s)/directory of client public keys; default: our own
 }
 
 _MON_EVENTS = (
@@ -123,6 +143,152 @@ _DIAL_FAIL_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 _EVENT_NAMES = {int(e): e.name for e in zmq.Event if e.name}
+_PROTOCOL_ERRORS = {int(getattr(zmq, n)): n[15:] for n in dir(zmq) if n.startswith("PROTOCOL_ERROR_")}
+
+
+# ------------------------------------------------------------------------------------------
+# CurveZMQ keys
+# ------------------------------------------------------------------------------------------
+_Z85_KEY = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
+# zmq's certificate files (zmq_cert / zmq.auth.create_certificates): `public-key = "..."`
+_CERT_KEY = re.compile(r'(public|secret)-key\s*=\s*"([^"]*)"')
+_CERT_OTHER = re.compile(r'(metadata|curve|[\w.-]+\s*=\s*"[^"]*")')
+_ZAP_DOMAIN = b"aionet"
+_ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP spec (RFC 27), one per context
+
+
+def _read_keys(path: Path, option: str, kind: str) -> list[bytes]:
+    """Z85 keys of ``kind`` ("public"/"secret") in a file: bare 40-character Z85 lines (what
+    ``aionet keys`` writes) or zmq certificate files. Anything else is a ConfigError naming
+    the file, so a typo never silently means "no key"."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        raise ConfigError(f"transport.zmq.{option}: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"transport.zmq.{option}: cannot read {path}: {exc}") from None
+    keys: list[bytes] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _CERT_KEY.fullmatch(line)
+        if m is not None:
+            if m[1] != kind:
+                continue
+            line = m[2]
+        elif not _Z85_KEY.fullmatch(line) and _CERT_OTHER.fullmatch(line):
+            continue  # certificate metadata
+        if not _Z85_KEY.fullmatch(line):
+            raise ConfigError(f"transport.zmq.{option}: {path} line {n} is not a 40-character Z85 CurveZMQ key")
+        keys.append(line.encode())
+    if not keys:
+        raise ConfigError(f"transport.zmq.{option}: {path} holds no CurveZMQ {kind} key")
+    return keys
+
+
+def _read_key(value: Any, option: str, kind: str) -> bytes:
+    path = _key_path(value, option)
+    keys = _read_keys(path, option, kind)
+    if len(keys) != 1:
+        raise ConfigError(f"transport.zmq.{option}: {path} holds {len(keys)} keys, expected one")
+    return keys[0]
+
+
+def _key_path(value: Any, option: str) -> Path:
+    if not isinstance(value, str | os.PathLike) or not str(value):
+        raise ConfigError(f"transport.zmq.{option} must be a file path, not {value!r}")
+    return Path(value).expanduser()
+
+
+def _z85_raw(key: bytes, where: str) -> bytes:
+    try:
+        raw = _z85.decode(key)
+    except (KeyError, ValueError, OverflowError, struct.error):
+        raw = b""
+    if len(raw) != 32 or _z85.encode(raw) != key:
+        raise ConfigError(f"{where}: not a valid Z85 CurveZMQ key")
+    return raw
+
+
+@dataclass(frozen=True)
+class _CurveKeys:
+    """This node's CurveZMQ key pair, the server key it expects when dialing, and the client
+    keys its listeners let in (raw 32-byte keys, checked by the transport's ZAP handler).
+
+    The defaults fit ``aionet keys``, which gives a whole test cluster one shared pair: dial
+    servers holding our own key, admit clients holding our own key."""
+
+    public: bytes  # Z85
+    secret: bytes  # Z85
+    server: bytes  # Z85
+    allowed: frozenset[bytes]
+
+    @classmethod
+    def load(cls, v: dict[str, Any]) -> _CurveKeys | None:
+        names = ("curve_public_key_file", "curve_secret_key_file", "curve_server_key_file", "curve_allowed_clients")
+        given = [n for n in names if v.get(n) not in (None, "")]
+        if not given:
+            return None
+        missing = [n for n in names[:2] if n not in given]
+        if missing:
+            raise ConfigError(
+                f"transport.zmq: {', '.join(given)} set but {' and '.join(missing)} missing; CurveZMQ needs "
+                "this node's key pair (`aionet keys DIR` writes curve.public and curve.secret)"
+            )
+        if not zmq.has("curve"):
+            raise TransportUnavailable(
+                f"transport.zmq curve_* options are set but libzmq {zmq.zmq_version()} was built without "
+                "CURVE (libsodium); install a pyzmq wheel (it bundles libzmq with CURVE) or rebuild libzmq "
+                "with libsodium"
+            )
+        pub_path = _key_path(v["curve_public_key_file"], "curve_public_key_file")
+        sec_path = _key_path(v["curve_secret_key_file"], "curve_secret_key_file")
+        public = _read_key(pub_path, "curve_public_key_file", "public")
+        secret = _read_key(sec_path, "curve_secret_key_file", "secret")
+        _z85_raw(public, f"transport.zmq.curve_public_key_file {pub_path}")
+        _z85_raw(secret, f"transport.zmq.curve_secret_key_file {sec_path}")
+        if zmq.curve_public(secret) != public:
+            raise ConfigError(
+                f"transport.zmq: curve_public_key_file {pub_path} is not the public key of "
+                f"curve_secret_key_file {sec_path}"
+            )
+        with contextlib.suppress(OSError):
+            if sec_path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                log.warning("CurveZMQ secret key file is accessible to other users; chmod 600 it", file=str(sec_path))
+        server = public
+        if v.get("curve_server_key_file") not in (None, ""):
+            srv_path = _key_path(v["curve_server_key_file"], "curve_server_key_file")
+            server = _read_key(srv_path, "curve_server_key_file", "public")
+            _z85_raw(server, f"transport.zmq.curve_server_key_file {srv_path}")
+        allowed = {_z85_raw(public, "curve_public_key_file")}
+        if v.get("curve_allowed_clients") not in (None, ""):
+            allowed = cls._allowed(v["curve_allowed_clients"])
+        return cls(public, secret, server, frozenset(allowed))
+
+    @staticmethod
+    def _allowed(value: Any) -> set[bytes]:
+        """``curve_allowed_clients``: a path or list of paths; a file holds one or more public
+        keys, a directory contributes its ``*.public`` and ``*.key`` files."""
+        opt = "curve_allowed_clients"
+        items = [value] if isinstance(value, str | os.PathLike) else value
+        if not isinstance(items, list | tuple) or not items:
+            raise ConfigError(f"transport.zmq.{opt} must be a path or a list of paths, not {value!r}")
+        files: list[Path] = []
+        for item in items:
+            path = _key_path(item, opt)
+            if path.is_dir():
+                found = sorted(p for p in path.iterdir() if p.suffix in (".public", ".key") and p.is_file())
+                if not found:
+                    raise ConfigError(f"transport.zmq.{opt}: directory {path} has no *.public or *.key files")
+                files += found
+            else:
+                files.append(path)
+        allowed: set[bytes] = set()
+        for path in files:
+            for key in _read_keys(path, opt, "public"):
+                allowed.add(_z85_raw(key, f"transport.zmq.{opt} {path}"))
+        return allowed
 
 
 class _Opts:
@@ -153,6 +319,7 @@ class _Opts:
             raise ConfigError("transport.zmq: hwm must be >= 0, zero_copy_min_bytes and drain_batch >= 1")
         if self.max_queued_bytes <= 0 or self.max_queued_msgs <= 0 or self.io_threads < 1:
             raise ConfigError("transport.zmq: max_queued_*, io_threads must be positive")
+        self.curve = _CurveKeys.load(v)
 
 
 def _nbytes(frame: Any) -> int:
@@ -327,6 +494,74 @@ class _Monitor:
         self._loop.remove_reader(self._fd)
         with contextlib.suppress(zmq.ZMQError):
             self._target.disable_monitor()
+        self._sock.close(0)
+
+
+class _ZapHandler:
+    """The ZAP handler (RFC 27) of one transport's zmq Context: admits a CURVE client only if
+    its public key is allowed.
+
+    Without a handler libzmq's CURVE server encrypts for *any* client key; with it, libzmq
+    asks here during each handshake. It is a ROUTER on the context's well-known inproc
+    endpoint, read from the event loop like the socket monitors (no thread, no zmq.asyncio).
+    Server sockets also set ZAP_ENFORCE_DOMAIN, so if this handler were missing, libzmq would
+    refuse clients rather than admit everyone."""
+
+    def __init__(self, ctx: zmq.Context, loop: asyncio.AbstractEventLoop, allowed: frozenset[bytes]) -> None:
+        self._sock = ctx.socket(zmq.ROUTER)
+        self._sock.linger = 0
+        try:
+            self._sock.bind(_ZAP_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self._sock.close(0)
+            raise _zmq_error(exc, "cannot start the CurveZMQ authenticator") from exc
+        self._allowed = allowed
+        self._loop = loop
+        self._fd = self._sock.getsockopt(zmq.FD)
+        self._closed = False
+        self.accepted = 0
+        self.rejected = 0
+        loop.add_reader(self._fd, self.poll)
+        self.poll()  # arm the edge-triggered FD
+
+    def poll(self) -> None:
+        sock = self._sock
+        while not self._closed:
+            try:
+                parts = sock.recv_multipart(_NOBLOCK)
+            except zmq.ZMQError:  # Again: nothing more; anything else: socket closed
+                return
+            reply = self._answer(parts)
+            if reply is not None:
+                with contextlib.suppress(zmq.ZMQError):  # libzmq gave up on the handshake
+                    sock.send_multipart(reply, _NOBLOCK)
+
+    def _answer(self, parts: list[bytes]) -> list[bytes] | None:
+        # [routing id, "", version, request id, domain, address, identity, mechanism, *credentials]
+        if len(parts) < 8 or parts[1] != _EMPTY:
+            return None
+        rid, _, version, request_id, _domain, address, _identity, mechanism, *creds = parts
+        head = [rid, _EMPTY, b"1.0", request_id]
+        if version != b"1.0":
+            return [*head, b"500", b"unsupported ZAP version", _EMPTY, _EMPTY]
+        if mechanism == b"CURVE" and creds and creds[0] in self._allowed:
+            self.accepted += 1
+            return [*head, b"200", b"OK", _z85.encode(creds[0]), _EMPTY]
+        self.rejected += 1
+        key = _z85.encode(creds[0]).decode() if mechanism == b"CURVE" and creds and len(creds[0]) == 32 else None
+        log.warning(
+            "zmq peer refused: its CurveZMQ key is not allowed (curve_allowed_clients)",
+            peer=address.decode(errors="replace"),
+            mechanism=mechanism.decode(errors="replace"),
+            client_key=key,
+        )
+        return [*head, b"400", b"client key not allowed", _EMPTY, _EMPTY]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._fd)
         self._sock.close(0)
 
 
@@ -729,7 +964,12 @@ class _PeerConnection(_ZConnection):
         self.abort()
 
     def extra_info(self) -> dict[str, Any]:
-        return {**super().extra_info(), "socket": "ROUTER", "routing_id": self._rid.hex()}
+        return {
+            **super().extra_info(),
+            "socket": "ROUTER",
+            "routing_id": self._rid.hex(),
+            "curve": self._listener._transport.curve,
+        }
 
 
 class _RouterListener(_Pump, Listener):
@@ -912,11 +1152,22 @@ class _RouterListener(_Pump, Listener):
                 conn._remote_end(ConnectionClosed(f"peer {conn.peer_address} disconnected"))
                 self.kick()
         elif event & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-            log.info(
-                "zmq handshake with an incoming peer failed",
-                listener=self._address,
-                zmq_event=_EVENT_NAMES.get(event, event),
-            )
+            detail = _PROTOCOL_ERRORS.get(value) if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL else None
+            if self._transport.curve:  # refused before any message got through; worth a warning
+                log.warning(
+                    "zmq handshake with an incoming peer failed: CurveZMQ is required here; the peer "
+                    "is plaintext or dialed with another server key (curve_server_key_file)",
+                    listener=self._address,
+                    zmq_event=_EVENT_NAMES.get(event, event),
+                    detail=detail,
+                )
+            else:
+                log.info(
+                    "zmq handshake with an incoming peer failed",
+                    listener=self._address,
+                    zmq_event=_EVENT_NAMES.get(event, event),
+                    detail=detail,
+                )
 
     def _drain_all(self) -> None:
         with contextlib.suppress(zmq.ZMQError):  # bounded by what zmq holds: rcvhwm per peer
@@ -1118,7 +1369,20 @@ class _DealerConnection(_Pump, _ZConnection):
         with contextlib.suppress(zmq.ZMQError):  # what already arrived is delivered first
             self._drain(1 << 30, force=True)
         name = _EVENT_NAMES.get(event, str(event))
-        self._remote_end(ConnectionClosed(f"connection to {self.peer_address} lost ({name})"))
+        why = ""
+        if not self._handshake.done() and event != zmq.EVENT_CLOSED:
+            why = self._handshake_hint(event)
+        self._remote_end(ConnectionClosed(f"connection to {self.peer_address} lost ({name}){why}"))
+
+    def _handshake_hint(self, event: int) -> str:
+        """Why a dial most likely failed during the ZMTP handshake (security mismatches)."""
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return ": the listener refused this node's CurveZMQ key (not in its curve_allowed_clients)"
+        if event not in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+            return ""
+        if self._transport.curve:
+            return ": CurveZMQ handshake failed; the listener's key is not curve_server_key_file or it is plaintext"
+        return ": ZMTP handshake failed; the listener may require CurveZMQ (transport.zmq curve_* keys)"
 
     def _fatal(self, exc: zmq.ZMQError) -> None:
         self._remote_end(_zmq_error(exc, f"connection to {self.peer_address} failed"))
@@ -1206,7 +1470,7 @@ class _DealerConnection(_Pump, _ZConnection):
         self._release(self._opts.linger_ms)
 
     def extra_info(self) -> dict[str, Any]:
-        return {**super().extra_info(), "socket": "DEALER"}
+        return {**super().extra_info(), "socket": "DEALER", "curve": self._transport.curve}
 
 
 # ======================================================================================
@@ -1219,6 +1483,7 @@ class ZMQTransport(Transport):
         super().__init__(options, limits)
         self._opts = _Opts(self.options)
         self._ctx: zmq.Context | None = None
+        self._zap: _ZapHandler | None = None
         self._listeners: set[_RouterListener] = set()
         self._dialers: set[_DealerConnection] = set()
         self._closed = False
@@ -1234,13 +1499,37 @@ class ZMQTransport(Transport):
         if self._closed:
             raise TransportError("zmq transport is closed")
         if self._ctx is None:
-            self._ctx = zmq.Context(io_threads=self._opts.io_threads)
-            self._ctx.setsockopt(zmq.MAX_SOCKETS, self._opts.max_sockets)
+            ctx = zmq.Context(io_threads=self._opts.io_threads)
+            ctx.setsockopt(zmq.MAX_SOCKETS, self._opts.max_sockets)
+            if self._opts.curve is not None:
+                try:  # before any socket exists, so no handshake can happen without it
+                    self._zap = _ZapHandler(ctx, asyncio.get_running_loop(), self._opts.curve.allowed)
+                except BaseException:
+                    ctx.destroy(linger=0)
+                    raise
+            self._ctx = ctx
         return self._ctx
 
-    def _socket(self, kind: int, *, ipv6: bool) -> zmq.Socket:
+    @property
+    def curve(self) -> bool:
+        """True when every socket of this transport speaks CurveZMQ."""
+        return self._opts.curve is not None
+
+    def _socket(self, kind: int, *, ipv6: bool, server: bool) -> zmq.Socket:
         o = self._opts
         sock = self._context().socket(kind)
+        keys = o.curve
+        if keys is not None:
+            if server:  # refuses NULL (plaintext) peers; the ZAP handler checks client keys
+                sock.setsockopt(zmq.CURVE_SERVER, 1)
+                sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+                sock.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN)
+                with contextlib.suppress(zmq.ZMQError, AttributeError):  # draft option in some builds
+                    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+            else:
+                sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server)
+                sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+                sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
         sock.copy_threshold = 0  # copy-or-not is decided per frame here
         sock.setsockopt(zmq.LINGER, o.linger_ms)
         sock.setsockopt(zmq.SNDHWM, o.sndhwm)
@@ -1260,7 +1549,7 @@ class ZMQTransport(Transport):
         if endpoint.startswith("ipc://") and _ipc_in_use(endpoint[6:]):
             # libzmq would unlink the file and silently take the path from the live listener
             raise TransportError(f"cannot listen on {url}: address in use")
-        sock = self._socket(zmq.ROUTER, ipv6=endpoint.startswith("tcp://["))
+        sock = self._socket(zmq.ROUTER, ipv6=endpoint.startswith("tcp://["), server=True)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
             sock.bind(endpoint)
@@ -1277,7 +1566,7 @@ class ZMQTransport(Transport):
     async def connect(self, url: str, *, timeout: float | None = None) -> Connection:
         endpoint = _endpoint(url, bind=False)
         timeout = self._opts.connect_timeout if timeout is None else timeout
-        sock = self._socket(zmq.DEALER, ipv6=endpoint.startswith("tcp://["))
+        sock = self._socket(zmq.DEALER, ipv6=endpoint.startswith("tcp://["), server=False)
         sock.setsockopt(zmq.RECONNECT_IVL, -1)  # a dropped link is ConnectionClosed, never re-dialled
         sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing towards a link that is not up
         sock.setsockopt(zmq.CONNECT_TIMEOUT, max(1, int(timeout * 1000)))
@@ -1299,6 +1588,9 @@ class ZMQTransport(Transport):
         for listener in list(self._listeners):
             listener._shutdown(None)
         self._closed = True
+        if self._zap is not None:
+            self._zap.close()
+            self._zap = None
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
             # term() waits for lingering sockets to flush (bounded by `linger`): not on the loop.
