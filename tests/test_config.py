@@ -71,3 +71,34 @@ def test_parse_size():
     assert parse_size(17) == 17
     with pytest.raises(ConfigError):
         parse_size("lots")
+
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples" / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_example_configs_load_and_their_transport_options_are_accepted(path, tmp_path):
+    """The shipped snippets must stay valid as options change: unknown keys are errors."""
+    import zmq
+
+    from aionet.keys import generate
+    from aionet.transports.registry import TransportRegistry
+
+    keys = generate(tmp_path / "keys")
+    text = path.read_text()
+    for name in ("token", "curve.public", "curve.secret"):
+        text = text.replace(f'"keys/{name}"', f'"{keys.directory / name}"')
+    text = text.replace('"node.pem"', f'"{keys.node_cert}"').replace('"node.key"', f'"{keys.node_key}"')
+    text = text.replace('"ca.pem"', f'"{keys.ca_cert}"')
+    p = tmp_path / path.name
+    p.write_text(text)
+    cfg = Config.from_file(p, env={})
+    scheme = cfg.node.listen[0].split("://")[0]
+    options = dict(cfg.transport.__dict__)
+    sec = cfg.security
+    options["tls"] = {"cert": sec.tls_cert, "key": sec.tls_key, "ca": sec.tls_ca, **cfg.transport.tls}
+    if scheme in ("ucx", "rdma"):
+        return  # optional extras / hardware: their option names are checked in their own tests
+    if scheme.startswith("zmq") and "curve_public_key_file" in cfg.transport.zmq and not zmq.has("curve"):
+        pytest.skip("libzmq without CURVE")
+    TransportRegistry().get(cfg.node.listen[0], options, cfg.limits)
