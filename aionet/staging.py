@@ -9,6 +9,15 @@ waits on it with the GIL released). The receiver mirrors this: each arriving chu
 to the destination while the next one is being received. The extra copy is therefore hidden
 behind the network instead of added to it (``benchmarks/staging.py`` measures this).
 
+What the CPU benchmark taught (2 cores, sender and receiver in separate processes, so every
+CPU-second counts): per-chunk thread handoffs cost more than the memcpys they hide, so host
+memcpys run on the event loop queued behind the sends in flight (``host_copies``); fresh
+memory is expensive to touch, so the receiver drops each chunk's frame as soon as it is copied
+(the transport reuses it), can receive chunks straight into pool buffers or, without a GPU,
+into the final array (:meth:`Receiver.alloc`), and the simulated device reuses destination
+memory like CuPy's memory pool (:class:`CachingAllocator`); 1 MiB chunks stay in cache
+between the staging copy and the kernel's copy.
+
 Transports that move device memory themselves (``Connection.moves_device_memory``, e.g. UCX
 built with CUDA) skip staging: :meth:`Stager.encode` hands them the device buffer as a frame.
 
@@ -40,6 +49,7 @@ Integration (serializer / connection layer)::
     for _ in range(meta["nchunks"]):
         await rx.feed((await conn.recv())[0])
     arr = await rx.finish()
+    # or: await stager.send_array(obj, conn.send) / await stager.recv_array(meta, conn.recv)
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ import asyncio
 import ctypes
 import math
 import threading
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +73,9 @@ from .log import get_logger
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_DEPTH",
     "ArrayBackend",
+    "CachingAllocator",
     "ChunkStream",
     "CupyBackend",
     "HostTarget",
@@ -74,7 +87,8 @@ __all__ = [
 
 log = get_logger("aionet.staging")
 
-DEFAULT_CHUNK_BYTES = 4 << 20
+DEFAULT_CHUNK_BYTES = 1 << 20  # measured best of 512 KiB..8 MiB: see benchmarks/staging.py
+DEFAULT_DEPTH = 2  # chunks copied ahead: double buffering (3 measured no better)
 WIRE_VERSION = 1
 
 # DLPack device types (dlpack.h DLDeviceType)
@@ -120,11 +134,17 @@ class ArrayBackend(Protocol):
     """What the staging pipeline needs from an array library.
 
     ``prepare`` turns a user array into a flat, contiguous uint8 "device buffer" plus its
-    dtype/shape/order; the copy functions are synchronous and run in the stager's worker
-    thread (they must release the GIL while copying to overlap with the network)."""
+    dtype/shape/order; the copy functions are synchronous. With ``host_copies`` False (a real
+    device) they run in the stager's worker thread, which waits on the device while the event
+    loop keeps sending; they must release the GIL. With ``host_copies`` True they are plain
+    host memcpys and run on the event loop itself, queued behind the sends in flight: handing
+    a 4 MiB memcpy to a thread costs more CPU than the memcpy (thread wake-ups, GIL handoffs,
+    the chunk crossing to another core's cache), see ``benchmarks/staging.py``."""
 
     name: str
     on_device: bool  # False when "device" arrays produced by this backend are host numpy arrays
+    host_copies: bool  # True when the copies are host memcpys (run on the loop, not a thread)
+    host_destination: bool  # empty() is plain host memory a transport may receive into
 
     def prepare(self, obj: Any) -> tuple[Any, np.dtype, tuple[int, ...], str]: ...
 
@@ -164,10 +184,19 @@ class SimulatedDeviceBackend:
 
     Accepts numpy arrays, ``__cuda_array_interface__`` objects whose pointer is host memory,
     and DLPack objects claiming a CUDA device whose capsule describes host memory. The
-    "device to host" copies are real memcpys (numpy releases the GIL for them)."""
+    "device to host" and "host to device" copies are real memcpys (numpy releases the GIL for
+    them), so every staged byte is copied twice, as on a GPU. Destination arrays come from a
+    :class:`CachingAllocator`, which models CuPy's default ``MemoryPool``: freed device memory
+    is kept and handed out again, so receiving the same size twice does not fault in fresh
+    memory (on the CPU that first touch costs more than the copy itself)."""
 
     name = "simulated"
     on_device = False
+    host_copies = True
+    host_destination = False  # plays device memory: the host-to-device copy is never skipped
+
+    def __init__(self, cache_bytes: int = 4 << 30) -> None:
+        self.memory = CachingAllocator(cache_bytes)
 
     def _as_numpy(self, obj: Any) -> np.ndarray:
         if isinstance(obj, np.ndarray):
@@ -208,7 +237,7 @@ class SimulatedDeviceBackend:
         np.copyto(dst, src[offset : offset + dst.nbytes])
 
     def empty(self, nbytes: int) -> Any:
-        return np.empty(nbytes, dtype=np.uint8)
+        return self.memory.empty(nbytes)
 
     def copy_from_host(self, dst: Any, offset: int, src: memoryview) -> None:
         s = np.frombuffer(src, dtype=np.uint8)
@@ -216,6 +245,75 @@ class SimulatedDeviceBackend:
 
     def finalize(self, flat: Any, dtype: np.dtype, shape: tuple[int, ...], order: str) -> Any:
         return flat.view(dtype).reshape(shape, order=order)
+
+
+class _Block:
+    """Owner of one allocator block: every array on it keeps it alive (numpy points views
+    at the first non-array owner), and its finalizer hands the memory back to the cache."""
+
+    __slots__ = ("__array_interface__", "__weakref__")
+
+    def __init__(self, raw: np.ndarray, nbytes: int) -> None:
+        self.__array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (raw.ctypes.data, False),
+            "version": 3,
+        }
+
+
+class CachingAllocator:
+    """Host memory blocks reused across allocations, like CuPy's device ``MemoryPool``.
+
+    Freeing an array returns its block to a per-size free list (when the last view of it is
+    garbage-collected), and the next allocation of that size takes it back instead of
+    faulting in fresh pages -- first-touch of fresh memory costs more than the copy that fills
+    it. At most ``cache_bytes`` of idle blocks are kept; :meth:`trim` frees them all."""
+
+    def __init__(self, cache_bytes: int = 4 << 30) -> None:
+        self.cache_bytes = int(cache_bytes)
+        self._lock = threading.Lock()  # blocks come back from whichever thread drops the last view
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._idle = 0
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def _round(nbytes: int) -> int:
+        return max(512, -(-nbytes // 512) * 512)  # CuPy's pool rounds to 512 bytes too
+
+    def empty(self, nbytes: int) -> np.ndarray:
+        """A flat uint8 array of ``nbytes`` (uninitialised)."""
+        size = self._round(nbytes)
+        with self._lock:
+            blocks = self._free.get(size)
+            raw = blocks.pop() if blocks else None
+            if raw is not None:
+                self._idle -= size
+                self.hits += 1
+            else:
+                self.misses += 1
+        if raw is None:
+            raw = np.empty(size, dtype=np.uint8)
+        owner = _Block(raw, nbytes)
+        weakref.finalize(owner, self._give_back, raw, size).atexit = False
+        return np.asarray(owner)
+
+    def _give_back(self, raw: np.ndarray, size: int) -> None:
+        with self._lock:
+            if self._idle + size <= self.cache_bytes:
+                self._free.setdefault(size, []).append(raw)
+                self._idle += size
+
+    @property
+    def idle_bytes(self) -> int:
+        return self._idle
+
+    def trim(self) -> None:
+        """Free every idle block (CuPy: ``free_all_blocks``)."""
+        with self._lock:
+            self._free.clear()
+            self._idle = 0
 
 
 class _HostCapsule:
@@ -232,9 +330,18 @@ class _HostCapsule:
 
 
 class HostTarget(SimulatedDeviceBackend):
-    """Receiver side without a GPU: device arrays arrive as numpy arrays."""
+    """Receiver side without a GPU: device arrays arrive as numpy arrays.
+
+    Arrays come from a smaller cache (1 GiB of idle blocks by default, :meth:`Stager.close`
+    frees it): a node receiving the same large array repeatedly reuses its memory. A
+    transport that lets the receiver choose where frames land (:meth:`Receiver.alloc`) puts
+    the chunks straight into the final array: no staging copy at all."""
 
     name = "host"
+    host_destination = True
+
+    def __init__(self, cache_bytes: int = 1 << 30) -> None:
+        super().__init__(cache_bytes)
 
 
 class CupyBackend:
@@ -242,6 +349,8 @@ class CupyBackend:
 
     name = "cupy"
     on_device = True
+    host_copies = False
+    host_destination = False
 
     def __init__(self, devices: Devices | None = None) -> None:
         (devices or Devices(use_nvml=False)).require_cuda("GPU staging")
@@ -305,6 +414,8 @@ class _NoDevice:
 
     name = "none"
     on_device = False
+    host_copies = False
+    host_destination = False
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -336,7 +447,7 @@ class Stager:
         backend: ArrayBackend | None = None,
         pool: BufferPool | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        depth: int = 2,
+        depth: int = DEFAULT_DEPTH,
         host_fallback: bool = True,
         max_nbytes: int = 16 << 30,
         devices: Devices | None = None,
@@ -356,20 +467,40 @@ class Stager:
         self.host_fallback = host_fallback
         self.max_nbytes = int(max_nbytes)
         self._executor: ThreadPoolExecutor | None = None
+        self._host_target: HostTarget | None = None
 
     # ------------------------------------------------------------------ plumbing
-    def _run(self, fn: Callable[..., None], *args: Any) -> Awaitable[None]:
+    def _run(self, fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
         if self._executor is None:
             # one copy thread: copies stay in order and do not fight each other for bandwidth
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aionet-staging")
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    def _copy(self, backend: Any, fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
+        """Start one chunk copy; the future completes when it is done.
+
+        Device copies go to the worker thread. Host memcpys are queued on the loop
+        (``call_soon``): they run as soon as the current task yields, i.e. while the sends
+        already handed to the transport are in flight -- the same overlap, without a thread
+        handoff per chunk."""
+        if not getattr(backend, "host_copies", False):
+            return self._run(fn, *args)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        loop.call_soon(_run_into, fut, fn, args)
+        return fut
+
     def close(self) -> None:
+        """Stop the copy thread, free the pool (if the stager made it) and cached memory."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
         if self._own_pool:
             self.pool.close()
+        for b in (self.backend, self._host_target):
+            mem = getattr(b, "memory", None)
+            if isinstance(mem, CachingAllocator):
+                mem.trim()
 
     @staticmethod
     def is_device_array(obj: Any) -> bool:
@@ -424,7 +555,7 @@ class Stager:
             return target.finalize(flat, dtype, shape, order)
         views = [_as_bytes_view(f) for f in frames]
         self._check_frames(meta, [v.nbytes for v in views])
-        if not target.on_device and len(views) == 1 and not views[0].readonly:
+        if getattr(target, "host_destination", False) and len(views) == 1 and not views[0].readonly:
             flat = np.frombuffer(views[0], dtype=np.uint8)  # zero-copy: the frame is ours
         else:
             flat = target.empty(nbytes)
@@ -444,7 +575,9 @@ class Stager:
         if getattr(self.backend, "on_device", False) or isinstance(self.backend, SimulatedDeviceBackend):
             return self.backend
         if self.host_fallback:
-            return HostTarget()
+            if self._host_target is None:
+                self._host_target = HostTarget()  # one per stager: its memory cache is reused
+            return self._host_target
         raise DeviceUnavailable(
             "no CUDA device: received a device array but this node cannot hold it "
             f"({self._devices.cuda_reason()}) and host fallback is disabled"
@@ -535,19 +668,38 @@ class Stager:
                 b.release()
         return n
 
-    async def recv_array(self, meta: Any, recv: Callable[[], Awaitable[list[Any]]]) -> Any:
-        """Receive the chunks announced by ``meta`` through ``recv`` (e.g. ``conn.recv``)."""
+    async def recv_array(
+        self,
+        meta: Any,
+        recv: Callable[[], Awaitable[list[Any]]],
+        *,
+        set_frame_allocator: Callable[[Callable[[int], Any] | None], None] | None = None,
+    ) -> Any:
+        """Receive the chunks announced by ``meta`` through ``recv`` (e.g. ``conn.recv``).
+
+        ``set_frame_allocator``: the transport's hook for choosing where incoming large frames
+        land (called with :meth:`Receiver.alloc`, then with None when done; ``alloc``
+        returning None means "use your default buffer"). With it the chunks arrive in pool
+        buffers, or straight in the final array on a node without a GPU."""
         rx = self.receiver(meta)
+        if set_frame_allocator is not None:
+            set_frame_allocator(rx.alloc)
         try:
             for _ in range(int(meta["nchunks"])):
                 msg = await recv()
                 if len(msg) != 1:
                     raise DecodeError(f"device array chunk message has {len(msg)} frames, expected 1")
-                await rx.feed(msg[0])
+                frame = msg[0]
+                del msg
+                await rx.feed(frame)
+                del frame  # host copies are done: let the transport reuse the frame's memory
             return await rx.finish()
         except BaseException:
             await rx.abort()
             raise
+        finally:
+            if set_frame_allocator is not None:
+                set_frame_allocator(None)
 
     def receiver(self, meta: Any) -> Receiver:
         """Reassembles a streamed array; raises DeviceUnavailable/DecodeError up front."""
@@ -596,7 +748,7 @@ class ChunkStream:
             buf = await pool.acquire(ln) if wait else pool.try_acquire(ln)
             if buf is None:
                 return False
-            fut = asyncio.ensure_future(st._run(backend.copy_to_host, flat, off, buf.array[:ln]))
+            fut = st._copy(backend, backend.copy_to_host, flat, off, buf.array[:ln])
             inflight.append((buf, fut))
             return True
 
@@ -632,7 +784,17 @@ class ChunkStream:
 
 
 class Receiver:
-    """Copies arriving chunks into the destination, overlapped with receiving the next."""
+    """Reassembles a streamed array: copies each arriving chunk into the destination.
+
+    Host copies (``backend.host_copies``) happen inside :meth:`feed`, so the chunk's frame can
+    be dropped at once and the transport reuses its memory for the next chunk instead of
+    faulting in a fresh buffer; device copies run in the worker thread, up to ``depth``
+    queued, overlapped with receiving the next chunk.
+
+    Transports that let the receiver choose where a large frame lands call :meth:`alloc` for
+    each chunk: it returns a pool buffer (pinned with a GPU, so the host-to-device copy is a
+    full-speed DMA) or, when the destination is plain host memory (:class:`HostTarget`), the
+    destination slice itself, and then :meth:`feed` copies nothing at all."""
 
     def __init__(
         self,
@@ -650,33 +812,63 @@ class Receiver:
         self._dtype, self._shape, self._order, self.nbytes = dtype, shape, order, nbytes
         self._chunk = int(meta["chunk"])
         self._dst = target.empty(nbytes)
-        self._offset = 0
+        self._inline = bool(getattr(target, "host_copies", False))
+        # where the transport may receive in place: only real host memory, never a (simulated)
+        # device array, whose host-to-device copy is part of the job
+        self._dst_addr = int(self._dst.ctypes.data) if getattr(target, "host_destination", False) and nbytes else None
+        self._offset = 0  # bytes fed
+        self._alloc_offset = 0  # bytes handed out by alloc()
         self._pending: deque[asyncio.Future[None]] = deque()
         self._failed: BaseException | None = None
+        self.copies = 0  # chunks copied into the destination (the rest arrived in place)
 
     @property
     def complete(self) -> bool:
         return self._offset == self.nbytes
 
-    async def feed(self, frame: Any) -> None:
-        """Accept the next chunk; returns once its copy is queued (at most ``depth`` queued).
+    def alloc(self, nbytes: int) -> Any:
+        """A buffer for the transport to receive the next chunk into, or None when ``nbytes``
+        is not the next chunk's size (a frame of another message: use the default buffer).
 
-        The frame must not be modified until :meth:`finish` returns."""
+        Synchronous, for a transport's frame-allocator hook (see :meth:`Stager.recv_array`).
+        A pool buffer handed out returns to the pool once the frame is dropped (after
+        :meth:`feed`, or whenever the transport lets go of it); a full pool means None."""
+        off = self._alloc_offset
+        if self._failed is not None or off >= self.nbytes or nbytes != min(self._chunk, self.nbytes - off):
+            return None
+        self._alloc_offset = off + nbytes  # this chunk is being received, wherever it lands
+        if self._dst_addr is not None:
+            return self._dst[off : off + nbytes]
+        pool = self._st.pool
+        try:
+            buf = pool.try_acquire(nbytes) if nbytes <= pool.max_buffer_bytes else None
+        except RuntimeError:  # pool closed
+            return None
+        return None if buf is None else _lend(buf, asyncio.get_running_loop())
+
+    async def feed(self, frame: Any) -> None:
+        """Accept the next chunk; returns once it is copied (host) or its copy is queued
+        (device, at most ``depth`` queued; the frame must then stay unmodified until
+        :meth:`finish` returns)."""
         if self._failed is not None:
             raise self._failed
         view = _as_bytes_view(frame)
-        expect = min(self._chunk, self.nbytes - self._offset)
-        if view.nbytes != expect:
-            self._failed = DecodeError(
-                f"device array chunk of {view.nbytes} bytes at offset {self._offset}, expected {expect}"
-            )
+        n = view.nbytes
+        off = self._offset
+        expect = min(self._chunk, self.nbytes - off)
+        if n != expect:
+            self._failed = DecodeError(f"device array chunk of {n} bytes at offset {off}, expected {expect}")
             raise self._failed
+        self._offset = off + n
+        if self._dst_addr is not None and n and _address(view) == self._dst_addr + off:
+            return  # the transport received it in place
+        self.copies += 1
+        if self._inline:
+            self._target.copy_from_host(self._dst, off, view)
+            return
         while len(self._pending) >= self._st.depth:
             await self._pending.popleft()
-        self._pending.append(
-            asyncio.ensure_future(self._st._run(self._target.copy_from_host, self._dst, self._offset, view))
-        )
-        self._offset += view.nbytes
+        self._pending.append(self._st._copy(self._target, self._target.copy_from_host, self._dst, off, view))
 
     async def finish(self) -> Any:
         """Wait for the copies and return the array (CuPy on this device, or numpy)."""
@@ -688,11 +880,58 @@ class Receiver:
 
     async def abort(self) -> None:
         """Drop a half-received array (connection lost); waits for queued copies."""
+        self._failed = self._failed or DecodeError("device array receive aborted")
         while self._pending:
             try:
                 await self._pending.popleft()
             except BaseException:
                 pass
+
+
+class _Lent:
+    """Owner of a pool buffer lent to a transport as a frame: every view of the frame keeps
+    it alive, and its finalizer gives the buffer back to the pool on the loop's thread."""
+
+    __slots__ = ("__array_interface__", "__weakref__")
+
+    def __init__(self, buf: PooledBuffer) -> None:
+        self.__array_interface__ = {
+            "shape": (buf.nbytes,),
+            "typestr": "|u1",
+            "data": (buf.address, False),
+            "version": 3,
+        }
+
+
+def _lend(buf: PooledBuffer, loop: asyncio.AbstractEventLoop) -> np.ndarray:
+    owner = _Lent(buf)
+    weakref.finalize(owner, _give_back, loop, buf).atexit = False
+    return np.asarray(owner)
+
+
+def _give_back(loop: asyncio.AbstractEventLoop, buf: PooledBuffer) -> None:
+    # the last view may die in a worker thread; the pool is used from its loop only
+    try:
+        loop.call_soon_threadsafe(buf.release)
+    except RuntimeError:  # the loop is closed: so is everything using the pool
+        pass
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def _run_into(fut: asyncio.Future[None], fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    if fut.cancelled():
+        return
+    try:
+        fn(*args)
+    except BaseException as exc:  # the awaiting task re-raises it
+        fut.set_exception(exc)
+        if not isinstance(exc, Exception):
+            raise
+    else:
+        fut.set_result(None)
 
 
 def _as_bytes_view(frame: Any) -> memoryview:

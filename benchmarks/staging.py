@@ -1,16 +1,32 @@
 """GPU staging pipeline vs a direct send, over tcp:// between two processes.
 
-    python benchmarks/staging.py [--size 1GiB] [--chunk 4MiB] [--repeats 5] [--json PATH]
+    python benchmarks/staging.py [--size 1GiB] [--chunk 1MiB] [--depth 2] [--repeats 5]
+                                 [--paths direct,staged,...] [--json PATH]
 
-"direct": the sender sends the numpy array as one out-of-band frame; the receiver takes it
-as a numpy array on the received buffer. "staged": the same array goes through
-:class:`aionet.staging.Stager` with the simulated-device (numpy) backend: every chunk is
-copied (a real memcpy, standing in for cudaMemcpyAsync device->host) into a pool buffer
-while the previous chunk is on the wire, and the receiver copies every chunk into the
-destination array (host->device stand-in) while the next one arrives. Time is measured by the
-sender from the first byte to the receiver's ack (sent once the array is complete in its
-final memory). Runs alternate direct/staged; the report gives medians, spread and the ratio
-staged/direct throughput per pair (the bar: median ratio >= 0.8).
+Paths (all in the same run, their order alternating between repeats):
+
+* ``direct``: the sender sends the numpy array as one out-of-band frame; the receiver takes it
+  as a numpy array on the received buffer (freshly allocated by the transport).
+* ``staged`` (**the bar row**): the array goes through :class:`aionet.staging.Stager` with the
+  simulated-device backend on *both* ends: every chunk is copied (a real memcpy standing in for
+  ``cudaMemcpyAsync`` device->host) into a pool buffer before it is sent, and the receiver
+  copies every chunk from the buffer it arrived in into the destination "device" array
+  (host->device stand-in). Nothing is skipped; the copies overlap the sends in flight.
+* ``direct-warm`` (reference): ``direct`` with the receiver's buffer reused between runs, i.e.
+  without the first-touch page faults of a fresh 1 GiB buffer.
+* ``chunked`` (reference): the same chunking with no staging copy at all.
+* ``staged-pool``: ``staged`` with the chunks received straight into pool buffers.
+* ``staged-host``: the same sender; the receiver has no GPU (:class:`~aionet.staging.HostTarget`,
+  delivers numpy) and receives the chunks straight into the final array: no copy there.
+
+The last two (and ``direct-warm``) need a transport hook for choosing where a large frame
+lands (``TCPConnection.set_frame_allocator``).
+
+Time is measured by the sender from the first byte to the receiver's ack (sent once the array
+is complete in its final memory). CPU time (user+sys, all threads) and minor page faults are
+measured per process over the same window: on a shared 2-core machine the CPU per GiB is the
+steadier number. The report gives medians, spread and the ratio path/direct throughput per
+repeat (the bar: median ratio of ``staged`` >= 0.8), and the ratio against ``direct-warm``.
 
 This measures the pipeline's overlap on the CPU; it says nothing about PCIe bandwidth.
 """
@@ -20,10 +36,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +52,31 @@ import _common
 
 from aionet.buffers import BufferPool
 from aionet.config import LimitsSection, parse_size
-from aionet.staging import SimulatedDeviceBackend, Stager
+from aionet.staging import DEFAULT_DEPTH, HostTarget, SimulatedDeviceBackend, Stager
 from aionet.transports.tcp import TCPTransport
 
+PATHS = ("direct", "staged", "direct-warm", "chunked", "staged-pool", "staged-host")
 
-def make_stager(chunk: int) -> Stager:
-    pool = BufferPool(size_classes=(chunk,), max_bytes=5 * chunk)  # 2 copying + 2 sending + 1
-    return Stager(backend=SimulatedDeviceBackend(), pool=pool, chunk_bytes=chunk, depth=2)
+
+def make_stager(chunk: int, depth: int, backend: Any = None) -> Stager:
+    """The pool a node would configure: room for every chunk in flight plus one."""
+    pool = BufferPool(size_classes=(chunk,), max_bytes=(2 * depth + 1) * chunk)
+    return Stager(backend=backend or SimulatedDeviceBackend(), pool=pool, chunk_bytes=chunk, depth=depth)
 
 
 def limits() -> LimitsSection:
     return LimitsSection(max_message_bytes=1 << 40, max_frame_bytes=1 << 40)
+
+
+def usage() -> tuple[float, int]:
+    """(CPU seconds user+sys of all threads, minor page faults) of this process so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_minflt
+
+
+def frame_allocator(conn: Any) -> Callable[[Callable[[int], Any] | None], None] | None:
+    """The connection's hook for choosing where large frames land (tcp:// has one)."""
+    return getattr(conn, "set_frame_allocator", None)
 
 
 # ----------------------------------------------------------------------------- receiver child
@@ -53,32 +85,57 @@ async def receiver_main() -> None:
     done = asyncio.Event()
 
     async def handle(conn: Any) -> None:
-        stager = None
+        stagers: dict[str, Stager] = {}
+        warm: dict[int, np.ndarray] = {}
+
+        def stager(kind: str, meta: dict[str, Any]) -> Stager:
+            if kind not in stagers:
+                backend = HostTarget() if kind == "staged-host" else SimulatedDeviceBackend()
+                stagers[kind] = make_stager(int(meta["chunk"]), int(meta["depth"]), backend)
+            return stagers[kind]
+
         try:
             while True:
                 msg = await conn.recv()
-                kind = bytes(msg[0])
-                if kind == b"direct":
+                kind = bytes(msg[0]).decode()
+                if kind == "arm":  # direct-warm: the next large frame lands in a reused buffer
+                    set_alloc = frame_allocator(conn)
+                    assert set_alloc is not None
+                    size = int(bytes(msg[1]))
+                    if warm.get(size) is None:
+                        warm[size] = np.empty(size, dtype=np.uint8)
+
+                    def once(n: int, size: int = size, set_alloc: Any = set_alloc) -> Any:
+                        if n != size:
+                            return None
+                        set_alloc(None)
+                        return warm[size]
+
+                    set_alloc(once)
+                elif kind in ("direct", "direct-warm"):
                     arr = np.frombuffer(msg[1], dtype=np.uint8)
                     assert arr.nbytes == int(bytes(msg[2]))
                     del arr, msg
-                    await conn.send([b"ack"])
-                elif kind == b"staged":
+                elif kind in ("staged", "staged-pool", "staged-host"):
                     meta = json.loads(bytes(msg[1]))
-                    stager = stager or make_stager(int(meta["chunk"]))
-                    out = await stager.recv_array(meta, conn.recv)
+                    hook = frame_allocator(conn) if kind in ("staged-pool", "staged-host") else None
+                    out = await stager(kind, meta).recv_array(meta, conn.recv, set_frame_allocator=hook)
                     assert out.nbytes == meta["nbytes"]
                     del out
-                    await conn.send([b"ack"])
-                elif kind == b"chunked":
+                elif kind == "usage":
+                    pass
+                elif kind == "chunked":
                     for _ in range(int(bytes(msg[1]))):
                         await conn.recv()
-                    await conn.send([b"ack"])
-                elif kind == b"bye":
+                elif kind == "bye":
                     break
+                # cumulative: the sender subtracts the previous ack's numbers, so the window
+                # covers everything since then, including receiving the first bytes
+                cpu, flt = usage()
+                await conn.send([b"ack", json.dumps({"cpu": cpu, "minflt": flt}).encode()])
         finally:
-            if stager is not None:
-                stager.close()
+            for st in stagers.values():
+                st.close()
             await conn.close()
             done.set()
 
@@ -90,50 +147,83 @@ async def receiver_main() -> None:
 
 
 # ----------------------------------------------------------------------------- sender (parent)
-async def sender_main(address: str, size: int, chunk: int, repeats: int) -> list[dict[str, Any]]:
+async def sender_main(address: str, size: int, chunk: int, depth: int, repeats: int, paths: list[str]) -> list[Any]:
     transport = TCPTransport({}, limits())
     conn = await transport.connect(address, timeout=10)
-    stager = make_stager(chunk)
+    stager = make_stager(chunk, depth)
     a = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
     results: list[dict[str, Any]] = []
 
-    async def direct() -> float:
-        t0 = time.perf_counter()
-        await conn.send([b"direct", memoryview(a), str(size).encode()])
-        assert bytes((await conn.recv())[0]) == b"ack"
-        return time.perf_counter() - t0
-
-    async def staged() -> float:
-        t0 = time.perf_counter()
+    async def staged(kind: str) -> None:
         meta = stager.header(a)
-        await conn.send([b"staged", json.dumps(meta).encode()])
+        await conn.send([kind.encode(), json.dumps({**meta, "depth": depth}).encode()])
         await stager.send_array(a, conn.send)
-        assert bytes((await conn.recv())[0]) == b"ack"
-        return time.perf_counter() - t0
 
-    async def chunked() -> float:
-        t0 = time.perf_counter()
+    async def chunked() -> None:
         n = -(-size // chunk)
         await conn.send([b"chunked", str(n).encode()])
         mv = memoryview(a)
         for i in range(n):
             await conn.send([mv[i * chunk : (i + 1) * chunk]])
-        assert bytes((await conn.recv())[0]) == b"ack"
-        return time.perf_counter() - t0
 
-    await direct()  # warm-up: first-touch page faults, TCP window growth
-    await staged()
+    async def direct() -> None:
+        await conn.send([b"direct", memoryview(a), str(size).encode()])
+
+    async def direct_warm() -> None:
+        await conn.send([b"direct-warm", memoryview(a), str(size).encode()])
+
+    send: dict[str, Callable[[], Awaitable[None]]] = {
+        "direct": direct,
+        "direct-warm": direct_warm,
+        "staged": lambda: staged("staged"),
+        "chunked": chunked,
+        "staged-pool": lambda: staged("staged-pool"),
+        "staged-host": lambda: staged("staged-host"),
+    }
+
+    async def ack() -> dict[str, Any]:
+        msg = await conn.recv()
+        assert bytes(msg[0]) == b"ack"
+        return json.loads(bytes(msg[1]))
+
+    await conn.send([b"usage"])
+    rx0 = await ack()
+
+    async def measure(path: str) -> dict[str, float]:
+        nonlocal rx0
+        if path == "direct-warm":  # untimed round trip: the receiver arms its buffer
+            await conn.send([b"arm", str(size).encode()])
+            rx0 = await ack()
+        cpu0, flt0 = usage()
+        t0 = time.perf_counter()
+        await send[path]()
+        rx = await ack()
+        t = time.perf_counter() - t0
+        cpu1, flt1 = usage()
+        out = {
+            "seconds": t,
+            "sender_cpu": cpu1 - cpu0,
+            "receiver_cpu": rx["cpu"] - rx0["cpu"],
+            "sender_minflt": flt1 - flt0,
+            "receiver_minflt": rx["minflt"] - rx0["minflt"],
+        }
+        rx0 = rx
+        return out
+
+    for p in paths:  # warm-up: pools, caches, TCP window growth
+        await measure(p)
     for i in range(repeats):
-        order = (direct, staged, chunked) if i % 2 == 0 else (chunked, staged, direct)
-        times = {}
-        for fn in order:
-            times[fn.__name__] = await fn()
-        results.append(times)
+        order = paths if i % 2 == 0 else paths[::-1]
+        run = {p: await measure(p) for p in order}
+        results.append(run)
         print(
-            f"  run {i + 1}: direct {size / times['direct'] / 2**30:.2f} GiB/s, "
-            f"staged {size / times['staged'] / 2**30:.2f} GiB/s, "
-            f"chunks without copies {size / times['chunked'] / 2**30:.2f} GiB/s, "
-            f"ratio {times['direct'] / times['staged']:.3f}",
+            f"  run {i + 1}: "
+            + ", ".join(
+                f"{p} {size / run[p]['seconds'] / 2**30:.2f} GiB/s "
+                f"({(run[p]['sender_cpu'] + run[p]['receiver_cpu']) / (size / 2**30):.2f} CPU-s/GiB)"
+                for p in paths
+            )
+            + (f", ratio {run['direct']['seconds'] / run['staged']['seconds']:.3f}" if "staged" in run else ""),
             flush=True,
         )
     await conn.send([b"bye"])
@@ -143,11 +233,17 @@ async def sender_main(address: str, size: int, chunk: int, repeats: int) -> list
     return results
 
 
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1GiB")
-    ap.add_argument("--chunk", default="4MiB")
+    ap.add_argument("--chunk", default=None, help="default: the Stager's DEFAULT_CHUNK_BYTES")
+    ap.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="copies (and sends) in flight")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--paths", default=",".join(PATHS))
     ap.add_argument("--json", default=str(_common.RESULTS_DIR / "staging.json"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -157,7 +253,13 @@ def main() -> None:
     if args.child:
         _common.run_async(receiver_main())
         return
-    size, chunk = parse_size(args.size), parse_size(args.chunk)
+    from aionet.staging import DEFAULT_CHUNK_BYTES
+
+    size = parse_size(args.size)
+    chunk = parse_size(args.chunk) if args.chunk else DEFAULT_CHUNK_BYTES
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if "direct" not in paths or any(p not in PATHS for p in paths):
+        raise SystemExit(f"--paths must include direct and only name {', '.join(PATHS)}")
     child = subprocess.Popen(
         [sys.executable, __file__, "--child"], stdout=subprocess.PIPE, text=True, cwd=_common.REPO_DIR
     )
@@ -168,36 +270,63 @@ def main() -> None:
         address = json.loads(line[6:])["address"]
         print(
             f"staging benchmark: {_common.fmt_bytes(size)} array, {_common.fmt_bytes(chunk)} chunks, "
-            f"{args.repeats} runs, tcp loopback"
+            f"depth {args.depth}, {args.repeats} runs, tcp loopback, {_common.loop_name()}"
         )
-        runs = _common.run_async(sender_main(address, size, chunk, args.repeats))
+        runs = _common.run_async(sender_main(address, size, chunk, args.depth, args.repeats, paths))
         child.wait(timeout=60)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
     gib = size / 2**30
-    direct = [gib / r["direct"] for r in runs]
-    staged = [gib / r["staged"] for r in runs]
-    ratios = [r["direct"] / r["staged"] for r in runs]
+    report: dict[str, Any] = {}
+    rows = []
+    for p in paths:
+        rates = [gib / r[p]["seconds"] for r in runs]
+        ratios = [r["direct"]["seconds"] / r[p]["seconds"] for r in runs]
+        s_cpu = [r[p]["sender_cpu"] / gib for r in runs]
+        r_cpu = [r[p]["receiver_cpu"] / gib for r in runs]
+        tot = [a + b for a, b in zip(s_cpu, r_cpu, strict=True)]
+        faults = [r[p]["receiver_minflt"] / gib for r in runs]
+        report[p] = {
+            "gibps": summary(rates),
+            "ratio_vs_direct": {**summary(ratios), "values": ratios},
+            "sender_cpu_s_per_gib": summary(s_cpu),
+            "receiver_cpu_s_per_gib": summary(r_cpu),
+            "total_cpu_s_per_gib": summary(tot),
+            "receiver_minor_faults_per_gib": summary(faults),
+        }
 
-    def spread(v: list[float]) -> str:
-        return f"{min(v):.3f}..{max(v):.3f}"
+        def fmt(v: list[float]) -> str:
+            return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
 
-    print(f"{'path':<8} {'median GiB/s':>13} {'min..max':>14}")
-    print(f"{'direct':<8} {statistics.median(direct):>13.3f} {spread(direct):>14}")
-    print(f"{'staged':<8} {statistics.median(staged):>13.3f} {spread(staged):>14}")
-    print(f"ratio staged/direct: median {statistics.median(ratios):.3f} (min..max {spread(ratios)}); bar >= 0.8")
+        if "direct-warm" in paths:
+            warm = [r["direct-warm"]["seconds"] / r[p]["seconds"] for r in runs]
+            report[p]["ratio_vs_direct_warm"] = {**summary(warm), "values": warm}
+        rows.append(
+            [p, fmt(rates), "-" if p == "direct" else fmt(ratios)]
+            + (["-" if p == "direct-warm" else fmt(warm)] if "direct-warm" in paths else [])
+            + [fmt(s_cpu), fmt(r_cpu), fmt(tot), f"{statistics.median(faults):.0f}"]
+        )
+    _common.print_table(
+        "median (min-max) over the repeats",
+        ["path", "GiB/s", "ratio vs direct"]
+        + (["ratio vs direct-warm"] if "direct-warm" in paths else [])
+        + ["sender CPU-s/GiB", "receiver CPU-s/GiB", "total CPU-s/GiB", "receiver faults/GiB"],
+        rows,
+        footer="bar: staged ratio median >= 0.8",
+        plain=True,
+    )
     out = _common.write_json(
         args.json,
         {
             "benchmark": "staging",
             "size": size,
             "chunk": chunk,
+            "depth": args.depth,
+            "paths": paths,
             "runs": runs,
-            "direct_gibps": {"median": statistics.median(direct), "min": min(direct), "max": max(direct)},
-            "staged_gibps": {"median": statistics.median(staged), "min": min(staged), "max": max(staged)},
-            "ratio": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "values": ratios},
+            "results": report,
             "environment": _common.environment(),
         },
     )

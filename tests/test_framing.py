@@ -334,6 +334,29 @@ def test_large_frame_is_received_in_place() -> None:
     assert into_staging_during_frame <= chunk
 
 
+def test_frame_allocator_hook_chooses_where_large_frames_land() -> None:
+    """set_frame_allocator: frames land in the hook's buffers; None from the hook or removing
+    it falls back to the decoder's own allocation; small frames never ask."""
+    target = bytearray(1 << 20)
+    asked: list[int] = []
+
+    def hook(n: int) -> Any:
+        asked.append(n)
+        return memoryview(target)[:n] if len(asked) == 1 else None
+
+    dec = FrameDecoder(large_frame_bytes=65536)
+    dec.set_frame_allocator(hook)
+    a, b = b"a" * 100_000, b"b" * 200_000
+    out = dec.feed(wire([[b"small"], [a], [b]]))
+    assert asked == [len(a), len(b)]  # the small frame did not ask
+    assert out[0] == [b"small"]
+    assert out[1][0].obj is target and bytes(out[1][0]) == a  # landed in the hook's buffer
+    assert bytes(out[2][0]) == b and getattr(out[2][0], "obj", None) is not target
+    dec.set_frame_allocator(None)
+    out = dec.feed(wire([[a]]))
+    assert len(asked) == 2 and bytes(out[0][0]) == a
+
+
 def test_large_frame_initial_part_from_staging_is_copied_once() -> None:
     alloc = RecordingAlloc()
     payload = b"p" * 10000

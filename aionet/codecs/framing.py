@@ -175,6 +175,7 @@ class FrameDecoder:
         "_fi",
         "_frames",
         "_free_refs",
+        "_hook",
         "_large",
         "_large_allocs",
         "_lengths",
@@ -223,6 +224,7 @@ class FrameDecoder:
         self._end = 0
         self._alloc = alloc or default_alloc
         self._custom_alloc = alloc is not None
+        self._hook: Callable[[int], Any] | None = None
         # Recycling (default alloc only): the last ``reuse_frames`` large-frame buffers are
         # remembered; one the receiver has dropped (we hold the only reference) is reused for
         # the next frame of the same size instead of faulting in fresh pages.
@@ -535,10 +537,19 @@ class FrameDecoder:
         self._state = _IDLE
         return True
 
+    def set_frame_allocator(self, alloc: Callable[[int], Any] | None) -> None:
+        """Choose where the next large frames land: ``alloc(n)`` returns a writable buffer of
+        at least ``n`` bytes, or None for the default. Lets a consumer that knows what comes
+        next (the staging receiver) have frames written straight into pooled or final memory.
+        ``None`` removes the hook."""
+        self._hook = alloc
+
     def _start_large(self, n: int, initial: memoryview) -> None:
         """Allocate a frame's final buffer and copy in the part already staged."""
         try:
-            obj = self._alloc(n) if self._custom_alloc else self._reuse_or_alloc(n)
+            obj = self._hook(n) if self._hook is not None else None
+            if obj is None:
+                obj = self._alloc(n) if self._custom_alloc else self._reuse_or_alloc(n)
         except MemoryError:
             raise FrameTooLarge(f"cannot allocate {n} bytes for an incoming frame") from None
         self._large_allocs += 1

@@ -592,6 +592,11 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def closed(self) -> bool:
         return self._closed
 
+    def set_frame_allocator(self, alloc: Callable[[int], Any] | None) -> None:
+        """Where incoming large frames land from now on (see FrameDecoder.set_frame_allocator):
+        the staging receiver uses it to receive chunks into pool buffers or final memory."""
+        self._decoder.set_frame_allocator(alloc)
+
     def extra_info(self) -> dict[str, Any]:
         t = self._transport
         return {
