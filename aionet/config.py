@@ -105,6 +105,44 @@ class SchedulerSection:
 
 
 @dataclass
+class BuffersSection:
+    """Pinned staging buffers for device arrays (see aionet/device_transfer.py). Sizes accept
+    ``"256MiB"``-style strings; :meth:`normalize` turns them into ints."""
+
+    max_bytes: int | str = 256 * 2**20  # bound on the staging pool (in use + idle)
+    pinned: str | bool = "auto"  # auto (pinned when CUDA works) | true | false
+    staging_chunk_bytes: int | str = 4 * 2**20  # bytes per staged chunk / link message
+    staging_depth: int = 2  # chunks being copied ahead (2 = double buffering)
+    device_host_fallback: bool = True  # no GPU here: deliver device arrays as numpy (else an error)
+
+    def normalize(self) -> None:
+        for key in ("max_bytes", "staging_chunk_bytes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise ConfigError(f'buffers.{key} must be a size such as 4194304 or "4MiB", not {value!r}')
+            try:
+                size = parse_size(value)
+            except ConfigError:
+                raise ConfigError(f'buffers.{key} must be a size such as 4194304 or "4MiB", not {value!r}') from None
+            if size <= 0:
+                raise ConfigError(f"buffers.{key} must be positive")
+            setattr(self, key, size)
+        pinned = self.pinned
+        if isinstance(pinned, bool):
+            pinned = "true" if pinned else "false"
+        if not isinstance(pinned, str) or pinned.lower() not in ("auto", "true", "false"):
+            raise ConfigError(f"buffers.pinned must be 'auto', 'true' or 'false', not {self.pinned!r}")
+        self.pinned = pinned.lower()
+        if self.staging_depth < 1:
+            raise ConfigError("buffers.staging_depth must be at least 1")
+        if int(self.staging_chunk_bytes) > int(self.max_bytes):
+            raise ConfigError(
+                f"buffers.staging_chunk_bytes ({self.staging_chunk_bytes}) must not exceed buffers.max_bytes "
+                f"({self.max_bytes}): the pool must hold at least one chunk"
+            )
+
+
+@dataclass
 class SecuritySection:
     token_file: str = ""
     token: str = ""
@@ -134,6 +172,7 @@ class Config:
     link: LinkSection = field(default_factory=LinkSection)
     heartbeat: HeartbeatSection = field(default_factory=HeartbeatSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    buffers: BuffersSection = field(default_factory=BuffersSection)
     security: SecuritySection = field(default_factory=SecuritySection)
     http: HttpSection = field(default_factory=HttpSection)
     log: LogSection = field(default_factory=LogSection)
@@ -179,6 +218,7 @@ class Config:
             self.node.listen = [self.node.listen]
         if self.log.format not in ("console", "json"):
             raise ConfigError(f"log.format must be 'console' or 'json', not {self.log.format!r}")
+        self.buffers.normalize()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

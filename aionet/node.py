@@ -16,6 +16,7 @@ from . import __version__
 from .codecs import handshake
 from .codecs.serialize import DecodeDeferred, Serializer
 from .config import Config
+from .device_transfer import DeviceTransfers, StagingRequired
 from .errors import (
     AionetError,
     ConnectionClosed,
@@ -27,7 +28,6 @@ from .errors import (
 from .link import ACK, Link, close_conn, nbytes_of
 from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
-from .device_transfer import DeviceTransfers, StagingRequired
 from .router import BYE, ERR, PEERS, REP, REQ, SEND, XFER, Router
 from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
 from .transports.base import Address, Connection, Listener
@@ -293,6 +293,13 @@ class Node:
             peers[n] = {
                 "state": self._state(p),
                 "addresses": list(p.addresses),
+                # unacknowledged bytes (the back-pressure window) and bytes waiting in our
+                # transport buffers to be written / delivered, summed over connections
+                "inflight_bytes": link.state.inflight_bytes if link else 0,
+                "queued_send_bytes": sum(
+                    c.get("write_buffer_size", 0) + c.get("pending_write_bytes", 0) for c in conns
+                ),
+                "queued_recv_bytes": sum(c.get("queued_recv_bytes", 0) for c in conns),
                 "link": link.info() if link else None,
                 "connections": conns,
             }
@@ -385,8 +392,10 @@ class Node:
             aw = link.post(SEND, [channel, obj])
             if aw is not None:
                 await aw
-        except StagingRequired:  # device arrays: stage them, then post (device_transfer.py)
-            await self._device.send(link, SEND, [channel, obj])
+            return
+        except StagingRequired:  # device arrays: staged below, outside this handler (whose
+            pass  # traceback would pin the first chunk's pool buffer for the whole transfer)
+        await self._device.send(link, SEND, [channel, obj])
 
     async def recv(self, channel: str, timeout: float | None = None) -> Any:
         """Next object from mailbox ``channel`` (any sender)."""
@@ -419,12 +428,15 @@ class Node:
         if timeout is not None:
             handle = asyncio.get_running_loop().call_later(timeout, _expire, fut, peer, service, timeout)
         try:
+            staged = False
             try:
                 aw = link.post(REQ, [rid, service, obj])
                 if aw is not None:
                     await aw
-            except StagingRequired:  # device arrays: stage them, then post (device_transfer.py)
-                await self._device.send(link, REQ, [rid, service, obj])
+            except StagingRequired:  # device arrays: staged below, outside the handler
+                staged = True
+            if staged:
+                await self._device.send_request(link, [rid, service, obj], fut)
             return await fut
         finally:
             if handle is not None:
@@ -516,6 +528,7 @@ class Node:
         return link
 
     def _on_link_dead(self, name: str, exc: BaseException) -> None:
+        self._device.drop_peer(name, exc)
         self.router.fail_peer(name, exc if isinstance(exc, PeerUnavailable) else PeerUnavailable(str(exc)))
         link = self._peers[name].link if name in self._peers else None
         self._emit(name, "left" if link is not None and link.left else "dead", reason=str(exc))
@@ -728,10 +741,13 @@ class Node:
                 aw = link.post(kind, fields, wait_ack=False)
             except PeerUnavailable:
                 return None
+            except StagingRequired:  # device arrays in the reply: staged on a task of its own
+                self._spawn(self._device.send_reply(link, kind, fields), name="aionet-reply")
+                return None
             except AionetError as exc:
                 aw = link.post(ERR, [fields[0], "aionet.SerializationError", f"cannot send the reply: {exc}", ""])
             if aw is not None:
-                self._spawn(_quiet(aw), name="aionet-reply")
+                self._spawn(self._finish_reply(aw, link, kind, fields), name="aionet-reply")
             return None
 
         def on_messages(batch: list[Any]) -> Awaitable[None] | None:
@@ -755,11 +771,18 @@ class Node:
                 i += 1
                 if len(frames) > 1:
                     nbytes += nbytes_of(frames)
-                env = loads(frames)
+                try:
+                    env = loads(frames)
+                except DecodeDeferred as exc:  # a device array still arriving, or not deliverable here
+                    wait = self._device.settle(exc, peer, link, reply, frames, router.on_reply)
+                    if wait is None:
+                        continue  # answered or logged by device_transfer.py
+                    link.received(nbytes)
+                    return self._resume(c, link, reply, batch, i - 1, wait)  # then decode it again
                 if type(env) is not list or not env:
                     raise ProtocolError("envelope is not a non-empty list")
                 kind = env[0]
-                if kind >= ACK:
+                if kind >= ACK and kind != XFER:
                     if kind == ACK:
                         link.on_ack(env[1])
                     else:
@@ -790,6 +813,11 @@ class Node:
                 elif kind == BYE:
                     self.log.info("peer left", peer=peer)
                     link.peer_left()
+                elif kind == XFER:  # a chunk of a staged device array (device_transfer.py)
+                    aw = self._device.on_chunk(peer, link, env)
+                    if aw is not None:
+                        link.received(nbytes)
+                        return self._resume(c, link, reply, batch, i, aw)
                 else:
                     raise ProtocolError(f"unknown envelope kind {kind!r}")
         except (ProtocolError, ValueError, TypeError, IndexError, KeyError) as exc:
@@ -798,6 +826,16 @@ class Node:
             return None
         link.received(nbytes)
         return None
+
+    async def _finish_reply(self, aw: Awaitable[None], link: Link, kind: int, fields: list[Any]) -> None:
+        try:
+            await aw
+            return
+        except StagingRequired:  # the reply waited for link space, then met a device array
+            pass
+        except Exception:
+            return
+        await self._device.send_reply(link, kind, fields)
 
     async def _resume(self, c: _Conn, link: Link, reply: Any, batch: list[Any], start: int, aw: Any) -> None:
         try:

@@ -146,9 +146,14 @@ async def test_stalled_link_backpressures_sender_with_bounded_memory():
         task = asyncio.ensure_future(flood())
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), 2.0)
-        link = b.info()["peers"]["a"]["link"]
+        peer = b.info()["peers"]["a"]
+        link = peer["link"]
         # bounded by the in-flight limit (+ at most one message per concurrent sender)
         assert link["inflight_bytes"] <= (1 << 20) + payload.nbytes + 4096
+        assert peer["inflight_bytes"] == link["inflight_bytes"] > 0  # what info() shows per peer
+        assert 0 <= peer["queued_send_bytes"] <= peer["inflight_bytes"]
+        queued_at_a = a.info()["peers"]["b"]["queued_recv_bytes"]
+        assert queued_at_a >= 0
         assert sent < 200
         task.cancel()
         # the receiver drains; the sender continues

@@ -25,6 +25,9 @@ What round-trips, and what it costs on the receiver:
   pickle restores objects: fields are set without calling ``__init__``).
 * anything else only with ``allow_pickle=True`` (pickle protocol 5, large buffers still out of
   band). With pickle off, a pickle record from the network is rejected without unpickling.
+* device arrays (CuPy, ``__cuda_array_interface__``, CUDA DLPack) when a :class:`DeviceHook`
+  is installed (the node installs one, see ``aionet/device_transfer.py``): unknown types are
+  offered to the hook *after* every other check fails, so plain messages never pay for it.
 
 Subclasses of ``int``/``float``/``str``/``bytes``/``list``/``dict``/``tuple`` (enums with a
 value mixin, named tuples, ``OrderedDict``...) travel as their base type.
@@ -44,7 +47,7 @@ import re
 import struct
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import msgpack
 import numpy as np
@@ -57,7 +60,7 @@ from .compression import CODECS, LZ4, compress_buffer, decompress
 if TYPE_CHECKING:
     from ..config import Config
 
-__all__ = ["Buffer", "Serializer"]
+__all__ = ["Buffer", "DecodeDeferred", "DeviceHook", "Serializer"]
 
 Buffer = bytes | bytearray | memoryview
 T = TypeVar("T", bound=type)
@@ -77,6 +80,12 @@ EXT_BUFFER = 8  # [kind, ref]
 EXT_DATACLASS = 9  # [name, [field values...]]
 EXT_DATETIME = 10  # [kind, value...]
 EXT_PICKLE = 11  # [pickle bytes, [refs...]]
+EXT_DEVICE = 12  # [mode, staging header | None, data]  (see DeviceHook)
+
+# EXT_DEVICE modes: how a device array's bytes travel
+DEVICE_INLINE = 0  # data = [refs...]: host copies of the chunks, in this message
+DEVICE_STAGED = 1  # data = transfer id: the chunks went ahead as separate link messages
+DEVICE_FRAMES = 2  # data = [ref]: one device buffer frame (transport moves device memory)
 
 _BYTES, _BYTEARRAY, _MEMORYVIEW = 0, 1, 2
 _DATETIME, _DATE, _TIME, _TIMEDELTA = 0, 1, 2, 3
@@ -161,6 +170,28 @@ def _dtype_from_wire_uncached(w: Any) -> np.dtype:
     return dt
 
 
+# ---------------------------------------------------------------- device arrays
+class DecodeDeferred(Exception):
+    """Raised by a :class:`DeviceHook` while decoding when the message cannot be decoded *now*
+    (a staged array is still being copied) or not delivered here; :meth:`Serializer.loads`
+    passes it through untouched so the node can wait or answer instead of closing the
+    connection."""
+
+
+class DeviceHook(Protocol):
+    """What the serializer needs from the node to carry device arrays.
+
+    ``encode(obj)`` returns None when ``obj`` is not a device array, else ``(mode, meta,
+    data)`` (see the ``DEVICE_*`` modes; for INLINE and FRAMES ``data`` is a list of frames,
+    for STAGED a transfer id), or raises (e.g. to ask the node to stage the array first).
+    ``decode(mode, meta, data)`` gets the same back (frames resolved) and returns the array.
+    Both run synchronously inside ``dumps``/``loads``."""
+
+    def encode(self, obj: Any) -> tuple[int, Any, Any] | None: ...
+
+    def decode(self, mode: int, meta: Any, data: Any) -> Any: ...
+
+
 # ---------------------------------------------------------------- encoder
 class _Encoder:
     """Encoding state for one message at a time. The serializer keeps one per thread and
@@ -224,15 +255,20 @@ class _Encoder:
             elif t in _WALK:
                 obj = self._lift(obj)
             header = self._packers[0].pack(obj)
-        except SerializationError:
-            raise
-        except (TypeError, ValueError, OverflowError, RecursionError, BufferError) as exc:
-            raise SerializationError(f"cannot serialize {type(obj).__name__} message: {exc}") from exc
-        finally:
-            oob = self._oob
-            if oob:
-                self._oob = []  # hand the frames to the caller, keep no references
+        except BaseException as exc:
+            # Drop the partial frames without binding them to a local: a traceback kept by the
+            # caller must not pin this encoder's frame list (it would pin the next messages').
+            self._oob = []
             self.busy = False
+            if isinstance(exc, SerializationError) or not isinstance(
+                exc, (TypeError, ValueError, OverflowError, RecursionError, BufferError)
+            ):
+                raise
+            raise SerializationError(f"cannot serialize {type(obj).__name__} message: {exc}") from exc
+        oob = self._oob
+        if oob:
+            self._oob = []  # hand the frames to the caller, keep no references
+        self.busy = False
         if len(header) > self._ser._max_header:
             raise SerializationError(_header_too_big(len(header), self._ser._max_header))
         if not oob:
@@ -467,7 +503,28 @@ class _Encoder:
                 EXT_FROZENSET if isinstance(o, frozenset) else EXT_SET,
                 self._nested(self._lift_owned(list(o))),
             )
+        hook = self._ser.device_hook
+        if hook is not None:
+            rec = hook.encode(o)
+            if rec is not None:
+                return self._device(*rec)
         return self._unsendable(o, None)
+
+    def _device(self, mode: int, meta: Any, data: Any) -> ExtType:
+        if mode == DEVICE_STAGED:
+            body: Any = int(data)
+        elif mode == DEVICE_FRAMES:
+            body = []
+            for f in data:  # device memory: never compressed, never touched by the host
+                self._oob.append(f)
+                body.append(len(self._oob))
+        else:
+            body = []
+            for f in data:
+                mv = f if type(f) is memoryview else memoryview(f)
+                n = mv.nbytes
+                body.append(bytes(mv) if n < self._oob_min else self._add_frame(mv, n))
+        return ExtType(EXT_DEVICE, self._meta.pack([mode, meta, body]))
 
     def _unsendable(self, o: Any, why: str | None) -> Any:
         if self._ser.allow_pickle:
@@ -592,6 +649,8 @@ class _Decoder:
             return _decode_datetime(_meta(data))
         if code == EXT_PICKLE:
             return self._pickle(data)
+        if code == EXT_DEVICE:
+            return self._device(data)
         raise DecodeError(f"unknown extension type {code}")
 
     def _buffer(self, data: bytes) -> Buffer:
@@ -661,6 +720,26 @@ class _Decoder:
             object.__setattr__(obj, f, v)
         return obj
 
+    def _device(self, data: bytes) -> Any:
+        hook = self._ser.device_hook
+        if hook is None:
+            raise DecodeError("received a device array but this serializer has no device hook (not a node?)")
+        m = _meta(data)
+        if type(m) is not list or len(m) != 3 or type(m[0]) is not int:
+            raise DecodeError("malformed device array record")
+        mode, meta, body = m
+        if mode == DEVICE_STAGED:
+            if type(body) is not int:
+                raise DecodeError("malformed staged device array reference")
+            return hook.decode(mode, meta, body)
+        if type(body) is not list or len(body) > self._ser.limits.max_frames:
+            raise DecodeError("malformed device array record")
+        if mode == DEVICE_FRAMES:
+            return hook.decode(mode, meta, [self._frame(r) for r in body])
+        if mode == DEVICE_INLINE:
+            return hook.decode(mode, meta, [self._take(r) for r in body])
+        raise DecodeError(f"unknown device array mode {mode!r}")
+
     def _pickle(self, data: bytes) -> Any:
         if not self._ser.allow_pickle:
             raise DecodeError("received a pickled object but pickle is disabled (security.allow_pickle)")
@@ -706,6 +785,11 @@ def _frame_len(f: Any, i: int) -> tuple[Buffer, int]:
         elif not f.contiguous:
             raise DecodeError(f"frame {i} is a non-contiguous memoryview")
         return f, len(f)
+    if hasattr(f, "__cuda_array_interface__"):  # a device frame (the transport moves device memory)
+        try:
+            return f, int(f.nbytes)
+        except (AttributeError, TypeError, ValueError):
+            raise DecodeError(f"frame {i} is a device buffer without a size") from None
     raise DecodeError(f"frame {i} is a {t.__name__}, not a buffer")
 
 
@@ -725,6 +809,7 @@ class Serializer:
         compress_min_bytes: int = 65536,
         allow_pickle: bool = False,
         limits: LimitsSection | None = None,
+        device_hook: DeviceHook | None = None,
     ) -> None:
         if compression != "none" and compression not in CODECS:
             raise ConfigError(f"compression must be 'none' or one of {sorted(CODECS)}, not {compression!r}")
@@ -735,6 +820,8 @@ class Serializer:
         self.compress_min_bytes = compress_min_bytes
         self.allow_pickle = allow_pickle
         self.limits = limits if limits is not None else LimitsSection()
+        # device arrays: offered to this hook when nothing else knows the type (node-provided)
+        self.device_hook: DeviceHook | None = device_hook
         self._oob_min = max(1, oob_min_bytes)  # empty buffers always stay inline
         self._max_header = self.limits.max_header_bytes
         self._codec = compression if compression != "none" else LZ4
@@ -814,7 +901,7 @@ class Serializer:
                     )
                 return self._root.unpack(header)
             return self._loads_frames(frames)
-        except ProtocolError:
+        except (ProtocolError, DecodeDeferred):
             raise
         except Exception as exc:
             raise DecodeError(f"cannot decode message: {type(exc).__name__}: {exc}") from exc
