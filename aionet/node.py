@@ -562,7 +562,11 @@ class Node:
         tls = {"cert": sec.tls_cert, "key": sec.tls_key, "ca": sec.tls_ca}
         tls["handshake_timeout"] = self.config.link.handshake_timeout
         options["tls"] = {**{k: v for k, v in tls.items() if v}, **(options.get("tls") or {})}
-        return self.transports.get(url, options, self.config.limits)
+        transport = self.transports.get(url, options, self.config.limits)
+        use_pool = getattr(transport, "use_pool", None)
+        if use_pool is not None:  # rdma: one registered pool serves RDMA and GPU staging
+            use_pool(self._device.stager.pool)
+        return transport
 
     def _hello(self, nonce: bytes, mac: bytes, link_info: dict[str, Any]) -> handshake.Hello:
         peers = {

@@ -284,3 +284,40 @@ async def test_real_device_round_trip():
     await c.close()
     await lst.close()
     await t.aclose()
+
+
+def test_transport_registers_and_uses_a_shared_pool(monkeypatch):
+    """use_pool: the node's staging pool becomes the RDMA pool and gets registered with the
+    device, so one set of (pinned) buffers serves staging and RDMA."""
+    import aionet.transports.rdma as rdma
+
+    class FakeDevice:
+        def __init__(self, name, port_num, gid_index):
+            self.registrar = Registrar()
+
+    monkeypatch.setattr(rdma, "list_rdma_devices", lambda: ["fake0"])
+    monkeypatch.setattr(rdma, "_Device", FakeDevice)
+    shared = BufferPool(size_classes=(65536, 1 << 20), max_bytes=8 << 20, pinned=False)
+    t = RDMATransport({"segment_bytes": 65536})
+    t.use_pool(shared)
+    t.use_pool(shared)  # idempotent
+    dev, pool = t._ensure_device()
+    assert pool is shared and shared.stats()["registered_with"] == 1
+    buf = shared.try_acquire(65536)
+    assert buf is not None and buf.region(dev.registrar) is not None  # registered on creation
+    buf.release()
+    with pytest.raises(RuntimeError, match="before the device"):
+        t.use_pool(BufferPool(size_classes=(65536,), max_bytes=1 << 20, pinned=False))
+    from aionet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="segment_bytes"):
+        RDMATransport({"segment_bytes": 4096}).use_pool(shared)
+
+
+async def test_node_hands_its_staging_pool_to_the_rdma_transport(monkeypatch):
+    from aionet import Node
+
+    monkeypatch.setattr(RDMATransport, "check_available", classmethod(lambda cls: None))
+    node = Node(name="n")
+    t = node._transport("rdma://127.0.0.1:1")
+    assert t._shared_pool is node._device.pool is not None

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from ..buffers import BufferPool, MemoryRegistrar, PooledBuffer
-from ..errors import ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
+from ..errors import ConfigError, ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
 from ..log import get_logger
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
 from .rdma_protocol import RdmaProtocol
@@ -627,7 +627,23 @@ class RDMATransport(Transport):
         self._idle_poll_ms = float(o.get("idle_poll_ms", 5.0))
         self._dev: _Device | None = None
         self._pool: BufferPool | None = None
+        self._shared_pool: BufferPool | None = None
         self._conns: set[RDMAConnection] = set()
+
+    def use_pool(self, pool: BufferPool) -> None:
+        """Register and use ``pool`` (the node's staging pool) instead of a pool of our own,
+        so one set of pinned buffers serves both GPU staging and RDMA. Call before the first
+        listen/connect; the pool needs a size class of exactly ``segment_bytes``."""
+        if pool is self._shared_pool:
+            return
+        if self._dev is not None:
+            raise RuntimeError("rdma: use_pool() must be called before the device is opened")
+        if self._segment not in pool.size_classes:
+            raise ConfigError(
+                f"rdma: the shared buffer pool has no size class of segment_bytes ({self._segment}); "
+                f"its classes: {list(pool.size_classes)}"
+            )
+        self._shared_pool = pool
 
     @classmethod
     def check_available(cls) -> None:
@@ -643,7 +659,7 @@ class RDMATransport(Transport):
                 dev = _Device(name, self._port_num, self._gid_index)
             except Exception as exc:
                 raise TransportUnavailable(f"no usable RDMA device: opening {name!r} failed: {exc}") from exc
-            pool = BufferPool(
+            pool = self._shared_pool or BufferPool(
                 size_classes=(self._segment,), max_bytes=max(self._pool_bytes, self._segment), pinned=False
             )
             pool.add_registrar(dev.registrar)
