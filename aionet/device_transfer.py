@@ -170,6 +170,7 @@ class DeviceTransfers:
         self._pool: BufferPool | None = None
         self._plan: ContextVar[_Plan | None] = ContextVar("aionet_device_plan", default=None)
         self._lenient = False  # decode undeliverable arrays as None (to read the envelope)
+        self._closed = False
         self._rx: dict[str, _PeerRx] = {}
         self._by_id: dict[int, _Transfer] = {}
         # used or dropped transfer ids -> None (handed to a message) or why it was dropped
@@ -213,6 +214,7 @@ class DeviceTransfers:
         return self._pool
 
     def close(self) -> None:
+        self._closed = True
         for peer in list(self._rx):
             self.drop_peer(peer, PeerUnavailable("local node is shutting down"))
         if self._stager is not None:
@@ -298,10 +300,12 @@ class DeviceTransfers:
                     await aw
             finally:
                 self._plan.reset(token)
-        except BaseException:
+        except BaseException as exc:
             if not plan.referenced:  # the message will not come: let the receiver free the arrays
                 for xid in streamed:
                     self._post_abort(link, xid)
+            if self._closed and isinstance(exc, RuntimeError):  # the pool closed under us
+                raise PeerUnavailable(f"{link.peer}: local node is shutting down") from exc
             raise
 
     async def send_request(self, link: Any, fields: list[Any], reply: asyncio.Future[Any]) -> None:

@@ -540,3 +540,24 @@ async def test_request_timeout_is_not_delayed_by_a_long_transfer():
         assert time.monotonic() - t0 < 3  # streaming all of it would take > 6 s
         await wait_for(lambda: a.info()["device"]["incomplete_transfers"] == 0, timeout=20)
         assert await b.request("a", "aionet.echo", "after", timeout=20) == "after"
+
+
+@pytest.mark.timeout(60)
+async def test_stopping_the_node_during_a_staged_send_raises_peer_unavailable():
+    """A send blocked on the exhausted staging pool when its node stops fails with
+    PeerUnavailable (what every other send does at shutdown), not a pool error."""
+    c = cfg(max_bytes="2MiB", staging_chunk_bytes="1MiB")
+    a = sim_node("a", "tcp", backend=SlowBackend(delay=0.05))  # slow receiver: the pool stays in use
+    await a.start()
+    b = sim_node("b", "tcp", join=[a.address], config=c)
+    await b.start()
+    try:
+        task = asyncio.ensure_future(b.send("a", "in", CAIArray(np.zeros(64 * MiB, dtype=np.uint8))))
+        await wait_for(lambda: pool_stats(b).get("waiters", 0) > 0 or task.done(), timeout=20)
+        assert not task.done()
+        await b.stop()
+        with pytest.raises(aionet.PeerUnavailable):
+            await asyncio.wait_for(task, 10)
+    finally:
+        await b.stop()
+        await a.stop()
