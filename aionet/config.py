@@ -65,6 +65,7 @@ class LimitsSection:
 class LinkSection:
     max_inflight_bytes: int = 256 * 2**20
     mailbox_size: int = 65536  # messages per mailbox before senders are back-pressured
+    mailbox_bytes: int = 256 * 2**20  # ... or received bytes per mailbox (one larger message fits an empty one)
     handshake_timeout: float = 5.0
     give_up_after: float = 30.0
 
@@ -214,6 +215,8 @@ class Config:
             raise ConfigError("heartbeat.interval must be positive")
         if self.link.max_inflight_bytes <= 0:
             raise ConfigError("link.max_inflight_bytes must be positive")
+        if self.link.mailbox_bytes <= 0:
+            raise ConfigError("link.mailbox_bytes must be positive")
         if isinstance(self.node.listen, str):
             self.node.listen = [self.node.listen]
         if self.log.format not in ("console", "json"):
@@ -279,6 +282,11 @@ def _coerce(value: Any, typ: Any, name: str) -> Any:
     if typ is int:
         if isinstance(value, bool):
             raise ConfigError(f"{name} must be an integer, not {value!r}")
+        if isinstance(value, str) and name.endswith("_bytes"):
+            try:
+                return parse_size(value)  # sizes may be written "256MiB"
+            except ConfigError:
+                raise ConfigError(f'{name} must be a size such as 1048576 or "1MiB", not {value!r}') from None
         try:
             return int(value)
         except (TypeError, ValueError):

@@ -115,7 +115,7 @@ class Node:
             backend=device_backend,
         )
         self.transports = TransportRegistry(transports)
-        self.router = Router(self.name, cfg.link.mailbox_size, self.log)
+        self.router = Router(self.name, cfg.link.mailbox_size, self.log, cfg.link.mailbox_bytes)
         self._token = cfg.load_token()
         self._peers: dict[str, _Peer] = {}
         self._listeners: list[Listener] = []
@@ -316,6 +316,7 @@ class Node:
             "peers": peers,
             "services": sorted(self.router.services),
             "mailboxes": {ch: mb.qsize() for ch, mb in self.router.mailboxes.items()},
+            "mailbox_bytes": {ch: mb.nbytes for ch, mb in self.router.mailboxes.items()},
             "device": self._device.info(),
         }
 
@@ -774,7 +775,10 @@ class Node:
                 frames = batch[i]
                 i += 1
                 if len(frames) > 1:
-                    nbytes += nbytes_of(frames)
+                    size = nbytes_of(frames)
+                    nbytes += size
+                else:
+                    size = len(frames[0])
                 try:
                     env = loads(frames)
                 except DecodeDeferred as exc:  # a device array still arriving, or not deliverable here
@@ -802,9 +806,9 @@ class Node:
                 if kind == SEND:
                     mb = router.mailbox(env[3])
                     item = (peer, env[4])
-                    if not mb.put_nowait(item):  # full: stop reading until it has room
+                    if not mb.put_nowait(item, size):  # full: stop reading until it has room
                         link.received(nbytes)
-                        return self._resume(c, link, reply, batch, i, mb.put(item))
+                        return self._resume(c, link, reply, batch, i, mb.put(item, size))
                 elif kind == REQ:
                     aw = router.on_request(env[3], env[4], env[5], reply)
                     if aw is not None:

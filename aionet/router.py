@@ -34,20 +34,30 @@ Reply = Callable[[int, list[Any]], Awaitable[None] | None]  # reply(kind, fields
 
 class Mailbox:
     """A bounded FIFO of (sender, object). A full mailbox makes ``put`` wait, which stops the
-    connection reader and so back-pressures the sender through the link."""
+    connection reader and so back-pressures the sender through the link.
 
-    __slots__ = ("_getters", "_items", "_maxsize", "_putters")
+    Full means ``maxsize`` messages, or ``maxbytes`` of received message bytes (what arrived
+    on the wire: a few huge messages must not hold unbounded memory just because they are
+    few). A single message larger than ``maxbytes`` is let into an empty mailbox."""
 
-    def __init__(self, maxsize: int):
+    __slots__ = ("_bytes", "_getters", "_items", "_maxbytes", "_maxsize", "_putters", "_sizes")
+
+    def __init__(self, maxsize: int, maxbytes: int = 1 << 62):
         self._items: deque[tuple[str, Any]] = deque()
+        self._sizes: deque[int] = deque()
+        self._bytes = 0
         self._maxsize = maxsize
+        self._maxbytes = maxbytes
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: deque[asyncio.Future[None]] = deque()
 
-    def put_nowait(self, item: tuple[str, Any]) -> bool:
-        if len(self._items) >= self._maxsize:
+    def put_nowait(self, item: tuple[str, Any], nbytes: int = 0) -> bool:
+        items = self._items
+        if len(items) >= self._maxsize or (self._bytes + nbytes > self._maxbytes and items):
             return False
-        self._items.append(item)
+        items.append(item)
+        self._sizes.append(nbytes)
+        self._bytes += nbytes
         getters = self._getters
         while getters:
             g = getters.popleft()
@@ -56,8 +66,8 @@ class Mailbox:
                 break
         return True
 
-    async def put(self, item: tuple[str, Any]) -> None:
-        while not self.put_nowait(item):
+    async def put(self, item: tuple[str, Any], nbytes: int = 0) -> None:
+        while not self.put_nowait(item, nbytes):
             fut = asyncio.get_running_loop().create_future()
             self._putters.append(fut)
             await fut
@@ -87,6 +97,7 @@ class Mailbox:
         if not self._items:
             await self._wait()
         item = self._items.popleft()
+        self._bytes -= self._sizes.popleft()
         if self._putters:
             self._wake_putter()
         return item
@@ -95,11 +106,15 @@ class Mailbox:
         items = self._items
         if not items:
             await self._wait()
+        sizes = self._sizes
         if len(items) <= limit:
             out = list(items)
             items.clear()
+            sizes.clear()
+            self._bytes = 0
         else:
             out = [items.popleft() for _ in range(limit)]
+            self._bytes -= sum(sizes.popleft() for _ in range(limit))
         if self._putters:
             self._wake_putter()
         return out
@@ -107,11 +122,17 @@ class Mailbox:
     def qsize(self) -> int:
         return len(self._items)
 
+    @property
+    def nbytes(self) -> int:
+        """Received bytes of the messages waiting here."""
+        return self._bytes
+
 
 class Router:
-    def __init__(self, node_name: str, mailbox_size: int, log: Any):
+    def __init__(self, node_name: str, mailbox_size: int, log: Any, mailbox_bytes: int = 1 << 62):
         self.node_name = node_name
         self.mailbox_size = mailbox_size
+        self.mailbox_bytes = mailbox_bytes
         self.log = log
         self.services: dict[str, tuple[Handler, bool]] = {}
         self.mailboxes: dict[str, Mailbox] = {}
@@ -130,7 +151,7 @@ class Router:
     def mailbox(self, channel: str) -> Mailbox:
         mb = self.mailboxes.get(channel)
         if mb is None:
-            mb = self.mailboxes[channel] = Mailbox(self.mailbox_size)
+            mb = self.mailboxes[channel] = Mailbox(self.mailbox_size, self.mailbox_bytes)
         return mb
 
     # ------------------------------------------------------------------ requests

@@ -102,3 +102,12 @@ def test_example_configs_load_and_their_transport_options_are_accepted(path, tmp
     if scheme.startswith("zmq") and "curve_public_key_file" in cfg.transport.zmq and not zmq.has("curve"):
         pytest.skip("libzmq without CURVE")
     TransportRegistry().get(cfg.node.listen[0], options, cfg.limits)
+
+
+def test_byte_sizes_accept_units_and_name_the_key_when_wrong():
+    cfg = Config.from_dict({"link": {"mailbox_bytes": "4MiB"}, "limits": {"max_frame_bytes": "1GiB"}}, env={})
+    assert cfg.link.mailbox_bytes == 4 << 20 and cfg.limits.max_frame_bytes == 1 << 30
+    with pytest.raises(ConfigError, match="link.mailbox_bytes"):
+        Config.from_dict({"link": {"mailbox_bytes": "lots"}}, env={})
+    with pytest.raises(ConfigError, match="mailbox_bytes must be positive"):
+        Config.from_dict({"link": {"mailbox_bytes": 0}}, env={})

@@ -251,3 +251,18 @@ async def test_large_reply_from_sync_handler_does_not_stall_the_connection(pair)
     assert await a.recv("after", timeout=10) == 1
     await a.send("b", "back", 2)
     assert await b.recv("back", timeout=10) == 2
+
+
+async def test_mailbox_byte_bound_unit():
+    from aionet.router import Mailbox
+
+    mb = Mailbox(maxsize=100, maxbytes=1000)
+    assert mb.put_nowait(("a", 1), 600)
+    assert not mb.put_nowait(("a", 2), 600)  # would exceed the byte bound
+    assert mb.put_nowait(("a", 3), 400) and mb.nbytes == 1000
+    assert await mb.get() == ("a", 1) and mb.nbytes == 400
+    assert mb.put_nowait(("a", 2), 600)
+    assert [x[1] for x in await mb.get_batch(1)] == [3] and mb.nbytes == 600
+    assert [x[1] for x in await mb.get_batch(10)] == [2] and mb.nbytes == 0
+    assert mb.put_nowait(("a", 4), 5000)  # one oversized message fits an empty mailbox
+    assert not mb.put_nowait(("a", 5), 1)

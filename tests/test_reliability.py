@@ -267,3 +267,35 @@ async def test_false_death_neither_duplicates_nor_loses_messages():
         nums = [x for x in got if x != "end"]
         assert len(nums) == len(set(nums)), f"{len(nums) - len(set(nums))} duplicates"
         assert nums == list(range(n))
+
+
+@pytest.mark.timeout(30)
+async def test_unread_mailbox_holds_bounded_bytes_then_backpressures():
+    """Large messages to a mailbox nobody reads: the receiver keeps at most link.mailbox_bytes
+    (plus one message) queued, then stops reading, and the sender blocks in its window."""
+    cfg_a = _cfg(link={"mailbox_bytes": "4MiB"})
+    cfg_b = _cfg(link={"max_inflight_bytes": "4MiB"})
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0", config=cfg_a) as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=cfg_b) as b,
+    ):
+        payload = np.zeros(256 * 1024, dtype=np.uint8)
+        sent = 0
+
+        async def flood():
+            nonlocal sent
+            while True:
+                await b.send("a", "sink", payload)
+                sent += 1
+
+        task = asyncio.ensure_future(flood())
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), 2.0)
+        queued = a.info()["mailbox_bytes"]["sink"]
+        assert 3 << 20 <= queued <= (4 << 20) + payload.nbytes + 4096
+        assert a.info()["mailboxes"]["sink"] < 20  # the byte bound, not the 65536-message one
+        # sender: window + what sits in socket buffers; far from the 2 s of unbounded sending
+        assert sent * payload.nbytes < 64 << 20
+        task.cancel()
+        for _ in range(4):  # the receiver drains; it resumes reading
+            await a.recv("sink", timeout=5)
