@@ -142,3 +142,17 @@ async def test_cupy_frames_over_ucx():
     await c.close()
     await lst.close()
     await t.aclose()
+
+
+async def test_nodes_without_a_token_talk_over_loopback_ucx():
+    """A node with no token accepts local peers only. ucxx does not report who connected, so
+    a listener on a loopback address labels its peers local (only this host can reach it)."""
+    from aionet import Node
+    from aionet.config import Config
+
+    cfg = Config.from_dict({"transport": {"ucx": {"tls": "tcp"}}}, env={})
+    async with Node(name="a", listen="ucx://127.0.0.1:0", config=cfg) as a:
+        async with Node(name="b", listen="ucx://127.0.0.1:0", join=[a.address], config=cfg) as b:
+            assert await b.request("a", "aionet.echo", "hi", timeout=10) == "hi"
+            await a.send("b", "ch", np.arange(5))
+            assert np.array_equal(await b.recv("ch", timeout=10), np.arange(5))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import weakref
 from collections import deque
@@ -322,8 +323,16 @@ class UCXTransport(Transport):
         ucxx = self._ensure()
         loop = asyncio.get_running_loop()
 
+        # ucxx does not tell a listener who connected. A listener bound to a loopback address
+        # can only be reached from this host, which is what the node's "no token: local peers
+        # only" rule needs to know; otherwise the peer stays unknown (and is not trusted).
+        peer_label = "ucx://peer"
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_address(addr.host or "").is_loopback:
+                peer_label = f"ucx://{addr.host}:0"
+
         async def on_endpoint(ep: Any) -> None:
-            conn = self._wrap(ep, url, "ucx://peer")
+            conn = self._wrap(ep, url, peer_label)
             task = loop.create_task(handler(conn))  # return at once: ucxx tracks this callback
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
