@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 from .config import Config
 from .node import Node
+from .runner import run
 from .scheduler import TaskRef, task_context
 
 __all__ = [
@@ -38,5 +39,6 @@ __all__ = [
     "TransportError",
     "TransportUnavailable",
     "__version__",
+    "run",
     "task_context",
 ]

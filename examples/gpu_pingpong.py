@@ -118,4 +118,4 @@ if __name__ == "__main__":
     from aionet.log import configure
 
     configure(level="warning", stream=sys.stderr)
-    asyncio.run(main())
+    aionet.run(main())

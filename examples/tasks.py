@@ -118,4 +118,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     configure("warning")
-    asyncio.run(main())
+    aionet.run(main())

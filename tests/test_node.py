@@ -266,3 +266,12 @@ async def test_mailbox_byte_bound_unit():
     assert [x[1] for x in await mb.get_batch(10)] == [2] and mb.nbytes == 0
     assert mb.put_nowait(("a", 4), 5000)  # one oversized message fits an empty mailbox
     assert not mb.put_nowait(("a", 5), 1)
+
+
+def test_aionet_run_uses_uvloop():
+    import uvloop
+
+    async def which():
+        return type(asyncio.get_running_loop())
+
+    assert aionet.run(which()) is uvloop.Loop
