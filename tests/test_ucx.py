@@ -156,3 +156,34 @@ async def test_nodes_without_a_token_talk_over_loopback_ucx():
             assert await b.request("a", "aionet.echo", "hi", timeout=10) == "hi"
             await a.send("b", "ch", np.arange(5))
             assert np.array_equal(await b.recv("ch", timeout=10), np.arange(5))
+
+
+async def test_queued_small_messages_are_batched_in_order_and_copied():
+    """write_nowait queues small messages (copied: the caller may reuse its buffer at once)
+    and the sender ships what is queued together; order and contents hold, and a large
+    message in between returns an awaitable and arrives intact."""
+    t = UCXTransport({"tls": "tcp"})
+    c, s, lst, stop = await pair(t)
+    buf = bytearray(8)
+    big = np.arange(1 << 18, dtype=np.uint32)
+    for i in range(3000):
+        buf[:] = i.to_bytes(8, "little")
+        assert c.write_nowait([buf]) is None  # small and far below the high-water mark
+        buf[:] = b"\xff" * 8  # mutate after queueing: must not affect what is sent
+        if i == 1500:
+            aw = c.write_nowait([memoryview(big)])
+            assert aw is not None
+            await aw
+    got: list = []
+    while len(got) < 3001:
+        got.extend(await asyncio.wait_for(s.recv_many(), 10))
+    small = [int.from_bytes(bytes(m[0]), "little") for m in got if len(bytes(m[0])) == 8]
+    assert small == list(range(3000))
+    bigs = [m for m in got if len(m[0]) != 8]
+    assert len(bigs) == 1 and np.array_equal(np.frombuffer(bigs[0][0], dtype=np.uint32), big)
+    assert next(i for i, m in enumerate(got) if m is bigs[0]) == 1501
+    stop.set()
+    await c.close()
+    await s.close()
+    await lst.close()
+    await t.aclose()

@@ -33,9 +33,10 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import struct
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from ..errors import ConnectionClosed, TransportError, TransportUnavailable
@@ -48,6 +49,11 @@ log = get_logger("aionet.transports.ucx")
 
 KIND_MSG = b"\x01"
 KIND_FIN = b"\x02"
+KIND_BATCH = b"\x03"  # [KIND_BATCH, frame counts (uint32 each), *frames of every message]
+_SMALL = 64 << 10  # messages below this are copied when queued, so the caller may reuse them
+_BATCH_BYTES = 4 << 20  # at most this much (or one larger message) per ucxx send
+_BATCH_MESSAGES = 1024
+_HIGH_WATER = 4 << 20  # queued outgoing bytes above which write_nowait asks the caller to wait
 
 
 def _import_ucxx() -> Any:
@@ -134,7 +140,13 @@ class UCXConnection(Connection):
         self._closed = False
         self._failure: BaseException | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
-        self._send_lock = asyncio.Lock()
+        # Outgoing: one sender task takes everything queued and sends it as one ucxx message:
+        # each ucxx send costs a completion through the progress thread, so sending queued
+        # small messages together is what makes small-message rates tolerable.
+        self._outq: deque[tuple[list[Any], int, asyncio.Future[None] | None]] = deque()
+        self._out_bytes = 0
+        self._sender: asyncio.Task[None] | None = None
+        self._room: list[asyncio.Future[None]] = []  # writers waiting for the queue to drain
 
     async def _read_loop(self) -> None:
         try:
@@ -149,11 +161,14 @@ class UCXConnection(Connection):
                 if kind == KIND_FIN:
                     self._eof = True
                     break
-                if kind != KIND_MSG:
+                if kind == KIND_MSG:
+                    frames: Message = [_own(b) for b in bufs[1:]]
+                    self._queue.append(frames)
+                    self._queued_bytes += sum(_nbytes(f) for f in frames)
+                elif kind == KIND_BATCH:
+                    self._unbatch(bufs)
+                else:
                     raise TransportError(f"ucx: unknown message kind {kind!r}; closing")
-                frames: Message = [_own(b) for b in bufs[1:]]
-                self._queue.append(frames)
-                self._queued_bytes += sum(_nbytes(f) for f in frames)
                 self._have_data.set()
         except asyncio.CancelledError:
             raise
@@ -175,18 +190,114 @@ class UCXConnection(Connection):
         err.__cause__ = self._failure
         return err
 
+    def _unbatch(self, bufs: list[Any]) -> None:
+        counts = memoryview(bufs[1]).cast("B")
+        if len(counts) % 4:
+            raise TransportError("ucx: malformed batch header; closing")
+        sizes = struct.unpack(f"<{len(counts) // 4}I", counts)
+        if sum(sizes) != len(bufs) - 2 or not sizes:
+            raise TransportError("ucx: batch header does not match its frames; closing")
+        i = 2
+        for n in sizes:
+            frames: Message = [_own(b) for b in bufs[i : i + n]]
+            i += n
+            self._queue.append(frames)
+            self._queued_bytes += sum(_nbytes(f) for f in frames)
+
+    def write_nowait(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
+        """Queue one message for the sender task. Small messages are copied (the caller may
+        reuse its buffers at once) and return None unless the queue is above its high-water
+        mark; a larger one returns an awaitable that completes when ucxx has sent it."""
+        if self._closed or self._ep is None or self._failure is not None:
+            raise self._ended()
+        nbytes = sum(_nbytes(f) for f in frames)
+        done: asyncio.Future[None] | None = None
+        if nbytes < _SMALL and not any(hasattr(f, "__cuda_array_interface__") for f in frames):
+            out = [f if type(f) is bytes else bytes(memoryview(f).cast("B")) for f in frames]
+        else:
+            out = list(frames)
+            done = asyncio.get_running_loop().create_future()
+        self._outq.append((out, nbytes, done))
+        self._out_bytes += nbytes
+        if self._sender is None:
+            self._sender = asyncio.get_running_loop().create_task(self._send_loop())
+        if done is not None:
+            return done
+        if self._out_bytes > _HIGH_WATER:
+            room = asyncio.get_running_loop().create_future()
+            self._room.append(room)
+            return room
+        return None
+
     async def send(self, frames: Sequence[Buffer]) -> None:
-        if self._closed or self._ep is None:
-            raise self._ended()
-        if self._failure is not None:
-            raise self._ended()
+        aw = self.write_nowait(frames)
+        if aw is not None:
+            await aw
+
+    async def _send_loop(self) -> None:
+        q = self._outq
         try:
-            await self._ep.send_multi([KIND_MSG, *frames])
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._failure = self._failure or exc
-            raise self._ended() from exc
+            while q and self._failure is None and self._ep is not None:
+                batch = [q.popleft()]
+                size = batch[0][1]
+                while q and len(batch) < _BATCH_MESSAGES and size + q[0][1] <= _BATCH_BYTES:
+                    item = q.popleft()
+                    batch.append(item)
+                    size += item[1]
+                if len(batch) == 1:
+                    parts: list[Any] = [KIND_MSG, *batch[0][0]]
+                else:
+                    counts = struct.pack(f"<{len(batch)}I", *(len(m[0]) for m in batch))
+                    parts = [KIND_BATCH, counts]
+                    for m in batch:
+                        parts.extend(m[0])
+                try:
+                    await self._ep.send_multi(parts)
+                except asyncio.CancelledError:  # aborted: this batch may not have gone out
+                    for _, _, fut in batch:
+                        if fut is not None and not fut.done():
+                            fut.set_exception(self._ended())
+                    raise
+                except Exception as exc:
+                    self._failure = self._failure or exc
+                    for _, _, fut in batch:
+                        if fut is not None and not fut.done():
+                            fut.set_exception(self._ended())
+                    break
+                self._out_bytes -= size
+                for _, _, fut in batch:
+                    if fut is not None and not fut.done():
+                        fut.set_result(None)
+                if self._out_bytes <= _HIGH_WATER:
+                    self._wake_writers(None)
+        finally:
+            self._sender = None
+            if self._failure is not None or self._ep is None:  # fail what can no longer go out
+                err = self._ended()
+                while q:
+                    fut = q.popleft()[2]
+                    if fut is not None and not fut.done():
+                        fut.set_exception(err)
+                self._out_bytes = 0
+                self._wake_writers(err)
+            elif not q:
+                self._wake_writers(None)
+
+    def _wake_writers(self, err: BaseException | None) -> None:
+        room, self._room = self._room, []
+        for fut in room:
+            if not fut.done():
+                if err is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(err)
+
+    async def _flush(self) -> None:
+        """Wait until everything queued so far has been handed to ucxx."""
+        while self._sender is not None:
+            task = self._sender
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
 
     def _pop(self) -> Message:
         msg = self._queue.popleft()
@@ -215,7 +326,8 @@ class UCXConnection(Connection):
         if self._failure is None and self._ep is not None and not self._ep.closed:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
-                    await self._ep.send_multi([KIND_FIN])  # after everything sent before it
+                    await self._flush()  # everything queued before close goes out first
+                    await self._ep.send_multi([KIND_FIN])
         self._closed = True
         self._have_data.set()
         self._reader.cancel()
@@ -232,6 +344,8 @@ class UCXConnection(Connection):
         self._closed = True
         self._have_data.set()
         self._reader.cancel()
+        if self._sender is not None:
+            self._sender.cancel()
         ep, self._ep = self._ep, None
         if ep is not None:
             with contextlib.suppress(Exception):
