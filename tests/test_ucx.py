@@ -151,11 +151,13 @@ async def test_nodes_without_a_token_talk_over_loopback_ucx():
     from aionet.config import Config
 
     cfg = Config.from_dict({"transport": {"ucx": {"tls": "tcp"}}}, env={})
-    async with Node(name="a", listen="ucx://127.0.0.1:0", config=cfg) as a:
-        async with Node(name="b", listen="ucx://127.0.0.1:0", join=[a.address], config=cfg) as b:
-            assert await b.request("a", "aionet.echo", "hi", timeout=10) == "hi"
-            await a.send("b", "ch", np.arange(5))
-            assert np.array_equal(await b.recv("ch", timeout=10), np.arange(5))
+    async with (
+        Node(name="a", listen="ucx://127.0.0.1:0", config=cfg) as a,
+        Node(name="b", listen="ucx://127.0.0.1:0", join=[a.address], config=cfg) as b,
+    ):
+        assert await b.request("a", "aionet.echo", "hi", timeout=10) == "hi"
+        await a.send("b", "ch", np.arange(5))
+        assert np.array_equal(await b.recv("ch", timeout=10), np.arange(5))
 
 
 async def test_queued_small_messages_are_batched_in_order_and_copied():
