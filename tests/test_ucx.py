@@ -189,3 +189,30 @@ async def test_queued_small_messages_are_batched_in_order_and_copied():
     await s.close()
     await lst.close()
     await t.aclose()
+
+
+async def test_queue_above_high_water_asks_the_writer_to_wait():
+    """Small messages are queued without waiting until the queue holds more than its
+    high-water mark; then write_nowait returns an awaitable that completes once it drained."""
+    from aionet.transports import ucx as ucx_mod
+
+    t = UCXTransport({"tls": "tcp"})
+    c, s, lst, stop = await pair(t)
+    chunk = b"z" * (ucx_mod._SMALL - 1)
+    waits = []
+    for _ in range(2 * ucx_mod._HIGH_WATER // len(chunk)):  # synchronously: the sender cannot run
+        aw = c.write_nowait([chunk])
+        if aw is not None:
+            waits.append(aw)
+    assert waits, "the queue went past its high-water mark without asking the writer to wait"
+    first_wait = 2 * ucx_mod._HIGH_WATER // len(chunk) - len(waits)
+    assert first_wait * len(chunk) <= ucx_mod._HIGH_WATER + len(chunk)
+    await asyncio.wait_for(asyncio.gather(*waits), 20)  # drained: the waits complete
+    n = 0
+    while n < 2 * ucx_mod._HIGH_WATER // len(chunk):
+        n += len(await asyncio.wait_for(s.recv_many(), 10))
+    stop.set()
+    await c.close()
+    await s.close()
+    await lst.close()
+    await t.aclose()
