@@ -179,6 +179,20 @@ def _contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str) -> tu
     return tuple(reversed(out)) if order == "C" else tuple(out)
 
 
+def _contiguous(a: Any, xp: Any) -> tuple[Any, str]:
+    """``a`` (numpy or CuPy, module ``xp``) in one contiguous layout, and which one."""
+    if a.flags.c_contiguous:
+        return a, "C"
+    if a.flags.f_contiguous:
+        return a, "F"
+    return xp.ascontiguousarray(a), "C"
+
+
+def _flat_bytes(a: Any, xp: Any) -> Any:
+    """The bytes of a contiguous array as a flat uint8 view (no copy)."""
+    return a.reshape(-1, order="A").view(xp.uint8) if a.size else xp.empty(0, xp.uint8)
+
+
 class SimulatedDeviceBackend:
     """Host memory playing the part of device memory (tests and benchmarks only).
 
@@ -224,14 +238,8 @@ class SimulatedDeviceBackend:
     def prepare(self, obj: Any) -> tuple[Any, np.dtype, tuple[int, ...], str]:
         a = self._as_numpy(obj)
         _check_dtype(a.dtype)
-        if a.flags.c_contiguous:
-            order = "C"
-        elif a.flags.f_contiguous:
-            order = "F"
-        else:
-            a, order = np.ascontiguousarray(a), "C"
-        flat = a.reshape(-1, order="A").view(np.uint8) if a.size else np.empty(0, np.uint8)
-        return flat, a.dtype, tuple(a.shape), order
+        a, order = _contiguous(a, np)
+        return _flat_bytes(a, np), a.dtype, tuple(a.shape), order
 
     def copy_to_host(self, src: Any, offset: int, dst: np.ndarray) -> None:
         np.copyto(dst, src[offset : offset + dst.nbytes])
@@ -374,15 +382,10 @@ class CupyBackend:
         else:
             a = cp.from_dlpack(obj)
         _check_dtype(a.dtype)
-        if a.flags.c_contiguous:
-            order = "C"
-        elif a.flags.f_contiguous:
-            order = "F"
-        else:
-            a, order = cp.ascontiguousarray(a), "C"
+        a, order = _contiguous(a, cp)
         # make work queued by the producer visible to our copy stream
         cp.cuda.get_current_stream().synchronize()
-        flat = a.reshape(-1, order="A").view(cp.uint8) if a.size else cp.empty(0, cp.uint8)
+        flat = _flat_bytes(a, cp)
         return flat, np.dtype(a.dtype), tuple(a.shape), order
 
     def copy_to_host(self, src: Any, offset: int, dst: np.ndarray) -> None:

@@ -44,7 +44,8 @@ async def test_never_exceeds_bound_and_waits():
     b = await p.acquire(1)
     assert p.try_acquire(1) is None
     waiter = asyncio.ensure_future(p.acquire(1))
-    await asyncio.sleep(0.01)
+    while p.stats()["waiters"] < 1:  # parked, not failed or served
+        await asyncio.sleep(0)
     assert not waiter.done()
     assert p.allocated_bytes == 128 * KiB
     a.release()
@@ -67,7 +68,8 @@ async def test_waiters_are_served_fifo_and_cancellation_is_clean():
     t1 = asyncio.ensure_future(take(1))
     tc = asyncio.ensure_future(p.acquire(1))
     t2 = asyncio.ensure_future(take(2))
-    await asyncio.sleep(0.01)
+    while p.stats()["waiters"] < 3:  # all three queued, in order
+        await asyncio.sleep(0)
     tc.cancel()
     await asyncio.sleep(0)
     held.release()
