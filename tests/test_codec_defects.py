@@ -113,6 +113,27 @@ def test_message_limit_counts_decompressed_bytes(no_lz4_decompress: list[int]) -
     assert nbytes == len(header) + 4 * MiB
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    raw=st.binary(max_size=64).map(lambda b: b * 300),
+    claim_delta=st.integers(-2, 2) | st.integers(-(2**20), 2**40),
+    ratio=st.floats(1, 255),
+)
+def test_property_compressed_refs_are_accounted_or_refused(raw: bytes, claim_delta: int, ratio: float) -> None:
+    """Any claimed size either decodes to exactly that many bytes, counted by loads_sized, or
+    fails typed; lz4 only runs for claims within the ratio cap and the frame limit."""
+    frame = lz4.block.compress(raw, store_size=False)
+    claim = len(raw) + claim_delta
+    header = msgpack.packb(_ext(S.EXT_BUFFER, [1, [1, "lz4", claim]]))
+    ser = Serializer(compression="lz4", max_compression_ratio=ratio, limits=LimitsSection(max_frame_bytes=2**20))
+    try:
+        obj, nbytes = ser.loads_sized([header, frame])
+    except ProtocolError:
+        return
+    assert claim <= len(frame) * ratio and claim <= 2**20
+    assert obj == bytearray(raw) and nbytes == len(header) + claim
+
+
 def test_max_compression_ratio_config() -> None:
     cfg = Config.from_dict({"codec": {"compression": "lz4", "max_compression_ratio": 20}}, env={})
     assert Serializer.from_config(cfg).max_compression_ratio == 20.0

@@ -1045,6 +1045,16 @@ class Serializer:
         ``compression`` setting; a node passes what the connection negotiated.
         Raises :class:`~aionet.errors.ProtocolError` (normally DecodeError) on any bad input.
         """
+        if len(frames) == 1:  # the hot path (small messages): no tuple, no accounting
+            try:
+                header = frames[0]
+                n = len(header)
+                if n < _GC_PAUSE_BYTES and n <= self._max_header:
+                    return self._root.unpack(header)
+            except (ProtocolError, DecodeDeferred):
+                raise
+            except Exception as exc:
+                raise DecodeError(f"cannot decode message: {type(exc).__name__}: {exc}") from exc
         return self.loads_sized(frames, decompress=decompress)[0]
 
     def loads_sized(self, frames: Sequence[Buffer], *, decompress: bool | None = None) -> tuple[Any, int]:
