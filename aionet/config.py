@@ -46,6 +46,9 @@ class CodecSection:
     compression: str = "none"  # "none" | "lz4"
     compress_min_bytes: int = 65536
     oob_min_bytes: int = 2048  # bytes-like objects at least this large travel out of band
+    # A compressed frame claiming to grow more than this is refused as a bomb before anything is
+    # allocated (senders keep such frames raw). lz4 itself cannot exceed ~255; lower = stricter.
+    max_compression_ratio: float = 255.0
 
 
 @dataclass
@@ -208,6 +211,11 @@ class Config:
     def validate(self) -> None:
         if self.codec.compression not in ("none", "lz4"):
             raise ConfigError(f"codec.compression must be 'none' or 'lz4', not {self.codec.compression!r}")
+        if not 1.0 <= self.codec.max_compression_ratio <= 255.0:
+            raise ConfigError(
+                f"codec.max_compression_ratio must be between 1 and 255 (lz4's own maximum), "
+                f"not {self.codec.max_compression_ratio!r}"
+            )
         for name in ("max_message_bytes", "max_frame_bytes", "max_header_bytes", "max_frames"):
             if getattr(self.limits, name) <= 0:
                 raise ConfigError(f"limits.{name} must be positive")

@@ -765,6 +765,7 @@ class Node:
 
     def _dispatch(self, c: _Conn, link: Link, reply: Any, batch: list[Any], start: int) -> Awaitable[None] | None:
         loads = self.serializer.loads
+        loads_sized = self.serializer.loads_sized
         router = self.router
         peer = c.peer
         nbytes = 0
@@ -780,7 +781,14 @@ class Node:
                 else:
                     size = len(frames[0])
                 try:
-                    env = loads(frames)
+                    if len(frames) > 1:
+                        # compressed frames only where negotiated; mailboxes and acks count the
+                        # decompressed size (a compressed wire size says nothing about memory)
+                        env, raw = loads_sized(frames, decompress=c.compress)
+                        nbytes += raw - size
+                        size = raw
+                    else:
+                        env = loads(frames)
                 except DecodeDeferred as exc:  # a device array still arriving, or not deliverable here
                     wait = self._device.settle(exc, peer, link, reply, frames, router.on_reply)
                     if wait is None:

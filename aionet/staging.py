@@ -67,6 +67,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .buffers import BufferPool, PooledBuffer
+from .codecs.serialize import check_descr_bounds
 from .devices import Devices, DeviceUnavailable
 from .errors import DecodeError, FrameTooLarge, SerializationError
 from .log import get_logger
@@ -593,6 +594,7 @@ class Stager:
             raise DecodeError(f"device array header: unsupported or missing version: {meta!r:.200}")
         try:
             raw_dt = meta["dtype"]
+            check_descr_bounds(raw_dt)  # before numpy: its cost grows with the fields a peer lists
             dtype = np.dtype([tuple(f) for f in raw_dt] if isinstance(raw_dt, list) else raw_dt)
             shape = tuple(int(s) for s in meta["shape"])
             order = meta["order"]

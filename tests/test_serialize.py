@@ -447,15 +447,16 @@ def test_lz4_bomb_through_loads() -> None:
 
     ser = Serializer()
     small = lz4.block.compress(bytes(1000), store_size=False)
-    for raw_len in (2**40, 10**9, -5):
+    for raw_len, why in ((2**40, "max_frame_bytes"), (10**9, "decompression bomb"), (-5, "bad decompressed length")):
         header = msgpack.packb(_ext(S.EXT_NDARRAY, ["|u1", [max(raw_len, 0)], False, [1, "lz4", raw_len]]))
-        with pytest.raises(DecodeError):
-            ser.loads([header, small])
+        with pytest.raises(DecodeError, match=why):
+            ser.loads([header, small], decompress=True)
     limited = Serializer(limits=LimitsSection(max_frame_bytes=500))
     header = msgpack.packb(_ext(S.EXT_BUFFER, [0, [1, "lz4", 1000]]))
     with pytest.raises(DecodeError, match="max_frame_bytes"):
-        limited.loads([header, small])
-    assert Serializer().loads([header, small]) == bytes(1000)
+        limited.loads([header, small], decompress=True)
+    assert Serializer().loads([header, small], decompress=True) == bytes(1000)
+    assert Serializer(compression="lz4").loads([header, small]) == bytes(1000)
 
 
 # ----------------------------------------------------------------------------- dataclasses

@@ -39,14 +39,16 @@ to share between threads (a busy or re-entered encoder falls back to a fresh one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import gc
 import math
 import pickle
 import re
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import msgpack
@@ -55,12 +57,12 @@ from msgpack import ExtType
 
 from ..config import LimitsSection
 from ..errors import ConfigError, DecodeError, FrameTooLarge, ProtocolError, SerializationError, TooManyFrames
-from .compression import CODECS, LZ4, compress_buffer, decompress
+from .compression import CODECS, LZ4, LZ4_MAX_EXPANSION, check_decompressed_size, compress_buffer, decompress
 
 if TYPE_CHECKING:
     from ..config import Config
 
-__all__ = ["Buffer", "DecodeDeferred", "DeviceHook", "Serializer"]
+__all__ = ["Buffer", "DecodeDeferred", "DeviceHook", "Serializer", "check_descr_bounds"]
 
 Buffer = bytes | bytearray | memoryview
 T = TypeVar("T", bound=type)
@@ -104,7 +106,13 @@ _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 _SENDABLE_KINDS = frozenset("biufcmMSUV")
 _DTYPE_STR = re.compile(r"[<>|=][biufcmMSUV]\d{1,10}(\[\d{0,10}[a-zA-Z]{1,3}\])?")
 _DTYPE_CACHE_MAX = 256
-_MAX_DESCR_DEPTH = 8
+#: Bounds on a structured dtype a peer may describe (checked before numpy parses it).
+MAX_DTYPE_FIELDS = 4096  # fields in all, nested ones included (numpy: ~1 us each)
+MAX_DTYPE_DEPTH = 8  # nesting of structured fields
+MAX_DTYPE_NAME = 1024  # characters in a field name or title
+MAX_DTYPE_SUBARRAY_NDIM = 32  # dimensions of a field's subarray shape (numpy's own limit)
+_INT32_MAX = 2**31 - 1
+_GC_PAUSE_BYTES = 256 * 1024  # headers at least this big are unpacked with the cyclic GC paused
 
 
 # ---------------------------------------------------------------- dtypes
@@ -118,36 +126,88 @@ def _descr_to_wire(descr: Any) -> Any:
     ]
 
 
-def _descr_from_wire(w: Any, depth: int = 0) -> Any:
-    """Validate a hostile wire descr and rebuild numpy's tuple form."""
+def _descr_from_wire(w: Any) -> Any:
+    """Validate a hostile wire descr and rebuild numpy's tuple form.
+
+    Everything numpy's cost depends on is bounded first (fields in all, nesting depth, name
+    length, subarray dimensions): building a dtype costs time linear in its fields, and an
+    unbounded description (500,000 fields in a 6 MB header) stalled a node for seconds.
+    """
+    budget = [MAX_DTYPE_FIELDS]
+    return _descr_walk(w, 0, budget)
+
+
+def _descr_walk(w: Any, depth: int, budget: list[int]) -> Any:
     if type(w) is str:
         if not _DTYPE_STR.fullmatch(w):
             raise DecodeError(f"bad dtype {w[:80]!r}")
         return w
-    if type(w) is not list or not w or depth > _MAX_DESCR_DEPTH:
+    if type(w) is not list or not w:
         raise DecodeError("bad structured dtype description")
+    if depth >= MAX_DTYPE_DEPTH:
+        raise DecodeError(f"structured dtype nests deeper than {MAX_DTYPE_DEPTH} levels")
+    budget[0] -= len(w)
+    if budget[0] < 0:
+        raise DecodeError(f"structured dtype has more than {MAX_DTYPE_FIELDS} fields")
     out = []
     for field in w:
         if type(field) is not list or len(field) not in (2, 3):
             raise DecodeError("bad structured dtype field")
         name = field[0]
         if type(name) is list:
-            if len(name) != 2 or not all(type(x) is str for x in name):
+            if len(name) != 2 or not all(type(x) is str and len(x) <= MAX_DTYPE_NAME for x in name):
                 raise DecodeError("bad structured dtype field title")
             name = tuple(name)
-        elif type(name) is not str:
-            raise DecodeError("bad structured dtype field name")
-        item: tuple[Any, ...] = (name, _descr_from_wire(field[1], depth + 1))
+        elif type(name) is not str or len(name) > MAX_DTYPE_NAME:
+            raise DecodeError(f"bad structured dtype field name (a str of at most {MAX_DTYPE_NAME} characters)")
+        item: tuple[Any, ...] = (name, _descr_walk(field[1], depth + 1, budget))
         if len(field) == 3:
             shape = field[2]
-            if type(shape) is not list or len(shape) > _MAX_NDIM:
+            if type(shape) is not list or len(shape) > MAX_DTYPE_SUBARRAY_NDIM:
                 raise DecodeError("bad structured dtype field shape")
             for s in shape:
-                if type(s) is not int or s < 0:
+                if type(s) is not int or not 0 <= s <= _INT32_MAX:
                     raise DecodeError("bad structured dtype field shape")
             item += (tuple(shape),)
         out.append(item)
     return out
+
+
+def check_descr_bounds(descr: Any) -> None:
+    """Raise DecodeError unless a dtype description from the network (a typestr, or numpy's
+    ``descr`` as lists or tuples) stays within the bounds above: call it before handing the
+    description to numpy (``np.dtype`` costs time linear in the fields, and more)."""
+    _bounds_walk(descr, 0, [MAX_DTYPE_FIELDS])
+
+
+def _bounds_walk(w: Any, depth: int, budget: list[int]) -> None:
+    t = type(w)
+    if t is str:
+        if len(w) > 64:
+            raise DecodeError(f"bad dtype {w[:80]!r}")
+        return
+    if t is not list and t is not tuple:
+        raise DecodeError("bad dtype description")
+    if depth >= MAX_DTYPE_DEPTH:
+        raise DecodeError(f"structured dtype nests deeper than {MAX_DTYPE_DEPTH} levels")
+    budget[0] -= len(w)
+    if budget[0] < 0:
+        raise DecodeError(f"structured dtype has more than {MAX_DTYPE_FIELDS} fields")
+    for field in w:
+        if type(field) not in (list, tuple) or len(field) not in (2, 3):
+            raise DecodeError("bad structured dtype field")
+        names = field[0] if type(field[0]) in (list, tuple) else (field[0],)
+        if len(names) > 2 or not all(type(x) is str and len(x) <= MAX_DTYPE_NAME for x in names):
+            raise DecodeError(f"bad structured dtype field name (a str of at most {MAX_DTYPE_NAME} characters)")
+        _bounds_walk(field[1], depth + 1, budget)
+        if len(field) == 3:
+            shape = field[2]
+            if type(shape) is int:
+                shape = (shape,)
+            if type(shape) not in (list, tuple) or len(shape) > MAX_DTYPE_SUBARRAY_NDIM:
+                raise DecodeError("bad structured dtype field shape")
+            if not all(type(x) is int and 0 <= x <= _INT32_MAX for x in shape):
+                raise DecodeError("bad structured dtype field shape")
 
 
 def _dtype_ok(dt: np.dtype) -> bool:
@@ -162,9 +222,14 @@ def _dtype_ok(dt: np.dtype) -> bool:
     return dt.kind in _SENDABLE_KINDS and type(dt) is np.dtype(dt.str).__class__
 
 
-def _dtype_from_wire_uncached(w: Any) -> np.dtype:
+def _dtype_from_wire_uncached(w: Any, max_itemsize: int = 2**62) -> np.dtype:
     descr = _descr_from_wire(w)
-    dt = np.dtype(descr) if type(descr) is str else np.lib.format.descr_to_dtype(descr)
+    try:
+        dt = np.dtype(descr) if type(descr) is str else np.lib.format.descr_to_dtype(descr)
+    except (TypeError, ValueError, OverflowError, KeyError, IndexError) as exc:
+        raise DecodeError(f"bad dtype description: {exc}") from None
+    if dt.itemsize > max_itemsize:
+        raise DecodeError(f"dtype {str(dt)[:80]} has {dt.itemsize}-byte items, above limits.max_frame_bytes")
     if not _dtype_ok(dt):
         raise DecodeError(f"dtype {dt} cannot be received (object or variable-size fields)")
     return dt
@@ -372,7 +437,7 @@ class _Encoder:
         oob = self._oob
         idx = len(oob) + 1
         if self._compress and nbytes >= self._ser.compress_min_bytes:
-            packed = compress_buffer(buf, self._ser._codec)
+            packed = compress_buffer(buf, self._ser._codec, self._ser.max_compression_ratio)
             if packed is not None:
                 oob.append(packed[1])
                 return [idx, packed[0], nbytes]
@@ -532,16 +597,16 @@ class _Encoder:
         t = type(o)
         if why is None and dataclasses.is_dataclass(o):
             raise SerializationError(
-                f"cannot serialize {_qualname(t)}: it is a dataclass but is not registered with this "
-                f"serializer; call serializer.register({t.__qualname__}) (or decorate the class with "
-                f"@serializer.register) on every node that sends or receives it"
+                f"cannot serialize {_qualname(t)}: it is a dataclass but is not registered; call "
+                f"node.register_type({t.__qualname__}) on every node that sends or receives it "
+                f"(Serializer.register for a serializer used without a node)"
             )
         if why is None:
             why = f"cannot serialize an object of type {_qualname(t)}"
         raise SerializationError(
             f"{why}: aionet sends msgpack types, tuples, sets, complex, datetime, numpy arrays and "
             f"scalars of fixed-size dtypes, bytes-likes and registered dataclasses "
-            f"(serializer.register(cls)); convert the value, or let the cluster opt into pickle "
+            f"(node.register_type(cls)); convert the value, or let the cluster opt into pickle "
             f"(security.allow_pickle = true)"
         )
 
@@ -558,19 +623,69 @@ def _header_too_big(n: int, limit: int) -> str:
 
 
 # ---------------------------------------------------------------- decoder
+class _Message:
+    """Per-message decoding state shared by a multi-frame decoder chain: whether compressed
+    frames are allowed here (only on a connection that negotiated compression) and the
+    message's size as it grows by decompression, checked against the limits before each
+    frame is inflated (every limit counts decompressed bytes)."""
+
+    __slots__ = ("allow", "nbytes")
+
+    def __init__(self, nbytes: int, allow: bool) -> None:
+        self.nbytes = nbytes
+        self.allow = allow
+
+    def inflate(self, data: Buffer, codec: Any, raw_len: Any, ser: Serializer) -> bytearray:
+        if not self.allow:
+            raise DecodeError(
+                "peer sent a compressed frame, but compression was not negotiated on this connection "
+                "(codec.compression is 'none' here or on the peer)"
+            )
+        t = type(data)
+        if t is not bytes and t is not bytearray and t is not memoryview:
+            raise DecodeError(f"compressed frame is a {t.__name__}, not a host buffer")
+        lim = ser.limits
+        n = data.nbytes if t is memoryview else len(data)
+        check_decompressed_size(codec, n, raw_len, lim.max_frame_bytes, ser.max_compression_ratio)
+        total = self.nbytes - n + raw_len
+        if total > lim.max_message_bytes:
+            raise FrameTooLarge(
+                f"message decompresses to at least {total} bytes, above limits.max_message_bytes "
+                f"({lim.max_message_bytes})"
+            )
+        out = decompress(codec, data, raw_len, lim.max_frame_bytes, ser.max_compression_ratio)
+        self.nbytes = total
+        return out
+
+
 class _Decoder:
     """Decoding state at one extension nesting level. The frameless root (single-frame
     messages) and its children are immutable and shared; a multi-frame message builds its own
     chain so that it can track which frames the header referenced."""
 
-    __slots__ = ("_child", "_frames", "_ser", "_used", "depth", "hook_kw")
+    __slots__ = ("_child", "_frames", "_msg", "_ser", "_used", "depth", "hook_kw")
 
-    def __init__(self, ser: Serializer, frames: Sequence[Buffer], used: bytearray | None, depth: int) -> None:
+    def __init__(
+        self,
+        ser: Serializer,
+        frames: Sequence[Buffer],
+        used: bytearray | None,
+        depth: int,
+        msg: _Message | None = None,
+    ) -> None:
         self._ser = ser
         self._frames = frames
         self._used = used
+        self._msg = msg
         self.depth = depth
         self._child: _Decoder | None = None
+
+    def _meta(self, data: bytes) -> Any:
+        """Unpack a plain metadata record (bounded, no extensions allowed inside)."""
+        try:
+            return msgpack.unpackb(data, **self._ser._meta_kw)
+        except ValueError as exc:  # msgpack's limits, malformed data, trailing bytes
+            raise DecodeError(f"malformed or oversized metadata record: {exc}") from None
 
     def unpack(self, data: Any) -> Any:
         lim = self._ser.limits
@@ -591,7 +706,7 @@ class _Decoder:
         if c is None:
             if self.depth >= self._ser.limits.max_depth:
                 raise DecodeError(f"objects nest deeper than limits.max_depth ({self._ser.limits.max_depth})")
-            c = self._child = _Decoder(self._ser, self._frames, self._used, self.depth + 1)
+            c = self._child = _Decoder(self._ser, self._frames, self._used, self.depth + 1, self._msg)
         items = c.unpack(data)
         if type(items) is not list:
             raise DecodeError("malformed container record")
@@ -617,9 +732,9 @@ class _Decoder:
         if t is list and len(ref) == 3:
             idx, codec, raw_len = ref
             data = self._frame(idx)
-            if type(codec) is not str:
-                raise DecodeError("bad compression codec")
-            return decompress(codec, data, raw_len, self._ser.limits.max_frame_bytes)
+            msg = self._msg
+            assert msg is not None  # _frame succeeded: a multi-frame decoder
+            return msg.inflate(data, codec, raw_len, self._ser)
         raise DecodeError("malformed buffer reference")
 
     def hook(self, code: int, data: bytes) -> Any:
@@ -646,7 +761,7 @@ class _Decoder:
         if code == EXT_DATACLASS:
             return self._dataclass(data)
         if code == EXT_DATETIME:
-            return _decode_datetime(_meta(data))
+            return _decode_datetime(self._meta(data))
         if code == EXT_PICKLE:
             return self._pickle(data)
         if code == EXT_DEVICE:
@@ -654,7 +769,7 @@ class _Decoder:
         raise DecodeError(f"unknown extension type {code}")
 
     def _buffer(self, data: bytes) -> Buffer:
-        m = _meta(data)
+        m = self._meta(data)
         if type(m) is not list or len(m) != 2:
             raise DecodeError("malformed buffer record")
         kind, ref = m
@@ -668,7 +783,7 @@ class _Decoder:
         raise DecodeError(f"unknown buffer kind {kind!r}")
 
     def _ndarray(self, data: bytes) -> np.ndarray:
-        m = _meta(data)
+        m = self._meta(data)
         if type(m) is not list or len(m) != 4:
             raise DecodeError("malformed array record")
         wire, shape, fortran, ref = m
@@ -692,7 +807,7 @@ class _Decoder:
         return arr
 
     def _npscalar(self, data: bytes) -> np.generic:
-        m = _meta(data)
+        m = self._meta(data)
         if type(m) is not list or len(m) != 2 or type(m[1]) is not bytes:
             raise DecodeError("malformed numpy scalar record")
         dt = self._ser._dtype_from_wire(m[0])
@@ -709,7 +824,8 @@ class _Decoder:
         entry = self._ser._by_name.get(name)
         if entry is None:
             raise DecodeError(
-                f"unknown registered type {name[:200]!r}: register it with serializer.register(...) on this node"
+                f"unknown registered type {name[:200]!r}: call node.register_type(cls) for it on this node "
+                f"too (every node that sends or receives it must register it)"
             )
         cls, fields = entry
         if len(values) != len(fields):
@@ -724,7 +840,7 @@ class _Decoder:
         hook = self._ser.device_hook
         if hook is None:
             raise DecodeError("received a device array but this serializer has no device hook (not a node?)")
-        m = _meta(data)
+        m = self._meta(data)
         if type(m) is not list or len(m) != 3 or type(m[0]) is not int:
             raise DecodeError("malformed device array record")
         mode, meta, body = m
@@ -743,16 +859,44 @@ class _Decoder:
     def _pickle(self, data: bytes) -> Any:
         if not self._ser.allow_pickle:
             raise DecodeError("received a pickled object but pickle is disabled (security.allow_pickle)")
-        m = _meta(data)
+        m = self._meta(data)
         if type(m) is not list or len(m) != 2 or type(m[0]) is not bytes or type(m[1]) is not list:
             raise DecodeError("malformed pickle record")
         buffers = [self._take(r) for r in m[1]]
         return pickle.loads(m[0], buffers=buffers)
 
 
-def _meta(data: bytes) -> Any:
-    """Unpack a plain metadata record (no extensions allowed inside)."""
-    return msgpack.unpackb(data, raw=False)
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic collector while one large header is unpacked.
+
+    A header of many small containers (a peer controls that) creates millions of objects
+    that cannot form cycles, yet every 700 allocations trigger a collection that also walks
+    the survivors: measured, a 16 MB header of empty lists took 4.0 s with the collector on
+    and 2.3 s with it paused. Re-enabled afterwards, and never enabled if it was off.
+    """
+    was = gc.isenabled()
+    if was:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _meta_limits(lim: LimitsSection, max_header: int) -> dict[str, Any]:
+    """msgpack bounds for metadata records: they hold a few scalars, a shape, a dtype
+    description (at most MAX_DTYPE_FIELDS fields) or frame references (at most max_frames),
+    never extensions; a peer must not make one cost more than that."""
+    return {
+        "raw": False,
+        "max_array_len": max(lim.max_frames, MAX_DTYPE_FIELDS) + 8,
+        "max_map_len": 256,
+        "max_str_len": min(lim.max_str_len, max_header),
+        "max_bin_len": max_header,
+        "max_ext_len": 0,
+    }
 
 
 def _decode_datetime(m: Any) -> Any:
@@ -810,11 +954,16 @@ class Serializer:
         allow_pickle: bool = False,
         limits: LimitsSection | None = None,
         device_hook: DeviceHook | None = None,
+        max_compression_ratio: float = LZ4_MAX_EXPANSION,
     ) -> None:
         if compression != "none" and compression not in CODECS:
             raise ConfigError(f"compression must be 'none' or one of {sorted(CODECS)}, not {compression!r}")
         if oob_min_bytes < 0 or compress_min_bytes < 0:
             raise ConfigError("oob_min_bytes and compress_min_bytes must not be negative")
+        if not 1.0 <= max_compression_ratio <= LZ4_MAX_EXPANSION:
+            raise ConfigError(f"max_compression_ratio must be between 1 and {LZ4_MAX_EXPANSION}")
+        #: compressed frames that claim to grow more than this are refused (decompression bombs)
+        self.max_compression_ratio = float(max_compression_ratio)
         self.oob_min_bytes = oob_min_bytes
         self.compression = compression
         self.compress_min_bytes = compress_min_bytes
@@ -824,6 +973,7 @@ class Serializer:
         self.device_hook: DeviceHook | None = device_hook
         self._oob_min = max(1, oob_min_bytes)  # empty buffers always stay inline
         self._max_header = self.limits.max_header_bytes
+        self._meta_kw = _meta_limits(self.limits, self._max_header)
         self._codec = compression if compression != "none" else LZ4
         self._compress_default = compression != "none"
         self._by_type: dict[type, tuple[str, tuple[str, ...]]] = {}
@@ -843,6 +993,7 @@ class Serializer:
             compress_min_bytes=cfg.codec.compress_min_bytes,
             allow_pickle=cfg.security.allow_pickle,
             limits=cfg.limits,
+            max_compression_ratio=cfg.codec.max_compression_ratio,
         )
 
     @overload
@@ -886,27 +1037,51 @@ class Serializer:
             enc = _Encoder(self)
         return enc.encode(obj, self._compress_default if compress is None else compress)
 
-    def loads(self, frames: Sequence[Buffer]) -> Any:
+    def loads(self, frames: Sequence[Buffer], *, decompress: bool | None = None) -> Any:
         """Decode a message produced by :meth:`dumps` (on any node).
 
         Arrays and buffers alias the given frames where possible, so hand over ownership.
+        ``decompress``: may the message hold compressed frames? None follows this serializer's
+        ``compression`` setting; a node passes what the connection negotiated.
         Raises :class:`~aionet.errors.ProtocolError` (normally DecodeError) on any bad input.
         """
+        if len(frames) == 1:  # the hot path (small messages): no tuple, no accounting
+            try:
+                header = frames[0]
+                n = len(header)
+                if n < _GC_PAUSE_BYTES and n <= self._max_header:
+                    return self._root.unpack(header)
+            except (ProtocolError, DecodeDeferred):
+                raise
+            except Exception as exc:
+                raise DecodeError(f"cannot decode message: {type(exc).__name__}: {exc}") from exc
+        return self.loads_sized(frames, decompress=decompress)[0]
+
+    def loads_sized(self, frames: Sequence[Buffer], *, decompress: bool | None = None) -> tuple[Any, int]:
+        """:meth:`loads`, plus the message's size in bytes once decompressed: what mailboxes
+        and receive accounting must count (the wire size of a compressed message says
+        nothing about the memory it takes)."""
         try:
             if len(frames) == 1:
                 header = frames[0]
-                if len(header) > self._max_header:
-                    raise FrameTooLarge(
-                        f"header of {len(header)} bytes exceeds limits.max_header_bytes ({self._max_header})"
-                    )
-                return self._root.unpack(header)
-            return self._loads_frames(frames)
+                n = len(header)
+                if n > self._max_header:
+                    raise FrameTooLarge(f"header of {n} bytes exceeds limits.max_header_bytes ({self._max_header})")
+                if n < _GC_PAUSE_BYTES:
+                    return self._root.unpack(header), n
+                with _gc_paused():
+                    return self._root.unpack(header), n
+            allow = self._compress_default if decompress is None else decompress
+            if len(frames) > 1 and len(frames[0]) >= _GC_PAUSE_BYTES:
+                with _gc_paused():
+                    return self._loads_frames(frames, allow)
+            return self._loads_frames(frames, allow)
         except (ProtocolError, DecodeDeferred):
             raise
         except Exception as exc:
             raise DecodeError(f"cannot decode message: {type(exc).__name__}: {exc}") from exc
 
-    def _loads_frames(self, frames: Sequence[Buffer]) -> Any:
+    def _loads_frames(self, frames: Sequence[Buffer], allow_compressed: bool) -> tuple[Any, int]:
         n = len(frames)
         if n == 0:
             raise DecodeError("empty message (no header frame)")
@@ -928,10 +1103,11 @@ class Serializer:
             raise FrameTooLarge(f"message of {total} bytes exceeds limits.max_message_bytes")
         used = bytearray(n)
         used[0] = 1
-        obj = _Decoder(self, flat, used, 0).unpack(header)
+        msg = _Message(total, allow_compressed)
+        obj = _Decoder(self, flat, used, 0, msg).unpack(header)
         if 0 in used:
             raise DecodeError(f"frame {used.index(0)} is not referenced by the header (corrupt message?)")
-        return obj
+        return obj, msg.nbytes
 
     # -------------------------------------------------------------- dtype translation
     def _dtype_wire(self, dt: np.dtype) -> Any:
@@ -949,7 +1125,7 @@ class Serializer:
                     cand: Any = dt.str
                 else:
                     cand = _descr_to_wire(np.lib.format.dtype_to_descr(dt))
-                if _dtype_from_wire_uncached(cand) == dt:
+                if _dtype_from_wire_uncached(cand, self.limits.max_frame_bytes) == dt:
                     wire = cand
         except (DecodeError, TypeError, ValueError):
             wire = None
@@ -962,9 +1138,9 @@ class Serializer:
         if type(wire) is str:
             dt = self._dtype_in.get(wire)
             if dt is None:
-                dt = _dtype_from_wire_uncached(wire)
+                dt = _dtype_from_wire_uncached(wire, self.limits.max_frame_bytes)
                 if len(self._dtype_in) >= _DTYPE_CACHE_MAX:
                     self._dtype_in.clear()
                 self._dtype_in[wire] = dt
             return dt
-        return _dtype_from_wire_uncached(wire)
+        return _dtype_from_wire_uncached(wire, self.limits.max_frame_bytes)
