@@ -418,6 +418,29 @@ async def test_allow_modules_is_checked_before_import_and_on_what_the_path_reach
         assert marker.exists()
 
 
+async def test_task_option_never_silently_shadows_a_function_keyword():
+    """``timeout=`` is a task option; a function that takes ``timeout`` too makes the call
+    ambiguous (an error, not a silent pick); ``kwargs=`` says which is which."""
+    async with cluster(cfg()) as (a,):
+        for fn in (tasks_fns.with_options, F + "with_options"):  # a callable, or a path already imported
+            with pytest.raises(TypeError, match="'timeout' is a task option.*kwargs="):
+                a.submit(fn, 1, timeout=5)
+            with pytest.raises(TypeError, match="'priority' is a task option"):
+                a.submit(fn, 1, priority=3)
+        # kwargs= holds the function's keywords; every other keyword is then a task option
+        ref = a.submit(F + "with_options", 1, kwargs={"timeout": 7, "priority": 2}, timeout=5, priority=1)
+        assert await ref == [1, 7, 2]
+        ref = a.submit(F + "with_options", 1, kwargs={}, timeout=5)
+        assert ref._rec.timeout == 5 and await ref == [1, 1.0, 0]
+        with pytest.raises(TypeError, match="unknown task option 'tiemout'"):
+            a.submit(F + "with_options", 1, kwargs={}, tiemout=5)
+        with pytest.raises(TypeError, match="kwargs= must be a dict"):
+            a.submit(F + "with_options", 1, kwargs=[("timeout", 1)])
+        # no clash: options and function keywords mix as before
+        assert await a.submit(F + "async_add", 2, b=5, timeout=5) == 7
+        assert await a.map(F + "with_options", [1, 2], kwargs={"priority": 9}, priority=1) == [[1, 1.0, 9], [2, 1.0, 9]]
+
+
 def test_submit_before_start_is_a_clear_error():
     with pytest.raises(TaskError, match="start the node"):
         Node(name="x", config=cfg()).submit(F + "noop")
