@@ -339,14 +339,17 @@ async def test_default_config_runs_no_task_and_says_how_to_allow(tmp_path):
     default = Config.from_dict({"scheduler": {"resources": {"cpu": 1, "gpu": 0}}})
     assert default.scheduler.allow_modules == []
     sys.modules.pop("tests.tasks_forbidden", None)
-    async with cluster(cfg(run_local=False), default) as (a, b):
-        with pytest.raises(TaskFailed) as ei:
-            await a.submit("tests.tasks_forbidden:touch", str(tmp_path / "x"))
-        msg = str(ei.value)
-        assert "allow_modules is empty" in msg and "allow_modules = ['tests']" in msg and "--app" in msg, msg
+    async with cluster(default, default) as nodes:
+        a = nodes[0]
+        for where in ("n1", "n0"):  # a peer's task, and the submitter's own local run
+            with pytest.raises(TaskFailed) as ei:
+                await a.submit("tests.tasks_forbidden:touch", str(tmp_path / "x"), affinity=where)
+            msg = str(ei.value)
+            assert f"refused on node '{where}'" in msg and "allow_modules is empty" in msg, msg
+            assert "allow_modules = ['tests']" in msg and "--app" in msg, msg
         assert "tests.tasks_forbidden" not in sys.modules
         assert not (tmp_path / "x").exists()
-        assert b.scheduler.worker.stats["refused"] == 1
+        assert [n.scheduler.worker.stats["refused"] for n in nodes] == [1, 1]
 
 
 class _Unpickled:

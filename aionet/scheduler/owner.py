@@ -779,6 +779,8 @@ class Owner:
                 value = await self.sched.fetch(holder, self.name, rec.tid)
             except (PeerUnavailable, RemoteError, TimeoutError) as exc:
                 tries += 1
+                if self.closed:
+                    raise TaskLost(f"task {rec.name}: its result is on {holder}, and the local node stopped") from exc
                 if rec.fut is fut and rec.holder == holder:
                     if isinstance(exc, RemoteError) and exc.remote_type == "KeyError":
                         self.result_lost(rec)
