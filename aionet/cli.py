@@ -82,6 +82,10 @@ def serve(
     configure_logging(log_level or cfg.log.level, "json" if json_logs else cfg.log.format)
     setups = [_load_app(a) for a in apps]
     from .runner import run
+    from .scheduler.allow import app_packages
+
+    # the apps' own packages may run tasks here (scheduler.allow_modules; the stdlib never does)
+    cfg.scheduler.allow_modules = [*cfg.scheduler.allow_modules, *app_packages(apps)]
 
     try:
         run(_serve(cfg, setups))

@@ -105,7 +105,10 @@ class SchedulerSection:
     suspect_grace: float = 0.3  # without membership: a reset connection not back within this is a dead node
     wait_for_nodes: float = 5.0  # how long a task waits when no node at all accepts tasks
     process_workers: int = 0  # processes for executor="process" (0: one per cpu)
-    allow_modules: list[str] = field(default_factory=list)  # if set: only tasks from these packages run here
+    # task functions this node runs: module names or prefixes ("mypkg", "mypkg.tasks"); empty: none
+    # (`aionet serve --app pkg.mod:setup` adds "pkg"); ["*"]: anything installed, trusted clusters only.
+    # The standard library, aionet, pip/setuptools, cloudpickle and dill never run (aionet/scheduler/allow.py).
+    allow_modules: list[str] = field(default_factory=list)
 
 
 @dataclass

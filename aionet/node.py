@@ -448,7 +448,9 @@ class Node:
     def submit(self, fn: Any, *args: Any, **options: Any) -> TaskRef:
         """Run ``fn`` ("pkg.mod:fn") somewhere in the cluster; ``await`` the returned TaskRef.
         Options: resources, priority, retries, timeout, executor, key, preemptible, affinity,
-        policy; other keyword arguments go to ``fn``. See aionet.scheduler."""
+        policy; other keyword arguments go to ``fn``, or pass them as ``kwargs={...}`` (then every
+        other keyword is an option). The executing node must allow fn's module
+        (``scheduler.allow_modules``). See aionet.scheduler."""
         return self.scheduler.submit(fn, *args, **options)
 
     async def map(self, fn: Any, *iterables: Any, **options: Any) -> list[Any]:

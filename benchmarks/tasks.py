@@ -71,7 +71,11 @@ class AionetCluster:
 
     def __init__(self, n: int, env: dict[str, str] | None = None, verbose: bool = False):
         self.n = n
-        self.env = {"PYTHONPATH": os.pathsep.join([str(C.BENCH_DIR), str(C.REPO_DIR)]), **(env or {})}
+        self.env = {
+            "PYTHONPATH": os.pathsep.join([str(C.BENCH_DIR), str(C.REPO_DIR)]),
+            "AIONET_SCHEDULER_ALLOW_MODULES": "tasks",  # the task functions below
+            **(env or {}),
+        }
         self.children: list[C.Child] = []
         self.verbose = verbose
 

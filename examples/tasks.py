@@ -6,7 +6,8 @@
 It starts two ``aionet serve`` worker processes (with this directory on PYTHONPATH so they can
 import the task functions below as ``tasks:...``), joins them with a submit-only client node,
 and shows: submit/await, dependencies passed as TaskRefs (the data goes worker to worker),
-map, errors, resources, priorities, and a checkpointing task. The workers are stopped (by
+map, errors, resources, priorities, a checkpointing task, and a refused function (the workers
+allow only the module ``tasks``: ``scheduler.allow_modules``). The workers are stopped (by
 their PIDs) at the end.
 """
 
@@ -59,6 +60,7 @@ async def count_to(n: int) -> int:
 async def start_worker(name: str, join: str | None) -> tuple[asyncio.subprocess.Process, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     env["AIONET_SCHEDULER_RESOURCES"] = json.dumps({"cpu": 2})
+    env["AIONET_SCHEDULER_ALLOW_MODULES"] = "tasks"  # a node runs only task modules it allows
     args = [sys.executable, "-m", "aionet", "serve", "--name", name, "--listen", "tcp://127.0.0.1:0"]
     args += ["--log-level", "warning"] + (["--join", join] if join else [])
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, env=env)
@@ -108,6 +110,12 @@ async def main() -> None:
             urgent = node.submit("tasks:square", 12, priority=10)
             print("urgent =", await urgent, "| count_to =", await slow)
             print("owner stats:", node.scheduler.stats()["owner"])
+
+            # 7. a node runs only modules it allows (scheduler.allow_modules), never the stdlib
+            try:
+                node.submit("os:system", "echo hi")
+            except aionet.TaskError as exc:
+                print("refused:", str(exc)[:80], "...")
     finally:
         for p in (w2, w1):
             if p.returncode is None:

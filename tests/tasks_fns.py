@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from os.path import join as path_join  # noqa: F401  # imported, not defined here: never a task
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,11 @@ async def hold(seconds: float, tag: str) -> str:
 
 def in_process() -> int:
     return os.getpid()
+
+
+def with_options(x: Any, timeout: float = 1.0, priority: int = 0) -> list[Any]:
+    """Takes keywords named like submit's task options (timeout, priority)."""
+    return [x, timeout, priority]
 
 
 VALUE = 42  # not callable

@@ -570,9 +570,11 @@ async def test_device_array_as_a_task_argument_is_staged_to_the_worker():
     owner_cfg = Config.from_dict(
         {"scheduler": {"run_local": False}, "buffers": {"staging_chunk_bytes": "1MiB"}}, env={}
     )
+    worker_cfg = cfg()
+    worker_cfg.scheduler.allow_modules = ["tests.tasks_fns"]  # a node runs only task modules it allows
     async with (
         sim_node("a", "tcp", config=owner_cfg) as a,
-        sim_node("b", "tcp", join=[a.address], config=cfg()) as b,
+        sim_node("b", "tcp", join=[a.address], config=worker_cfg) as b,
     ):
         small = np.arange(10.0)
         big = np.arange(3 * MiB // 8, dtype=np.float64)  # 3 MiB: staged in chunks

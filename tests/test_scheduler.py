@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import gc
 import os
+import pickle
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +20,8 @@ from aionet import Node, TaskError
 from aionet.config import Config
 from aionet.errors import ConfigError
 from aionet.scheduler import TaskCancelled, TaskFailed, TaskLost, TaskTimeout, Unschedulable
+from aionet.scheduler import owner as owner_mod
+from aionet.scheduler.tasks import CHANNEL, M_SUBMIT
 
 from . import tasks_fns
 from .conftest import wait_for
@@ -27,6 +31,7 @@ F = "tests.tasks_fns:"
 
 def cfg(**sched: Any) -> Config:
     sched.setdefault("resources", {"cpu": 2, "gpu": 0})
+    sched.setdefault("allow_modules", ["tests.tasks_fns"])  # a node runs no task module it does not allow
     return Config.from_dict({"scheduler": sched})
 
 
@@ -111,7 +116,7 @@ async def test_locality_policy_runs_dependents_where_data_is():
 
 
 async def test_errors_are_clear():
-    async with cluster(cfg(run_local=False), cfg()) as (a, _b):
+    async with cluster(cfg(run_local=False), cfg(allow_modules=["tests"])) as (a, _b):
         with pytest.raises(TaskFailed) as ei:
             await a.submit(F + "boom", "bad input")
         e = ei.value
@@ -119,8 +124,8 @@ async def test_errors_are_clear():
         assert "raise ValueError(msg)" in e.remote_traceback
         with pytest.raises(TaskError, match="cannot import task function 'tests.tasks_fns:nope'.*on node 'n1'|n1"):
             await a.submit(F + "nope")
-        with pytest.raises(TaskError, match="cannot import task function 'no_such_pkg.mod:f'"):
-            await a.submit("no_such_pkg.mod:f")
+        with pytest.raises(TaskError, match="cannot import task function 'tests.no_such_mod:f'"):
+            await a.submit("tests.no_such_mod:f")
         with pytest.raises(TaskError, match="not callable"):
             await a.submit(F + "VALUE")
         with pytest.raises(TaskError, match="pkg.module:function"):
@@ -328,11 +333,115 @@ async def test_stopping_owner_fails_pending_refs():
         a.submit(F + "noop")
 
 
-async def test_allow_modules_restricts_what_a_node_runs():
-    async with cluster(cfg(run_local=False), cfg(allow_modules=["tests"])) as (a, _b):
+async def test_default_config_runs_no_task_and_says_how_to_allow(tmp_path):
+    """scheduler.allow_modules defaults to nothing: a task is refused, naming the fix, and
+    its module is not even imported."""
+    default = Config.from_dict({"scheduler": {"resources": {"cpu": 1, "gpu": 0}}})
+    assert default.scheduler.allow_modules == []
+    sys.modules.pop("tests.tasks_forbidden", None)
+    async with cluster(default, default) as nodes:
+        a = nodes[0]
+        for where in ("n1", "n0"):  # a peer's task, and the submitter's own local run
+            with pytest.raises(TaskFailed) as ei:
+                await a.submit("tests.tasks_forbidden:touch", str(tmp_path / "x"), affinity=where)
+            msg = str(ei.value)
+            assert f"refused on node '{where}'" in msg and "allow_modules is empty" in msg, msg
+            assert "allow_modules = ['tests']" in msg and "--app" in msg, msg
+        assert "tests.tasks_forbidden" not in sys.modules
+        assert not (tmp_path / "x").exists()
+        assert [n.scheduler.worker.stats["refused"] for n in nodes] == [1, 1]
+
+
+class _Unpickled:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.path}",))
+
+
+async def test_stdlib_is_refused_even_with_allow_star(tmp_path, monkeypatch):
+    """os:system, pickle:loads and subprocess:run never run, even on a node that allows "*":
+    the submitter fails fast, and a worker refuses them itself (a hostile peer skips the
+    submitter's check). Naming them in allow_modules is a config error."""
+    marker = tmp_path / "pwned"
+    attempts = [
+        ("os:system", (f"touch {marker}",)),
+        ("pickle:loads", (pickle.dumps(_Unpickled(str(marker))),)),
+        ("subprocess:run", (["touch", str(marker)],)),
+    ]
+    async with cluster(cfg(run_local=False), cfg(allow_modules=["*"])) as (a, b):
+        for path, args in attempts:
+            with pytest.raises(TaskError, match="standard library.*allow that module"):
+                a.submit(path, *args)  # the submitter refuses at once
+        # the worker enforces it: same submissions with the submitter's check disabled
+        monkeypatch.setattr(owner_mod, "is_never_run", lambda _m: False)
+        for path, args in attempts:
+            with pytest.raises(TaskFailed, match=f"'{path}' refused on node 'n1'.*standard library"):
+                await a.submit(path, *args)
+        # and a raw spec sent straight to the worker's channel, as a hostile peer would
+        spec = [999, "os:system", [f"touch {marker}"], None, 0, None, 0, 0, None, 1, None, None, None]
+        await a.send("n1", CHANNEL, [M_SUBMIT, "n0", [spec]])
+        await wait_for(lambda: b.scheduler.worker.stats["refused"] == 4)
+        assert not marker.exists()
+        # "*" still runs ordinary installed code
         assert await a.submit(F + "inc", 1) == 2
-        with pytest.raises(TaskError, match="not allowed here"):
-            await a.submit("os:getcwd")
+    for bad in (["os"], ["os.path"], ["pickle"], ["importlib"], ["aionet"], ["*", "subprocess"]):
+        with pytest.raises(ConfigError, match="never runs tasks from it"):
+            Node(name="x", config=cfg(allow_modules=bad))
+    with pytest.raises(ConfigError, match="not a module name"):
+        Node(name="x", config=cfg(allow_modules=["../evil"]))
+
+
+async def test_allow_modules_is_checked_before_import_and_on_what_the_path_reaches(tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+    monkeypatch.delitem(sys.modules, "tests.tasks_forbidden", raising=False)
+    async with cluster(
+        cfg(run_local=False),
+        cfg(allow_modules=["tests.tasks_fns"]),
+        cfg(allow_modules=["tests.tasks"]),  # a prefix matches whole module names only
+        cfg(allow_modules=["tests.tasks_forbidden"]),
+    ) as (a, _b, _c, _d):
+        for node in ("n1", "n2"):
+            with pytest.raises(TaskFailed, match="not in its scheduler.allow_modules.*allow_modules = \\['tests'\\]"):
+                await a.submit("tests.tasks_forbidden:touch", str(marker), affinity=node)
+            assert "tests.tasks_forbidden" not in sys.modules  # refused by name, never imported
+        assert not marker.exists()
+        # an allowed module cannot be a door to what it imports
+        with pytest.raises(TaskFailed, match="reaches through the module 'os'"):
+            await a.submit(F + "os.system", f"touch {marker}", affinity="n1")
+        with pytest.raises(TaskFailed, match="defined in 'posixpath'.*standard library"):
+            await a.submit(F + "path_join", "a", "b", affinity="n1")
+        with pytest.raises(TaskFailed, match="dunder"):
+            await a.submit(F + "inc.__call__", 1, affinity="n1")
+        assert not marker.exists()
+        assert await a.submit(F + "inc", 1, affinity="n1") == 2
+        # the node that allows the module runs it
+        assert await a.submit("tests.tasks_forbidden:touch", str(marker), affinity="n3") == "ran"
+        assert marker.exists()
+
+
+async def test_task_option_never_silently_shadows_a_function_keyword():
+    """``timeout=`` is a task option; a function that takes ``timeout`` too makes the call
+    ambiguous (an error, not a silent pick); ``kwargs=`` says which is which."""
+    async with cluster(cfg()) as (a,):
+        for fn in (tasks_fns.with_options, F + "with_options"):  # a callable, or a path already imported
+            with pytest.raises(TypeError, match="'timeout' is a task option.*kwargs="):
+                a.submit(fn, 1, timeout=5)
+            with pytest.raises(TypeError, match="'priority' is a task option"):
+                a.submit(fn, 1, priority=3)
+        # kwargs= holds the function's keywords; every other keyword is then a task option
+        ref = a.submit(F + "with_options", 1, kwargs={"timeout": 7, "priority": 2}, timeout=5, priority=1)
+        assert await ref == [1, 7, 2]
+        ref = a.submit(F + "with_options", 1, kwargs={}, timeout=5)
+        assert ref._rec.timeout == 5 and await ref == [1, 1.0, 0]
+        with pytest.raises(TypeError, match="unknown task option 'tiemout'"):
+            a.submit(F + "with_options", 1, kwargs={}, tiemout=5)
+        with pytest.raises(TypeError, match="kwargs= must be a dict"):
+            a.submit(F + "with_options", 1, kwargs=[("timeout", 1)])
+        # no clash: options and function keywords mix as before
+        assert await a.submit(F + "async_add", 2, b=5, timeout=5) == 7
+        assert await a.map(F + "with_options", [1, 2], kwargs={"priority": 9}, priority=1) == [[1, 1.0, 9], [2, 1.0, 9]]
 
 
 def test_submit_before_start_is_a_clear_error():
@@ -375,3 +484,41 @@ async def test_shortest_expected_beats_round_robin_on_heterogeneous_nodes():
             else:
                 assert ran[0] > 2.5 * ran[1], ran
     assert times["round-robin"] / times["shortest-expected"] >= 1.5, times
+
+
+async def test_stopping_nodes_mid_flight_leaves_no_unretrieved_task_exception():
+    """Nodes stopped while tasks run, results are fetched and scheduler requests wait on a
+    peer: every task the scheduler started is cancelled and awaited, so nothing reaches the
+    loop's exception handler ("Task exception was never retrieved"), not even after gc."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+    try:
+        async with cluster(cfg(run_local=False), cfg(), cfg()) as (a, b, c):
+
+            async def hang(_arg: Any) -> None:
+                await asyncio.Event().wait()
+
+            b.add_service("test.hang", hang)
+            big = a.submit(F + "big", 200_000, affinity="n1")  # a result held on n1
+            await wait_for(big.done)
+            refs = [a.submit(F + "async_sleep", 30) for _ in range(3)]
+            refs += [a.submit(F + "sleep_ms", i, 300) for i in range(3)]
+            refs.append(a.submit(F + "arr_sum", big, affinity="n2"))
+            # scheduler requests in flight when the nodes stop (as resource/steal/fetch requests are)
+            for n in (a, c):
+                n.scheduler.spawn(n.scheduler.request_unless_dead("n1", "test.hang", None), "test-hang")
+            await wait_for(lambda: b.scheduler.worker.n_running > 0 and c.scheduler.worker.n_running > 0)
+            await a.stop(grace=0.1)  # the owner first: its requests and fetches are abandoned
+            await b.stop(grace=0.1)
+            for r in refs:
+                with pytest.raises(TaskError):
+                    await r
+        del refs, big
+        for _ in range(3):
+            gc.collect()
+            await asyncio.sleep(0.05)
+        assert not seen, [ctx.get("message") for ctx in seen]
+    finally:
+        loop.set_exception_handler(previous)

@@ -17,17 +17,20 @@ from aionet.config import Config
 from .conftest import wait_for
 
 F = "tests.tasks_fns:"
-WORKER_ENV = {"AIONET_SCHEDULER_RESOURCES": json.dumps({"cpu": 4, "gpu": 0})}
+WORKER_ENV = {
+    "AIONET_SCHEDULER_RESOURCES": json.dumps({"cpu": 4, "gpu": 0}),
+    "AIONET_SCHEDULER_ALLOW_MODULES": "tests.tasks_fns",  # what these workers may run
+}
 
 
-def start_workers(spawn, n: int) -> list[tuple[object, dict]]:
+def start_workers(spawn, n: int, extra: tuple[str, ...] = (), env: dict | None = None) -> list[tuple[object, dict]]:
     out = []
     seed: list[str] = []
     for i in range(n):
-        args = ["--name", f"w{i}", "--listen", "tcp://127.0.0.1:0"]
+        args = ["--name", f"w{i}", "--listen", "tcp://127.0.0.1:0", *extra]
         for s in seed:
             args += ["--join", s]
-        proc, info = spawn(*args, env=WORKER_ENV)
+        proc, info = spawn(*args, env=WORKER_ENV if env is None else env)
         seed = seed or [info["addresses"][0]]
         out.append((proc, info))
     return out
@@ -61,7 +64,7 @@ async def test_tasks_run_in_worker_processes(spawn):
         assert big._rec.holder == "w0" and not big._rec.has_value
         arr = await big
         assert arr.shape == (300_000,) and arr[7] == 7.0
-        with pytest.raises(TaskError, match="cannot import task function"):
+        with pytest.raises(TaskError, match="refused on node 'w.'.*allow_modules"):
             await node.submit("tests.no_such_module:f")
     finally:
         await node.stop()
@@ -95,5 +98,21 @@ async def test_killing_one_of_three_workers_loses_no_result(spawn):
         ran_on = Counter(v[1] for v in results)
         assert set(ran_on) == {"w0", "w1", "w2"} and ran_on["w1"] < ran_on["w0"]
         assert "w1" in node.scheduler.down
+    finally:
+        await node.stop()
+
+
+async def test_serve_app_allows_the_apps_package_and_nothing_else(spawn):
+    """``aionet serve --app tests.apps:setup`` with no allow_modules configured runs tasks from
+    ``tests`` (the app's package); other modules and the stdlib stay refused."""
+    env = {"AIONET_SCHEDULER_RESOURCES": WORKER_ENV["AIONET_SCHEDULER_RESOURCES"]}  # no allow_modules
+    workers = start_workers(spawn, 1, extra=("--app", "tests.apps:setup"), env=env)
+    node = await client(workers[0][1]["addresses"][0], 1)
+    try:
+        assert await node.submit(F + "inc", 1) == 2
+        with pytest.raises(TaskError, match="not in its scheduler.allow_modules \\['tests'\\]"):
+            await node.submit("numpy:ones", 3)
+        with pytest.raises(TaskError, match="standard library"):
+            await node.submit("os:getpid")
     finally:
         await node.stop()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import parse_size
 from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
+from .allow import is_never_run, never_run_reason
 from .policies import NodeView, RuntimeEstimator, TaskReq, choose, feasible, unsatisfiable_reason, window_size
 from .tasks import (
     DEP_AT,
@@ -240,6 +241,9 @@ class Owner:
             if existing is not None:
                 return TaskRef(self, existing)
         path = fn_path(fn)
+        module = path.partition(":")[0]
+        if is_never_run(module):  # no node runs it (the worker checks too): fail at once
+            raise TaskError(f"task function {path!r} refused: {never_run_reason(module)}")
         try:
             exe = EXECUTORS[executor]
         except (KeyError, TypeError):
@@ -775,6 +779,8 @@ class Owner:
                 value = await self.sched.fetch(holder, self.name, rec.tid)
             except (PeerUnavailable, RemoteError, TimeoutError) as exc:
                 tries += 1
+                if self.closed:
+                    raise TaskLost(f"task {rec.name}: its result is on {holder}, and the local node stopped") from exc
                 if rec.fut is fut and rec.holder == holder:
                     if isinstance(exc, RemoteError) and exc.remote_type == "KeyError":
                         self.result_lost(rec)

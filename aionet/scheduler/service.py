@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import inspect
 import os
+import sys
 import threading
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigError, PeerUnavailable, RemoteError
 from ..log import get_logger
+from .allow import normalize_allow
 from .owner import Owner, normalize_resources
 from .policies import POLICIES
 from .tasks import (
@@ -42,6 +45,18 @@ from .tasks import (
 from .worker import Worker
 
 __all__ = ["Scheduler"]
+
+_STOP_WAIT = 2.0  # s stop() waits for cancelled tasks
+
+
+def _consume(t: asyncio.Future[Any]) -> None:
+    """Retrieve a finished task's exception: its owner handles failures another way."""
+    if not t.cancelled():
+        t.exception()
+
+
+def _name(t: asyncio.Future[Any]) -> str:
+    return t.get_name() if isinstance(t, asyncio.Task) else repr(t)
 
 
 def _count_gpus() -> int:
@@ -76,6 +91,7 @@ class Scheduler:
         self._info_pending: set[str] = set()
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._params: dict[Any, tuple[Any, frozenset[str]]] = {}  # fn -> its keyword params named like options
         self._ready: asyncio.Event | None = None
         self._running = False
         self._has_membership = hasattr(node, "on_member_change")
@@ -105,6 +121,7 @@ class Scheduler:
             normalize_resources(c.resources)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"scheduler.resources: {exc}") from None
+        normalize_allow(c.allow_modules)
 
     @staticmethod
     def check_policy(policy: str) -> None:
@@ -148,23 +165,39 @@ class Scheduler:
         return total
 
     async def stop(self) -> None:
+        """Fail what this node owns, drop queued work, then cancel and await every task the
+        scheduler started (running async tasks included): none is left to finish, or to fail
+        unobserved, after the node is gone."""
         if not self._running:
             return
-        self._running = False
+        self._running = False  # from here spawn() starts nothing
         self.owner.shutdown("the local node is shutting down")
-        self.worker.shutdown()
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=2.0)
+        jobs = self.worker.shutdown()
         for fut in self._death.values():
             if not fut.done():
                 fut.set_result("local node stopped")
+        pending = [*self._tasks, *jobs]
+        for t in pending:
+            t.cancel()
+        if pending:
+            _done, left = await asyncio.wait(pending, timeout=_STOP_WAIT)
+            if left:  # task code that ignores cancellation: say which, and never log it as lost later
+                self.log.warning(
+                    "scheduler tasks still running after stop", n=len(left), tasks=[_name(t) for t in left][:10]
+                )
+                for t in left:
+                    t.add_done_callback(_consume)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, log_errors: bool = True) -> asyncio.Task[Any] | None:
+        """Start a task the scheduler owns: kept until done, cancelled and awaited by stop(), its
+        exception retrieved (and logged unless the caller awaits it: ``log_errors=False``).
+        After stop() it starts nothing and returns None."""
+        if not self._running:
+            coro.close()
+            return None
         t = self.loop.create_task(coro, name=name)
         self._tasks.add(t)
-        t.add_done_callback(self._task_done)
+        t.add_done_callback(self._task_done if log_errors else self._task_done_quiet)
         return t
 
     def _task_done(self, t: asyncio.Task[Any]) -> None:
@@ -172,13 +205,73 @@ class Scheduler:
         if not t.cancelled() and t.exception() is not None:
             self.log.error("scheduler task failed", task=t.get_name(), error=repr(t.exception()))
 
+    def _task_done_quiet(self, t: asyncio.Task[Any]) -> None:
+        self._tasks.discard(t)
+        _consume(t)
+
     # ------------------------------------------------------------------ user API
     def submit(self, fn: Any, *args: Any, **options: Any) -> TaskRef:
-        kw = options.pop("kwargs", None)
+        """Keywords named in ``_OPTIONS`` are task options; ``kwargs={...}`` holds the
+        function's keyword arguments. Without ``kwargs=``, other keywords go to the function,
+        and an option the function also takes as a keyword is an error (not silently the
+        option): pass the function's in ``kwargs=``, which makes every other keyword an option."""
+        fn_kwargs = options.pop("kwargs", None)
         opts = {k: options.pop(k) for k in _OPTIONS if k in options}
-        if options:
-            kw = {**options, **(kw or {})}
+        if fn_kwargs is not None:
+            if not isinstance(fn_kwargs, Mapping) or not all(isinstance(k, str) for k in fn_kwargs):
+                raise TypeError(f"submit(): kwargs= must be a dict of keyword arguments, not {fn_kwargs!r}")
+            if options:
+                raise TypeError(
+                    f"submit(): unknown task option{'s' if len(options) > 1 else ''} {', '.join(map(repr, options))}; "
+                    f"with kwargs= given, the function's keyword arguments go only in kwargs= "
+                    f"(task options: {', '.join(_OPTIONS)})"
+                )
+            kw: dict[str, Any] | None = dict(fn_kwargs) or None
+        else:
+            if opts:
+                self._check_shadowing(fn, opts)
+            kw = options or None
         return self.owner.submit(fn, args, kw, **opts)
+
+    def _check_shadowing(self, fn: Any, opts: Mapping[str, Any]) -> None:
+        """Refuse ``submit(f, timeout=5)`` when ``f`` itself takes ``timeout``: ambiguous.
+        Checked when the function is visible here without importing anything: given as a
+        callable, or by a path whose module is already imported."""
+        params = self._keyword_params(fn)
+        clash = [k for k in opts if k in params]
+        if clash:
+            name = clash[0]
+            raise TypeError(
+                f"submit(): {name!r} is a task option, and the task function also takes a keyword {name!r}: "
+                f"ambiguous. Pass the function's keyword arguments as kwargs={{...}} (every other keyword is then "
+                f"a task option), e.g. submit(fn, kwargs={{{name!r}: ...}}) for the function's, "
+                f"submit(fn, kwargs={{}}, {name}=...) for the task option"
+            )
+
+    def _keyword_params(self, fn: Any) -> frozenset[str]:
+        key = fn if isinstance(fn, str) else id(fn)
+        cached = self._params.get(key)
+        if cached is not None and (isinstance(fn, str) or cached[0] is fn):
+            return cached[1]
+        target = fn
+        if isinstance(fn, str):
+            mod, _, attr = fn.partition(":")
+            target = sys.modules.get(mod)  # never import here: that runs code
+            for part in attr.split(".") if target is not None else ():
+                target = getattr(target, part, None)
+            if target is None or not callable(target):
+                return frozenset()  # not visible yet: checked again once it is
+        try:
+            sig = inspect.signature(target)
+        except (TypeError, ValueError):
+            names: frozenset[str] = frozenset()
+        else:
+            kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            names = frozenset(p.name for p in sig.parameters.values() if p.kind in kinds and p.name in _OPTIONS)
+        if len(self._params) >= 1024:
+            self._params.clear()
+        self._params[key] = (fn, names)
+        return names
 
     async def map(self, fn: Any, *iterables: Iterable[Any], **options: Any) -> list[Any]:
         key = options.pop("key", None)
@@ -219,18 +312,27 @@ class Scheduler:
 
     async def request_unless_dead(self, peer: str, service: str, obj: Any, timeout: float | None = None) -> Any:
         """``node.request`` that also fails as soon as the scheduler learns ``peer`` died (a
-        killed peer's link may otherwise keep trying to reconnect for a long time)."""
+        killed peer's link may otherwise keep trying to reconnect for a long time). The request
+        runs as an owned task: cancelled with the caller, and by stop()."""
         if peer in self.down:
             raise PeerUnavailable(f"{peer}: node is dead")
         death = self._death.get(peer)
         if death is None or death.done():
             death = self._death[peer] = self.loop.create_future()
-        req = asyncio.ensure_future(self.node.request(peer, service, obj, timeout=timeout))
-        await asyncio.wait((req, death), return_when=asyncio.FIRST_COMPLETED)
-        if req.done():
+        coro = self.node.request(peer, service, obj, timeout=timeout)
+        req = self.spawn(coro, f"aionet-sched-request-{service}", log_errors=False)
+        if req is None:
+            raise PeerUnavailable(f"{peer}: the local scheduler is stopped")
+        try:
+            await asyncio.wait((req, death), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not req.done():
+                req.cancel()  # the caller was cancelled, or the peer died first
+        if req.done() and not req.cancelled():
             return req.result()
-        req.cancel()
-        raise PeerUnavailable(f"{peer}: node died ({death.result()})")
+        if not self._running:
+            raise PeerUnavailable(f"{peer}: request abandoned, the local scheduler is stopped")
+        raise PeerUnavailable(f"{peer}: node died ({death.result() if death.done() else 'unknown'})")
 
     async def fetch(self, holder: str, owner: str, tid: int) -> Any:
         if holder == self.name:

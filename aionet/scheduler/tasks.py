@@ -250,15 +250,26 @@ def fn_path(fn: Any) -> str:
     return f"{mod}:{qual}"
 
 
-def import_fn(path: str) -> tuple[Callable[..., Any], bool]:
-    """Import ``pkg.mod:attr.sub`` here; returns (callable, is_async). Raises TaskError."""
+def resolve_fn(path: str) -> tuple[Any, list[Any]]:
+    """Import ``pkg.mod:attr.sub``; returns (object, the objects walked through after the
+    module). Raises TaskError. Call only after the path passed the allow check: importing runs
+    the module's code."""
     mod_name, _, attr = path.partition(":")
+    hops: list[Any] = []
     try:
         obj: Any = importlib.import_module(mod_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
+            hops.append(obj)
     except Exception as exc:
         raise TaskError(f"cannot import task function {path!r}: {type(exc).__name__}: {exc}") from None
+    hops.pop()
+    return obj, hops
+
+
+def import_fn(path: str) -> tuple[Callable[..., Any], bool]:
+    """Import ``pkg.mod:attr.sub`` here; returns (callable, is_async). Raises TaskError."""
+    obj, _hops = resolve_fn(path)
     if not callable(obj):
         raise TaskError(f"task function {path!r} is not callable")
     return obj, inspect.iscoroutinefunction(obj)

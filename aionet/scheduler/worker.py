@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
+from .allow import normalize_allow, refuse_name, refuse_object
 from .policies import fits
 from .queue import Preemptible, ResourcePool, TaskQueue, pick_preemptions
 from .tasks import (
@@ -50,6 +51,7 @@ from .tasks import (
     error_fields,
     estimate_nbytes,
     import_fn,
+    resolve_fn,
     substitute,
 )
 
@@ -62,6 +64,11 @@ FETCHING, QUEUED, RUNNING, FINISHED = range(4)
 _DEFAULT_RES = {"cpu": 1.0}
 _MAX_THREADS = 512
 _BACKFILL_SCAN = 32
+_BAD_FNS_KEPT = 256  # refused / unimportable function paths remembered
+
+
+class _Refused(TaskError):
+    """A task function this node does not allow (counted in stats["refused"])."""
 
 
 class Job:
@@ -260,7 +267,7 @@ class Worker:
         self.batch_size = max(1, cfg.batch_size)
         self.steal_enabled = cfg.steal
         self.process_workers = cfg.process_workers
-        self.allow_modules = tuple(cfg.allow_modules)
+        self.allow_modules = normalize_allow(cfg.allow_modules)
         self.pool = ResourcePool({})
         self.queue = TaskQueue()
         self.jobs: dict[tuple[str, int], Job] = {}
@@ -273,7 +280,9 @@ class Worker:
         # guards queue, pool, n_running/sync_running and Job.state/released: threads take work
         self._wlock = threading.Lock()
         self.store: dict[tuple[str, int], Any] = {}
-        self.fns: dict[str, tuple[Callable[..., Any], bool] | TaskError] = {}
+        self.fns: dict[str, tuple[Callable[..., Any], bool]] = {}
+        self._bad_fns: dict[str, TaskError] = {}
+        self._refused_logged = -1e9
         self.outbox: dict[str, list[Any]] = {}
         self._flushing: set[str] = set()
         self._fetches: dict[tuple[str, int], asyncio.Future[Any]] = {}
@@ -289,6 +298,7 @@ class Worker:
             "ran": 0,
             "errors": 0,
             "rejected": 0,
+            "refused": 0,
             "stolen_in": 0,
             "stolen_out": 0,
             "preempted": 0,
@@ -332,16 +342,11 @@ class Worker:
         """Queue ``job`` (dependencies resolved). Imports its function first: a task that
         cannot run here fails now rather than after waiting for resources."""
         if job.call is None:
-            entry = self.fns.get(job.fn)
-            if entry is None:
-                try:
-                    self._check_allowed(job.fn)
-                    entry = import_fn(job.fn)
-                except TaskError as exc:
-                    entry = exc
-                self.fns[job.fn] = entry
+            entry = self.fns.get(job.fn) or self._bad_fns.get(job.fn) or self._load_fn(job.fn)
             if isinstance(entry, TaskError):
-                self._finish(job, R_ERROR, ["aionet.TaskError", f"{entry} (on node {self.name})", ""], 0.0)
+                if isinstance(entry, _Refused):
+                    self.stats["refused"] += 1
+                self._finish(job, R_ERROR, ["aionet.TaskError", str(entry), ""], 0.0)
                 return
             job.call, is_async = entry
             job.sync = job.exe == EXE_THREAD or (job.exe != EXE_PROCESS and not is_async)
@@ -351,16 +356,37 @@ class Worker:
                 job.seq = self.queue.next_seq()
             self.queue.push(job)
 
-    def _check_allowed(self, path: str) -> None:
-        """``scheduler.allow_modules``: a cluster member may only make this node import and run
-        functions from the listed packages (empty: anything installed)."""
-        if not self.allow_modules:
-            return
-        mod = path.partition(":")[0]
-        if not any(mod == p or mod.startswith(p + ".") for p in self.allow_modules):
-            raise TaskError(
-                f"task function {path!r} is not allowed here: scheduler.allow_modules = {list(self.allow_modules)}"
-            )
+    def _load_fn(self, path: str) -> tuple[Callable[..., Any], bool] | TaskError:
+        """Check ``path`` against ``scheduler.allow_modules`` (by name, before importing
+        anything), import it, check what it resolved to. Successes are cached; refusals and
+        import errors only in a bounded cache (peers choose the paths)."""
+        allow = self.allow_modules
+        why = refuse_name(path, allow)
+        entry: tuple[Callable[..., Any], bool] | TaskError
+        if why is None:
+            try:
+                obj, hops = resolve_fn(path)
+                if not callable(obj):
+                    raise TaskError(f"task function {path!r} is not callable")
+                why = refuse_object(path, obj, hops, allow)
+                if why is None:
+                    entry = (obj, inspect.iscoroutinefunction(obj))
+                    self.fns[path] = entry
+                    return entry
+            except TaskError as exc:
+                entry = TaskError(f"{exc} (on node {self.name!r})")
+        if why is not None:
+            now = time.monotonic()
+            if now - self._refused_logged >= 10.0:  # peers choose the paths: at most one line per 10 s
+                self._refused_logged = now
+                n = self.stats["refused"] + 1
+                self.sched.log.warning("task function refused", fn=path[:200], reason=why, refused_so_far=n)
+            entry = _Refused(f"task function {path!r} refused on node {self.name!r}: {why}")
+        bad = self._bad_fns
+        bad[path] = entry
+        if len(bad) > _BAD_FNS_KEPT:
+            del bad[next(iter(bad))]
+        return entry
 
     def _resolve_deps(self, job: Job) -> None:
         deps = job.deps or []
@@ -414,8 +440,10 @@ class Worker:
         k = (owner, tid)
         fut = self._fetches.get(k)
         if fut is None or fut.done():
-            fut = asyncio.ensure_future(self.sched.fetch(holder, owner, tid))
-            self._fetches[k] = fut
+            task = self.sched.spawn(self.sched.fetch(holder, owner, tid), f"aionet-sched-fetch-{tid}", log_errors=False)
+            if task is None:
+                raise PeerUnavailable("the local scheduler is stopped")
+            fut = self._fetches[k] = task
             fut.add_done_callback(lambda f, k=k: self._fetches.pop(k, None) if self._fetches.get(k) is f else None)
         return fut
 
@@ -875,11 +903,15 @@ class Worker:
         self.peer_load.pop(name, None)
         self.owner_gone(name)
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> list[asyncio.Future[Any]]:
+        """Drop queued work and cancel running async tasks; returns those tasks, for the
+        scheduler to await (threads and processes cannot be interrupted: they are abandoned)."""
+        running: list[asyncio.Future[Any]] = []
         for job in list(self.jobs.values()):
             job.cancelled = True
             if job.task is not None and job.state == RUNNING and job.exe != EXE_PROCESS:
                 job.task.cancel()
+                running.append(job.task)
         with self._wlock:
             self.queue.clear()
         if self._threads is not None:
@@ -887,6 +919,7 @@ class Worker:
         if self._ppool is not None:
             self._ppool.shutdown(wait=False, cancel_futures=True)
             self._ppool = None
+        return running
 
     def snapshot(self) -> dict[str, Any]:
         return {
