@@ -22,7 +22,6 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -119,23 +118,3 @@ def configure(level: str = "info", fmt: str = "console", stream: Any = None) -> 
     logger.setLevel(level_number(level))
     logger.propagate = False  # a root handler the program also has must not print each line twice
     return handler
-
-
-@contextlib.contextmanager
-def captured(level: str = "debug") -> Iterator[list[logging.LogRecord]]:
-    """Collect aionet's records at ``level`` and above while the block runs (for tests)."""
-    records: list[logging.LogRecord] = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    logger = logging.getLogger(LOGGER)
-    handler, old = _Keep(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(level_number(level))
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
