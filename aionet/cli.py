@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
+import os
+import secrets
 import signal
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import click
@@ -14,6 +18,9 @@ import click
 from . import __version__
 from .errors import AionetError, ConfigError
 from .log import configure as configure_logging
+
+#: a repeated SIGINT/SIGTERM sooner than this after the first is the same Ctrl-C delivered twice
+REPEAT_SIGNAL_S = 0.2
 
 
 def _load_config(
@@ -35,12 +42,26 @@ def _load_config(
 
 
 def _load_app(spec: str) -> Any:
-    """``pkg.mod:setup`` -> the callable, which gets the node before it starts serving."""
+    """``pkg.mod:setup`` -> the callable, which gets the node before it starts serving.
+
+    The working directory goes first on ``sys.path``, as ``python -m`` does, so a module
+    next to where ``aionet serve`` is started imports without installing it."""
     mod_name, _, attr = spec.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise click.BadParameter(f"cannot import {mod_name!r}: {exc}", param_hint="--app") from exc
+        missing = getattr(exc, "name", None)
+        if missing and (mod_name == missing or mod_name.startswith(missing + ".")):
+            raise click.BadParameter(
+                f"cannot import {mod_name!r}: no such module in the working directory ({cwd}) or on "
+                f"sys.path ({', '.join(p or '.' for p in sys.path)}); start aionet from the directory that "
+                f"holds {mod_name.split('.')[0]}, add that directory to PYTHONPATH, or install the package",
+                param_hint="--app",
+            ) from None
+        raise click.BadParameter(f"importing {mod_name!r} failed: {exc}", param_hint="--app") from None
     fn = getattr(mod, attr or "setup", None)
     if not callable(fn):
         raise click.BadParameter(f"{spec!r}: no callable {attr or 'setup'!r}", param_hint="--app")
@@ -72,14 +93,17 @@ def serve(
     log_level: str | None,
     json_logs: bool,
 ) -> None:
-    """Run a node until SIGINT/SIGTERM, then shut down cleanly (exit code 0).
+    """Run a node until SIGINT/SIGTERM, then shut down cleanly (exit code 0); a second signal
+    during that shutdown exits at once (code 128 + signal number).
 
-    Prints one line ``ready {json}`` to stdout once listening, for scripts."""
+    Prints one line ``ready {json}`` to stdout once listening, for scripts. Logs go to stderr."""
     try:
         cfg = _load_config(config, name, listen, join, advertise)
-    except ConfigError as exc:
+        level = (log_level or cfg.log.level or "info").lower()
+        configure_logging(level, "json" if json_logs else cfg.log.format)
+    except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    configure_logging(log_level or cfg.log.level, "json" if json_logs else cfg.log.format)
+    cfg.log.level = level  # the Node applies it again: --log-level wins over the file
     setups = [_load_app(a) for a in apps]
     from .runner import run
     from .scheduler.allow import app_packages
@@ -103,49 +127,129 @@ async def _serve(cfg: Any, setups: list[Any]) -> None:
             await res
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    first: list[float] = []  # when the first signal came
+    stopped = False
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not first:
+            first.append(loop.time())
+            stop.set()
+            return
+        # One Ctrl-C can arrive twice within milliseconds (the terminal signals the process
+        # group and a wrapper such as `timeout` forwards it too): only a later one counts.
+        if stopped or loop.time() - first[0] < REPEAT_SIGNAL_S:
+            return
+        # a second Ctrl-C / SIGTERM during the shutdown grace: the operator wants out now
+        node.log.warning("second signal: exiting now without the shutdown grace", signal=sig.name)
+        _exit_now(128 + sig)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     async with node:
         sys.stdout.write("ready " + json.dumps({"name": node.name, "addresses": node.addresses}) + "\n")
         sys.stdout.flush()
         await stop.wait()
-        node.log.info("signal received; shutting down")
+        node.log.info("signal received; shutting down (a second signal exits at once)")
+    stopped = True
+
+
+def _exit_now(code: int) -> None:
+    """Leave the process at once (buffered output flushed): no grace, no goodbyes."""
+    import logging
+
+    for h in logging.getLogger("aionet").handlers:
+        with contextlib.suppress(Exception):
+            h.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _client_config(config: str | None) -> tuple[Any, list[str]]:
+    """Config for a short-lived client (``status``, ``info``) and the config's seeds.
+
+    The client only dials: it listens nowhere, joins nothing and advertises no address, so it
+    never becomes a member and the cluster is not told about it; it says goodbye on exit."""
+    try:
+        cfg = _load_config(config, None, (), (), None)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    seeds = list(cfg.node.join)
+    cfg.node.listen, cfg.node.join, cfg.node.advertise = [], [], ""
+    cfg.log.level = ""  # a node's [log] level is for the node, not for this command
+    configure_logging("warning", cfg.log.format)
+    return cfg, seeds
+
+
+def _targets(url: str | None, seeds: list[str]) -> list[str]:
+    if url:
+        return [url]
+    if not seeds:
+        raise click.UsageError("give --connect URL, or a --config whose [node] join names the cluster's seeds")
+    return seeds
+
+
+@contextlib.asynccontextmanager
+async def _client(cfg: Any, urls: list[str], role: str, timeout: float) -> AsyncIterator[tuple[Any, str]]:
+    """A non-member client node connected to the first of ``urls`` that answers: (node, peer)."""
+    from .errors import PeerUnavailable
+    from .node import Node
+
+    async with Node(name=f"{role}-{os.getpid()}-{secrets.token_hex(3)}", config=cfg) as node:
+        errors = []
+        for url in urls:
+            try:
+                peer = await asyncio.wait_for(node.connect(url), timeout)
+            except (TimeoutError, AionetError, OSError) as exc:
+                errors.append(f"{url}: {exc or type(exc).__name__}")
+                continue
+            yield node, peer
+            return
+        raise PeerUnavailable("; ".join(errors))
 
 
 @main.command()
-@click.option("--connect", "url", required=True, help="URL of any node.")
-@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML config file (token, limits).")
+@click.option("--connect", "url", help="URL of any node (default: the seeds in --config's [node] join).")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML config file (token, TLS).")
 @click.option("--timeout", default=5.0, show_default=True)
-def info(url: str, config: str | None, timeout: float) -> None:
-    """Print a node's ``aionet.info`` as JSON."""
+def info(url: str | None, config: str | None, timeout: float) -> None:
+    """Print a node's ``aionet.info`` as JSON. Connects as a client: it does not join."""
     from .runner import run
 
-    cfg = _load_config(config, None, ("tcp://127.0.0.1:0",), (), None)
-    configure_logging("warning", cfg.log.format)
+    cfg, seeds = _client_config(config)
+    urls = _targets(url, seeds)
 
     async def go() -> Any:
-        from .node import Node
-
-        async with Node(name=f"cli-{__import__('os').getpid()}", config=cfg) as node:
-            peer = await node.connect(url)
+        async with _client(cfg, urls, "info", timeout) as (node, peer):
             return await node.request(peer, "aionet.info", None, timeout=timeout)
 
     try:
         out = run(go())
     except (TimeoutError, AionetError, OSError) as exc:
-        raise click.ClickException(f"{url}: {exc}") from None
+        raise click.ClickException(f"{' '.join(urls)}: {exc or type(exc).__name__}") from None
     click.echo(json.dumps(out, indent=2, default=str))
 
 
 @main.command()
 @click.option("--size-mb", default=64, show_default=True, help="Size of the numpy array shipped between nodes.")
-@click.option("--transport", default="tcp", show_default=True, help="tcp, zmq+tcp, ...")
-def demo(size_mb: int, transport: str) -> None:
-    """Start three local node processes, exchange messages and a large array, print a summary."""
-    from .demo import run_demo
+@click.option(
+    "--transport", default="tcp", show_default=True, help="tcp, tls, zmq+tcp, zmq+ipc, ucx or rdma (what is installed)."
+)
+@click.option("--messages", default=50_000, show_default=True, help="One-way small messages to time.")
+@click.option("--requests", default=2000, show_default=True, help="Request/reply round trips to time.")
+def demo(size_mb: int, transport: str, messages: int, requests: int) -> None:
+    """Start three local node processes, exchange messages and a large array, print a summary.
+
+    SIGINT, SIGTERM or SIGHUP stop the node processes before the demo exits; temporary
+    files (zmq+ipc sockets, tls keys) are removed."""
+    from .demo import DemoError, run_demo
 
     configure_logging("warning")
-    code = run_demo(size_mb=size_mb, scheme=transport)
+    try:
+        code = run_demo(size_mb=size_mb, scheme=transport, messages=messages, requests=requests)
+    except DemoError as exc:
+        raise click.ClickException(str(exc)) from None
     sys.exit(code)
 
 
@@ -182,7 +286,7 @@ def keys(directory: str, hosts: tuple[str, ...], days: int, force: bool, backend
 
 # --- aionet status (issue 5) -------------------------------------------------------------
 @main.command()
-@click.option("--connect", "url", required=True, help="URL of any node of the cluster.")
+@click.option("--connect", "url", help="URL of any node of the cluster (default: the seeds in --config).")
 @click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML config file (cluster token, TLS).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
@@ -190,24 +294,20 @@ def keys(directory: str, hosts: tuple[str, ...], days: int, force: bool, backend
 @click.option("--count", default=0, help="With --watch: stop after this many refreshes (0: never).")
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the node's answer.")
 def status(
-    url: str, config: str | None, as_json: bool, watch: bool, interval: float, count: int, timeout: float
+    url: str | None, config: str | None, as_json: bool, watch: bool, interval: float, count: int, timeout: float
 ) -> None:
     """Show the cluster's members as one node sees them: state, address, load, devices and
-    heartbeat age. The cluster token comes from --config or AIONET_SECURITY_TOKEN(_FILE)."""
+    heartbeat age. Connects as a client (it does not join the cluster). The cluster token
+    comes from --config or AIONET_SECURITY_TOKEN(_FILE)."""
     from .runner import run
 
-    try:
-        cfg = _load_config(config, None, ("tcp://127.0.0.1:0",), (), None)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    configure_logging("warning", cfg.log.format)
+    cfg, seeds = _client_config(config)
+    urls = _targets(url, seeds)
 
     async def go() -> None:
         from .membership import MEMBERS_SERVICE
-        from .node import Node
 
-        async with Node(name=f"status-{__import__('os').getpid()}", config=cfg) as node:
-            peer = await node.connect(url)
+        async with _client(cfg, urls, "status", timeout) as (node, peer):
             shown = 0
             while True:
                 snap = await node.request(peer, MEMBERS_SERVICE, None, timeout=timeout)
@@ -222,7 +322,7 @@ def status(
     except KeyboardInterrupt:
         pass
     except (TimeoutError, AionetError, OSError) as exc:
-        raise click.ClickException(f"{url}: {exc or type(exc).__name__}") from None
+        raise click.ClickException(f"{' '.join(urls)}: {exc or type(exc).__name__}") from None
 
 
 def _show_status(snap: dict[str, Any], *, as_json: bool, watch: bool) -> None:

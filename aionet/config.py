@@ -20,6 +20,14 @@ from typing import Any
 from .errors import ConfigError
 
 ENV_PREFIX = "AIONET_"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+#: keys that name files, besides any key ending in ``_file``: a relative path in a config file
+#: is relative to that file's directory (see :func:`resolve_paths`)
+PATH_KEYS = {
+    "security": ("tls_cert", "tls_key", "tls_ca"),
+    "transport.tls": ("cert", "key", "ca"),
+    "transport.zmq": ("curve_allowed_clients",),
+}
 
 
 @dataclass
@@ -166,8 +174,11 @@ class HttpSection:
 
 @dataclass
 class LogSection:
-    level: str = "info"
-    format: str = "console"  # "console" | "json"
+    """``level`` sets the ``aionet`` stdlib logger's level when a Node is built ("" leaves it
+    to the program; ``aionet serve`` then uses info). Library code adds no handler."""
+
+    level: str = ""  # "" | debug | info | warning | error | critical
+    format: str = "console"  # "console" | "json" (for `aionet serve`'s stderr handler)
 
 
 @dataclass
@@ -207,7 +218,7 @@ class Config:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: invalid TOML: {exc}") from exc
         try:
-            return cls.from_dict(data, env=env)
+            return cls.from_dict(resolve_paths(data, p.resolve().parent), env=env)
         except ConfigError as exc:
             raise ConfigError(f"{p}: {exc}") from None
 
@@ -230,6 +241,8 @@ class Config:
             raise ConfigError("link.mailbox_bytes must be positive")
         if isinstance(self.node.listen, str):
             self.node.listen = [self.node.listen]
+        if self.log.level and self.log.level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log.level must be one of {', '.join(LOG_LEVELS)}, not {self.log.level!r}")
         if self.log.format not in ("console", "json"):
             raise ConfigError(f"log.format must be 'console' or 'json', not {self.log.format!r}")
         self.buffers.normalize()
@@ -242,11 +255,48 @@ class Config:
         if self.security.token:
             return self.security.token.encode()
         if self.security.token_file:
+            path = Path(self.security.token_file)
             try:
-                return Path(self.security.token_file).read_bytes().strip()
+                return path.read_bytes().strip()
+            except FileNotFoundError:
+                full = path.resolve()
+                keys = f"aionet keys {full.parent}" if full.name == "token" else "aionet keys DIR"
+                raise ConfigError(
+                    f"security.token_file: {full} does not exist; `{keys}` writes a cluster token "
+                    "(with TLS and CurveZMQ test keys)"
+                ) from None
             except OSError as exc:
-                raise ConfigError(f"security.token_file: {exc}") from exc
+                raise ConfigError(f"security.token_file: cannot read {path}: {exc.strerror or exc}") from exc
         return None
+
+
+def resolve_paths(data: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """A copy of ``data`` (a config file's tables) where every relative file path is made
+    relative to ``base``, the file's directory, rather than to wherever the program was
+    started: ``*_file`` keys and :data:`PATH_KEYS`, in sections and in transport option tables.
+    Environment overrides are not touched (they are relative to the working directory)."""
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, str) and value:
+            p = Path(value).expanduser()
+            return str(p if p.is_absolute() else base / p)
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        return value
+
+    def walk(table: Mapping[str, Any], where: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in table.items():
+            here = f"{where}.{key}" if where else str(key)
+            if isinstance(value, Mapping):
+                out[key] = walk(value, here)
+            elif str(key).endswith("_file") or key in PATH_KEYS.get(where, ()):
+                out[key] = fix(value)
+            else:
+                out[key] = value
+        return out
+
+    return walk(data, "")
 
 
 def _section_types(section: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from .errors import (
     TransportError,
 )
 from .link import ACK, Link, close_conn, nbytes_of
+from .log import apply_level as apply_log_level
 from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
 from .router import BYE, ERR, PEERS, REP, REQ, SEND, XFER, Router
@@ -102,6 +103,7 @@ class Node:
         self.config = cfg
         self.name: str = cfg.node.name
         self.node_id = uuid.uuid4().hex
+        apply_log_level(cfg.log.level)  # [log] level, when set: the "aionet" stdlib logger's level
         self.log = get_logger("aionet.node", node=self.name)
         self.serializer = Serializer.from_config(cfg)
         # device arrays in messages (aionet/device_transfer.py); ``device_backend`` overrides the
@@ -155,7 +157,7 @@ class Node:
             return
         self._started_at = time.time()
         self._running = True
-        if self._token is None:
+        if self._token is None and not all(_is_local(u) for u in self.config.node.listen):
             self.log.warning("no cluster token configured: accepting connections from this host only")
         try:
             for url in self.config.node.listen:

@@ -54,3 +54,196 @@ def test_demo_runs_and_exits_zero():
     out = _aionet("demo", "--size-mb", "8", timeout=170)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "intact=True" in out.stdout and "shut down cleanly: True" in out.stdout
+
+
+# --- issue 11: clients that do not join, the demo, --app, a second Ctrl-C -------------------
+def test_status_and_info_with_a_config_do_not_join(spawn, tmp_path):
+    """`aionet status -c node.toml` / `info -c` connect as clients: the config's seeds are only
+    where to connect, and the node's members() never lists them (not even as "left")."""
+    _proc, ready = spawn("--name", "s-st", "--listen", "tcp://127.0.0.1:0")
+    addr = ready["addresses"][0]
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(f'[node]\nname = "would-be-member"\njoin = ["{addr}"]\n')
+    out = _aionet("status", "-c", str(cfg), "--json")  # no --connect: the config's seeds
+    assert out.returncode == 0, out.stderr
+    out = _aionet("status", "--connect", addr, "-c", str(cfg), "--json")
+    assert out.returncode == 0, out.stderr
+    out = _aionet("info", "-c", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["name"] == "s-st"
+    out = _aionet("status", "--connect", addr, "--json")
+    assert out.returncode == 0, out.stderr
+    assert set(json.loads(out.stdout)["members"]) == {"s-st"}
+
+
+def test_status_without_connect_or_seeds_says_what_to_give():
+    out = _aionet("status", "--json")
+    assert out.returncode != 0 and "--connect" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("transport", ["inproc", "nosuch", "rdma"])
+def test_demo_unavailable_transport_is_one_clear_line(transport, tmp_path):
+    if transport == "rdma":
+        from aionet.errors import TransportUnavailable
+        from aionet.transports.rdma import RDMATransport
+
+        try:
+            RDMATransport.check_available()
+            pytest.skip("an RDMA device is present here")
+        except TransportUnavailable:
+            pass
+    out = _aionet("demo", "--transport", transport, cwd=tmp_path, timeout=60)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"{transport}://" in out.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def _small_demo(*args):
+    return ["demo", "--size-mb", "1", "--messages", "500", "--requests", "50", *args]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["zmq+ipc", "tls"])
+def test_demo_runs_over_transport_and_leaves_no_files(transport, tmp_path):
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    tmp.mkdir()
+    out = _aionet(*_small_demo("--transport", transport), cwd=work, env={**os.environ, "TMPDIR": str(tmp)},
+                  timeout=110)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "intact=True" in out.stdout and "shut down cleanly: True" in out.stdout
+    assert os.listdir(work) == [] and os.listdir(tmp) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL])
+def test_demo_stopped_by_signal_stops_its_nodes(sig, tmp_path):
+    """The demo stops its node processes on SIGTERM/SIGHUP/SIGINT; even when it is killed
+    outright, its nodes are told to stop (Linux parent-death signal)."""
+    import psutil
+
+    demo = subprocess.Popen([sys.executable, "-m", "aionet", *_small_demo("--messages", "100000000")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    children: list[psutil.Process] = []
+    try:
+        for line in demo.stdout:
+            if "nodes up" in line:
+                break
+        else:
+            pytest.fail(f"demo did not start its nodes: {demo.stderr.read()[-2000:]}")
+        children = psutil.Process(demo.pid).children()
+        assert len(children) == 3, children
+        os.kill(demo.pid, sig)
+        assert demo.wait(timeout=60) == (-sig if sig == signal.SIGKILL else 128 + sig)
+        _gone, alive = psutil.wait_procs(children, timeout=20)
+        assert not alive, f"nodes left running: {alive}"
+    finally:
+        for c in children:
+            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE:
+                c.kill()
+        if demo.poll() is None:
+            demo.kill()
+        demo.wait(timeout=10)
+
+
+_SLOW_APP = '''
+import asyncio
+
+
+def setup(node):
+    @node.service("nap")
+    async def nap(_arg):
+        print("napping", flush=True)
+        await asyncio.sleep(60)
+'''
+
+
+def _cli_outside_cwd(tmp_path):
+    """Run the CLI as the `aionet` console script does: sys.path[0] is the script's directory,
+    not the working directory (``python -m aionet`` would add the working directory itself)."""
+    launcher = tmp_path / "bin" / "aionet_cli.py"
+    launcher.parent.mkdir()
+    launcher.write_text("from aionet.cli import main\nmain()\n")
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "slowapp.py").write_text(_SLOW_APP)
+    return [sys.executable, str(launcher)], app_dir
+
+
+def test_app_imports_from_the_working_directory_and_missing_module_names_where_it_looked(tmp_path):
+    cli, app_dir = _cli_outside_cwd(tmp_path)
+    out = subprocess.run([*cli, "serve", "--app", "nosuchmod:setup"], cwd=app_dir, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "nosuchmod" in out.stderr and str(app_dir) in out.stderr and "PYTHONPATH" in out.stderr
+    proc = subprocess.Popen([*cli, "serve", "--listen", "tcp://127.0.0.1:0", "--app", "slowapp:setup"],
+                            cwd=app_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready "), proc.stderr.read() if proc.poll() is not None else line
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_second_sigint_skips_the_shutdown_grace(tmp_path):
+    """A request is in flight, so the first SIGINT waits up to the 5 s grace for it; a second
+    SIGINT exits at once (code 130)."""
+    import asyncio
+    import time
+
+    import aionet
+
+    cli, app_dir = _cli_outside_cwd(tmp_path)
+    proc = subprocess.Popen([*cli, "serve", "--name", "slow", "--listen", "tcp://127.0.0.1:0", "--app",
+                             "slowapp:setup", "--log-level", "info"],
+                            cwd=app_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        line = await loop.run_in_executor(None, proc.stdout.readline)
+        assert line.startswith("ready "), line
+        async with aionet.Node(name="caller", listen="tcp://127.0.0.1:0") as me:
+            await me.connect(json.loads(line[6:])["addresses"][0])
+            req = asyncio.ensure_future(me.request("slow", "nap", None))
+            try:
+                assert (await loop.run_in_executor(None, proc.stdout.readline)).strip() == "napping"
+                os.kill(proc.pid, signal.SIGINT)
+                while "shutting down" not in await loop.run_in_executor(None, proc.stderr.readline):
+                    pass
+                await asyncio.sleep(0.3)  # later than a duplicate delivery of the same Ctrl-C
+                t0 = time.monotonic()
+                os.kill(proc.pid, signal.SIGINT)
+                code = await loop.run_in_executor(None, proc.wait, 30)
+                assert code == 130
+                return time.monotonic() - t0
+            finally:
+                req.cancel()
+                await asyncio.gather(req, return_exceptions=True)
+
+    try:
+        assert aionet.run(main()) < 2.5  # the grace alone is 5 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_serve_json_logs_go_to_stderr():
+    p = subprocess.Popen([sys.executable, "-m", "aionet", "serve", "--listen", "tcp://127.0.0.1:0", "--log-level",
+                          "info", "--json-logs"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().startswith("ready ")
+        os.kill(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+    assert out == ""
+    events = [json.loads(line) for line in err.splitlines()]
+    assert any(e["event"] == "listening" and e["level"] == "info" and e["logger"] == "aionet.node" for e in events)

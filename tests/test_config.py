@@ -111,3 +111,38 @@ def test_byte_sizes_accept_units_and_name_the_key_when_wrong():
         Config.from_dict({"link": {"mailbox_bytes": "lots"}}, env={})
     with pytest.raises(ConfigError, match="mailbox_bytes must be positive"):
         Config.from_dict({"link": {"mailbox_bytes": 0}}, env={})
+
+
+def test_relative_paths_in_a_config_file_are_relative_to_the_file(tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    (conf / "keys").mkdir(parents=True)
+    (conf / "keys" / "token").write_text("s3cret\n")
+    (conf / "node.toml").write_text(
+        '[security]\ntoken_file = "keys/token"\ntls_cert = "keys/node.pem"\ntls_key = "/abs/node.key"\n'
+        'tls_ca = "../ca.pem"\n[transport]\ntls = { cert = "c.pem", nodelay = true }\n'
+        'zmq = { curve_public_key_file = "keys/curve.public", curve_allowed_clients = ["clients", "/x/a.key"] }\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = Config.from_file("../conf/node.toml", env={})
+    assert cfg.security.token_file == str(conf / "keys" / "token")
+    assert cfg.load_token() == b"s3cret"
+    assert cfg.security.tls_cert == str(conf / "keys" / "node.pem")
+    assert cfg.security.tls_key == "/abs/node.key"
+    assert cfg.security.tls_ca == str(conf / ".." / "ca.pem")
+    assert cfg.transport.tls == {"cert": str(conf / "c.pem"), "nodelay": True}
+    assert cfg.transport.zmq["curve_public_key_file"] == str(conf / "keys" / "curve.public")
+    assert cfg.transport.zmq["curve_allowed_clients"] == [str(conf / "clients"), "/x/a.key"]
+    # environment overrides and dicts built in code stay relative to the working directory
+    assert Config.from_file(conf / "node.toml", env={"AIONET_SECURITY_TOKEN_FILE": "t"}).security.token_file == "t"
+    assert Config.from_dict({"security": {"token_file": "t"}}, env={}).security.token_file == "t"
+
+
+def test_missing_token_file_names_the_file_and_how_to_make_it(tmp_path):
+    p = tmp_path / "node.toml"
+    p.write_text('[security]\ntoken_file = "keys/token"\n')
+    cfg = Config.from_file(p, env={})
+    want = f"{tmp_path}/keys/token does not exist; `aionet keys {tmp_path}/keys`"
+    with pytest.raises(ConfigError, match=__import__("re").escape(want)):
+        cfg.load_token()

@@ -32,13 +32,12 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import structlog
-
 from ..config import parse_size
 from ..errors import ConfigError, ConnectionClosed, TransportError
+from ..log import get_logger
 from .base import Buffer, Connection, ConnectionHandler, Listener, Message, Transport
 
-log = structlog.get_logger("aionet.transports.inproc")
+log = get_logger("aionet.transports.inproc")
 
 _AUTO_NAMES = ("", "0", "*")
 _OPTIONS = {"max_queued_bytes": 64 * 2**20, "max_queued_messages": 65536}

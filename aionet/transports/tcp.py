@@ -37,8 +37,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import structlog
-
 from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, as_frame, encode_prefix
 from ..errors import (
     ConfigError,
@@ -50,6 +48,7 @@ from ..errors import (
     TransportError,
     TransportUnavailable,
 )
+from ..log import get_logger
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
 
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ if TYPE_CHECKING:
 
     from ..config import LimitsSection
 
-log = structlog.get_logger("aionet.transports.tcp")
+log = get_logger("aionet.transports.tcp")
 
 #: Option name -> default (read-only). Unknown options are a configuration error.
 DEFAULT_OPTIONS: MappingProxyType[str, Any] = MappingProxyType(

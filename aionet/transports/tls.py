@@ -24,6 +24,7 @@ Only TLS 1.3 is offered or accepted.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -143,8 +144,12 @@ class TLSTransport(TCPTransport):
         ctx.minimum_version = ssl.TLSVersion.TLSv1_3
         try:
             ctx.load_cert_chain(self._cert, self._key)
-        except FileNotFoundError as exc:
-            raise TransportUnavailable(f"tls:// certificate or key file not found: {exc.filename}") from None
+        except FileNotFoundError:  # ssl does not say which file: name it
+            pairs = (("certificate", self._cert), ("key", self._key))
+            missing = ", ".join(f"{what} {p}" for what, p in pairs if not os.path.exists(p)) or self._cert
+            raise TransportUnavailable(
+                f"tls:// file not found: {missing}; `aionet keys DIR` writes a test CA, certificate and key"
+            ) from None
         except (ssl.SSLError, OSError) as exc:
             raise TransportUnavailable(
                 f"tls:// cannot load certificate {self._cert!r} with key {self._key!r}: {exc}"

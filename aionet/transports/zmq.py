@@ -69,7 +69,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import structlog
 import zmq
 from zmq.backend import Socket as _BackendSocket
 from zmq.utils import z85 as _z85
@@ -85,9 +84,10 @@ from ..errors import (
     TransportError,
     TransportUnavailable,
 )
+from ..log import get_logger
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
 
-log = structlog.get_logger("aionet.transports.zmq")
+log = get_logger("aionet.transports.zmq")
 
 PROTOCOL = b"aionet-zmq/1"
 
