@@ -276,10 +276,12 @@ class Router:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _slot(self, peer: str) -> None:
+    def _slot(self, peer: str) -> asyncio.Future[None]:
+        """Done when one of ``peer``'s handlers finishes; registered now, so a handler that
+        finishes before the caller awaits it still wakes it."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._slot_waiters.setdefault(peer, []).append(fut)
-        await fut
+        return fut
 
     def _handler_done(self, peer: str) -> None:
         n = self.running[peer] - 1

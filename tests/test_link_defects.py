@@ -201,11 +201,12 @@ async def test_request_timeout_bounds_the_dial():
 
 # ---------------------------------------------------------------- item 8: async handler bound
 @pytest.mark.timeout(60)
-async def test_async_service_requests_are_bounded_per_peer_with_backpressure():
+@pytest.mark.parametrize("bound", [1, 8])
+async def test_async_service_requests_are_bounded_per_peer_with_backpressure(bound):
     """Item 8: a peer floods requests to a slow async handler. At most
     link.max_concurrent_requests handlers run at once; at the bound the node stops reading
     from that peer (back-pressure: nothing dropped), and every request completes."""
-    bound, n = 8, 300
+    n = 300
     cfg_b = _cfg(link={"max_concurrent_requests": bound})
     async with Node(name="b", config=cfg_b) as b, Node(name="a", join=[b.address]) as a:
         running = peak = 0
