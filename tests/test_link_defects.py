@@ -156,7 +156,7 @@ async def test_request_timeout_bounds_window_and_drain_waits(blocked_in):
             with pytest.raises(asyncio.TimeoutError, match="timed out after 0.5 s"):
                 await a.request("b", "aionet.echo", obj, timeout=0.5)
             took = time.monotonic() - t0
-            assert 0.45 <= took < 1.0, took
+            assert 0.45 <= took < 1.5, took  # was: as long as the stall lasted
         # the stall ends: the link still works
         for _ in range(b.router.mailbox("sink").qsize() + 200):
             if not b.router.mailbox("sink").qsize():
@@ -190,7 +190,7 @@ async def test_request_timeout_bounds_the_dial():
             t0 = time.monotonic()
             with pytest.raises(asyncio.TimeoutError, match="timed out after 0.3 s"):
                 await a.request("ghost", "aionet.echo", 1, timeout=0.3)
-            assert time.monotonic() - t0 < 0.8
+            assert time.monotonic() - t0 < 1.3
             assert conns  # it did dial
     finally:
         for w in conns:
