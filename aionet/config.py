@@ -79,6 +79,9 @@ class LinkSection:
     mailbox_bytes: int = 256 * 2**20  # ... or received bytes per mailbox (one larger message fits an empty one)
     handshake_timeout: float = 5.0
     give_up_after: float = 30.0
+    # async service handlers running at once per requesting peer; at the bound the node stops
+    # reading from that peer (back-pressure, nothing dropped) until one finishes
+    max_concurrent_requests: int = 1024
 
 
 @dataclass
@@ -239,6 +242,8 @@ class Config:
             raise ConfigError("link.max_inflight_bytes must be positive")
         if self.link.mailbox_bytes <= 0:
             raise ConfigError("link.mailbox_bytes must be positive")
+        if self.link.max_concurrent_requests <= 0:
+            raise ConfigError("link.max_concurrent_requests must be positive")
         if isinstance(self.node.listen, str):
             self.node.listen = [self.node.listen]
         if self.log.level and self.log.level.lower() not in LOG_LEVELS:

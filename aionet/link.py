@@ -23,7 +23,8 @@ from typing import Any
 
 import msgpack
 
-from .errors import ConnectionClosed, PeerUnavailable, SerializationError
+from .config import LimitsSection
+from .errors import ConnectionClosed, FrameTooLarge, PeerUnavailable, ProtocolError, SerializationError, TooManyFrames
 from .link_state import LinkState
 from .transports.base import Connection
 
@@ -32,6 +33,18 @@ SEQUENCED_MAX = 6  # envelope kinds 1..6 (and 8, XFER) are sequenced: [kind, seq
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
+# The peer dropped this many connections in a row, each soon after it was attached, while
+# the same message was the oldest one it had not acknowledged: it rejects that message (a
+# limit we could not check), and replaying it forever would wedge the link. Fail the link
+# instead (reported, bounded). "Soon": within REJECT_WINDOW s (+ the message's transfer time
+# at REJECT_RATE bytes/s), so a consumer that stalls while connections drop now and then (a
+# middlebox's timeout) is not mistaken for a rejection.
+MAX_REPLAY_FAILURES = 6
+REJECT_WINDOW = 5.0
+REJECT_RATE = 50e6
+# [limits] keys that bound what a receiver accepts; a peer advertises its values in its
+# handshake (features["limits"]) so a sender fails such a message at once (see Link.post)
+SIZE_LIMITS = ("max_message_bytes", "max_frame_bytes", "max_header_bytes", "max_frames")
 
 
 def nbytes_of(frames: list[Any]) -> int:
@@ -55,8 +68,15 @@ class Link:
         log: Any,
         redial: Callable[[], Awaitable[None]] | None = None,
         on_dead: Callable[[str, BaseException], None] | None = None,
+        limits: LimitsSection | None = None,
     ):
         self.peer = peer
+        lim = limits or LimitsSection()
+        self._own_limits = {k: int(getattr(lim, k)) for k in SIZE_LIMITS}
+        self._peer_limits: dict[str, int] = {}
+        self._size_ok = 0  # single-frame messages up to this size pass every limit (one compare)
+        self._max_frames = 0
+        self._update_limits()
         self.dumps = dumps
         self._pack = msgpack.Packer(use_bin_type=True, strict_types=True, datetime=False).pack
         self.state = LinkState(max_inflight_bytes)
@@ -84,6 +104,9 @@ class Link:
         self._bytes_owed = 0
         self._waiting_senders = 0
         self.disconnected_since: float | None = None
+        self._stuck_seq = 0  # oldest unacked seq when the last connection was lost ...
+        self._stuck_count = 0  # ... and how many quick losses in a row it has stayed the oldest
+        self._attached_at = 0.0  # when the current connection became current
 
     # ------------------------------------------------------------------ sending
     async def send(self, kind: int, fields: list[Any]) -> None:
@@ -107,6 +130,7 @@ class Link:
 
     def _post_now(self, kind: int, fields: list[Any], wait_ack: bool = True) -> Awaitable[None] | None:
         st = self.state
+        owed = st.ack_owed
         seq, ack = st.stamp()
         payload = fields[-1] if fields else None
         t = type(payload)
@@ -119,14 +143,20 @@ class Link:
                     frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
             else:
                 frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
+            nframes = len(frames)
+            nbytes = len(frames[0]) if nframes == 1 else nbytes_of(frames)
+            if nbytes > self._size_ok or nframes > self._max_frames:
+                # before the message takes its place in the stream: one that can never be
+                # delivered fails its own send, and nothing else (no replay of it, no gap)
+                self._check_size(frames, nbytes)
         except BaseException:
             st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
+            st.ack_owed = owed  # nothing went out, so no ack was piggybacked either
             raise
         if self._ack_timer is not None:
             self._ack_timer.cancel()
             self._ack_timer = None
             self._bytes_owed = 0
-        nbytes = len(frames[0]) if len(frames) == 1 else nbytes_of(frames)
         st.record(seq, frames, nbytes)
         c = self.current
         w = None
@@ -140,6 +170,47 @@ class Link:
         if w is not None:
             return self._finish(w, c, 0)
         return None
+
+    # ------------------------------------------------------------------ size limits
+    def set_peer_limits(self, limits: Any) -> None:
+        """The peer's advertised [limits] (handshake feature "limits"); malformed values are ignored."""
+        if not isinstance(limits, dict):
+            return
+        for k in SIZE_LIMITS:
+            v = limits.get(k)
+            if type(v) is int and v > 0:
+                self._peer_limits[k] = v
+        self._update_limits()
+
+    def _update_limits(self) -> None:
+        own, peer = self._own_limits, self._peer_limits
+        lim = {k: min(own[k], peer.get(k, own[k])) for k in SIZE_LIMITS}
+        self._size_ok = min(lim["max_message_bytes"], lim["max_header_bytes"], lim["max_frame_bytes"])
+        self._max_frames = lim["max_frames"]
+
+    def _limit(self, key: str) -> tuple[int, str]:
+        """The binding value of ``[limits] key`` and whose it is, for the error text."""
+        own = self._own_limits[key]
+        theirs = self._peer_limits.get(key, own)
+        if theirs < own:
+            return theirs, f"limits.{key} = {theirs} of peer {self.peer!r} (raise it in that node's [limits])"
+        return own, f"limits.{key} = {own} of this node (raise it in [limits] here and on the peer)"
+
+    def _check_size(self, frames: list[Any], nbytes: int) -> None:
+        limit, what = self._limit("max_frames")
+        if len(frames) > limit:
+            raise TooManyFrames(f"message to {self.peer!r} has {len(frames)} buffers, over {what}")
+        limit, what = self._limit("max_message_bytes")
+        if nbytes > limit:
+            raise FrameTooLarge(
+                f"message to {self.peer!r} has {nbytes} bytes, over {what}; or send the data in smaller pieces"
+            )
+        for i, f in enumerate(frames):
+            n = f.nbytes if type(f) is memoryview else len(f)
+            limit, what = self._limit("max_header_bytes" if i == 0 else "max_frame_bytes")
+            if n > limit:
+                which = "its header" if i == 0 else f"buffer {i}"
+                raise FrameTooLarge(f"message to {self.peer!r}: {which} has {n} bytes, over {what}")
 
     async def _finish(self, w: Awaitable[None] | None, c: Any, seq: int) -> None:
         if w is not None:
@@ -283,6 +354,7 @@ class Link:
         if self.current is not None and not self.current.conn.closed:
             return  # keep sending on the existing connection; this one is read from
         self.current = c
+        self._attached_at = time.monotonic()
         st = self.state
         if not st.unacked:
             return
@@ -303,12 +375,29 @@ class Link:
                 nxt = seq + 1
         except ConnectionClosed:
             self.connection_lost(c)
+        except ProtocolError as exc:  # a message this connection cannot carry: never deliverable
+            self.fail(PeerUnavailable(f"{self.peer}: cannot replay an unacknowledged message ({exc})"))
         finally:
             self._replaying = False
 
     def connection_lost(self, c: Any) -> None:
         if c in self.conns:
             self.conns.remove(c)
+        if self.current is c and self.state.unacked and self.dead is None:
+            head, _frames, nbytes = self.state.unacked[0]
+            quick = time.monotonic() - self._attached_at < REJECT_WINDOW + nbytes / REJECT_RATE
+            if head != self._stuck_seq or not quick:
+                self._stuck_seq, self._stuck_count = head, 0
+            self._stuck_count += quick
+            if self._stuck_count >= MAX_REPLAY_FAILURES:
+                self.fail(
+                    PeerUnavailable(
+                        f"{self.peer}: the peer closed {self._stuck_count} connections in a row without accepting "
+                        f"message {head} ({nbytes} bytes): it rejects that message (over one of its [limits]? "
+                        "see its log); link failed rather than replaying it forever"
+                    )
+                )
+                return
         if self.current is c:
             self.current = next((x for x in self.conns if not x.conn.closed), None)
             if self.current is not None:

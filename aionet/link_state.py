@@ -87,6 +87,15 @@ class LinkState:
             return False
         raise ProtocolError(f"sequence gap: expected {expected}, got {seq}")
 
+    def unreceive(self, seq: int) -> None:
+        """Undo :meth:`on_receive` of ``seq`` (the last accepted): it could not be delivered
+        yet, so it must not count as received (nor be acknowledged) until it is. A link that
+        fails meanwhile then leaves it to its successor, which gets it again by replay."""
+        assert seq == self.recv_seq
+        self.recv_seq = seq - 1
+        if self.ack_owed:
+            self.ack_owed -= 1
+
     def should_ack(self) -> bool:
         return self.ack_owed >= self.ack_every
 

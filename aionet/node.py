@@ -25,7 +25,7 @@ from .errors import (
     ProtocolError,
     TransportError,
 )
-from .link import ACK, Link, close_conn, nbytes_of
+from .link import ACK, SIZE_LIMITS, Link, close_conn, nbytes_of
 from .log import apply_level as apply_log_level
 from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
@@ -117,7 +117,9 @@ class Node:
             backend=device_backend,
         )
         self.transports = TransportRegistry(transports)
-        self.router = Router(self.name, cfg.link.mailbox_size, self.log, cfg.link.mailbox_bytes)
+        self.router = Router(
+            self.name, cfg.link.mailbox_size, self.log, cfg.link.mailbox_bytes, cfg.link.max_concurrent_requests
+        )
         self._token = cfg.load_token()
         self._peers: dict[str, _Peer] = {}
         self._listeners: list[Listener] = []
@@ -421,15 +423,26 @@ class Node:
         if peer == self.name:
             coro = self.router.call_local(service, obj)
             return await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
+        if timeout is None:
+            return await self._request(peer, service, obj)
+        # the timeout bounds the whole call: dialing, waiting for window space or for the
+        # transport to drain, staging, and the reply
+        cm = asyncio.timeout(timeout)
+        try:
+            async with cm:
+                return await self._request(peer, service, obj)
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            raise _expired(peer, service, timeout) from None
+
+    async def _request(self, peer: str, service: str, obj: Any) -> Any:
         p = self._peers.get(peer)
         link = p.link if p is not None else None
         if link is None or link.dead is not None:
             link = await self._link_to(peer)
         router = self.router
         rid, fut = router.new_request(peer)
-        handle = None
-        if timeout is not None:
-            handle = asyncio.get_running_loop().call_later(timeout, _expire, fut, peer, service, timeout)
         try:
             staged = False
             try:
@@ -442,8 +455,6 @@ class Node:
                 await self._device.send_request(link, [rid, service, obj], fut)
             return await fut
         finally:
-            if handle is not None:
-                handle.cancel()
             router.forget(rid)
 
     # --- tasks (issue 6) ------------------------------------------------------------------
@@ -482,20 +493,25 @@ class Node:
             raise PeerUnavailable(f"unknown peer {name!r} (known peers: {known})")
         if p.link is not None and p.link.left:
             raise PeerUnavailable(f"{name}: peer has left the cluster")
-        if p.dialing is not None:
-            return await asyncio.shield(p.dialing)
-        fut: asyncio.Future[Link] = asyncio.get_running_loop().create_future()
-        p.dialing = fut
+        if p.dialing is None or p.dialing.done():
+            # on a task of its own, shared by every caller: a caller that gives up (its
+            # request timed out, it was cancelled) stops waiting without cancelling the dial
+            p.dialing = self._spawn(self._dial_link(p), name="aionet-dial")
+        dialing = p.dialing
         try:
-            await self._dial_peer(name)
+            return await asyncio.shield(dialing)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if dialing.cancelled() and not (task is not None and task.cancelling()):
+                raise PeerUnavailable(f"{name}: dial cancelled (local node is shutting down)") from None
+            raise
+
+    async def _dial_link(self, p: _Peer) -> Link:
+        try:
+            await self._dial_peer(p.name)
             link = p.link
             assert link is not None
-            fut.set_result(link)
             return link
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()
-            raise
         finally:
             p.dialing = None
 
@@ -527,6 +543,7 @@ class Node:
             log=self.log,
             redial=lambda: self._dial_peer(name),
             on_dead=self._on_link_dead,
+            limits=self.config.limits,
         )
         if tx_id:
             link.tx_id = tx_id
@@ -580,6 +597,7 @@ class Node:
             if p.addresses and p.link is not None and not p.link.left and p.link.dead is None
         }
         features = {"compression": ["lz4"] if self._compression else [], "auth": self._token is not None}
+        features["limits"] = {k: getattr(self.config.limits, k) for k in SIZE_LIMITS}  # see Link.post
         return handshake.Hello(
             handshake.PROTOCOL_VERSION,
             self.name,
@@ -702,6 +720,7 @@ class Node:
             "peer connected", peer=hello.name, direction="out" if outgoing else "in", remote=conn.peer_address
         )
         self._learn_peers(hello.peers)
+        link.set_peer_limits(hello.features.get("limits"))
         self._start_reader(c, link)
         await link.attach(c, outgoing)
         self._emit(hello.name, "connected", outgoing=outgoing, node_id=hello.node_id)
@@ -768,6 +787,15 @@ class Node:
         c.conn.start_receiving(on_messages, on_closed)
 
     def _dispatch(self, c: _Conn, link: Link, reply: Any, batch: list[Any], start: int) -> Awaitable[None] | None:
+        """Deliver ``batch[start:]``; returns an awaitable when delivery must pause (see _resume).
+
+        A sequenced message counts as received (link.state.recv_seq, what we acknowledge)
+        only once it is delivered; one that must wait for room is given back (unreceive) and
+        dispatched again after the wait. So when the link fails while a batch is parked, the
+        rest of the batch is simply dropped: a successor link (after a false death) starts at
+        the last delivered message, and the peer replays the rest on it, once and in order."""
+        if link.dead is not None:
+            return None  # failed, or replaced by a successor: nothing more is delivered from here
         loads = self.serializer.loads
         loads_sized = self.serializer.loads_sized
         router = self.router
@@ -817,15 +845,16 @@ class Node:
                     link.on_ack(env[2])
                 if kind == SEND:
                     mb = router.mailbox(env[3])
-                    item = (peer, env[4])
-                    if not mb.put_nowait(item, size):  # full: stop reading until it has room
+                    if not mb.put_nowait((peer, env[4]), size):  # full: stop reading until it has room
+                        link.state.unreceive(env[1])
                         link.received(nbytes)
-                        return self._resume(c, link, reply, batch, i, mb.put(item, size))
+                        return self._resume(c, link, reply, batch, i - 1, mb.wait_room(), mb)
                 elif kind == REQ:
-                    aw = router.on_request(env[3], env[4], env[5], reply)
-                    if aw is not None:
+                    aw = router.on_request(env[3], env[4], env[5], reply, peer)
+                    if aw is not None:  # too many of this peer's handlers running: stop reading
+                        link.state.unreceive(env[1])
                         link.received(nbytes)
-                        return self._resume(c, link, reply, batch, i, aw)
+                        return self._resume(c, link, reply, batch, i - 1, aw)
                 elif kind in (REP, ERR):
                     router.on_reply(kind, env[3], env[4:], peer)
                 elif kind == PEERS:
@@ -857,11 +886,23 @@ class Node:
             return
         await self._device.send_reply(link, kind, fields)
 
-    async def _resume(self, c: _Conn, link: Link, reply: Any, batch: list[Any], start: int, aw: Any) -> None:
+    async def _resume(
+        self, c: _Conn, link: Link, reply: Any, batch: list[Any], start: int, aw: Any, mb: Any = None
+    ) -> None:
+        """Wait for ``aw``, then deliver the rest of the batch (reading that connection stays
+        paused until then). ``mb``: the mailbox whose room ``aw`` waits for."""
         try:
             await aw
         except PeerUnavailable:
             pass
+        except asyncio.CancelledError:
+            if mb is not None and aw.done() and not aw.cancelled():
+                mb.wake_putter()  # woken, then cancelled: pass the wake-up on
+            raise
+        if link.dead is not None:
+            if mb is not None:
+                mb.wake_putter()  # we take no room after all: pass the wake-up on
+            return
         more = self._dispatch(c, link, reply, batch, start)
         if more is not None:
             await more
@@ -891,9 +932,8 @@ def _echo(x: Any) -> Any:
     return x
 
 
-def _expire(fut: asyncio.Future[Any], peer: str, service: str, timeout: float) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s"))
+def _expired(peer: str, service: str, timeout: float) -> TimeoutError:
+    return TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s")
 
 
 async def _quiet(aw: Any) -> None:

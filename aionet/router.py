@@ -68,9 +68,26 @@ class Mailbox:
 
     async def put(self, item: tuple[str, Any], nbytes: int = 0) -> None:
         while not self.put_nowait(item, nbytes):
-            fut = asyncio.get_running_loop().create_future()
-            self._putters.append(fut)
-            await fut
+            fut = self.wait_room()
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():  # woken, then cancelled: pass the wake-up on
+                    self.wake_putter()
+                raise
+
+    def wait_room(self) -> asyncio.Future[None]:
+        """A future done when a message is taken (there may be room then). Registered now, so
+        a message taken before the caller awaits it still wakes it. A caller that is woken
+        and then does not put must call :meth:`wake_putter`, or the next waiter could sleep
+        while there is room."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._putters.append(fut)
+        return fut
+
+    def wake_putter(self) -> None:
+        """Wake the longest-waiting putter (see :meth:`wait_room`)."""
+        self._wake_putter()
 
     def _wake_putter(self) -> None:
         putters = self._putters
@@ -129,7 +146,14 @@ class Mailbox:
 
 
 class Router:
-    def __init__(self, node_name: str, mailbox_size: int, log: Any, mailbox_bytes: int = 1 << 62):
+    def __init__(
+        self,
+        node_name: str,
+        mailbox_size: int,
+        log: Any,
+        mailbox_bytes: int = 1 << 62,
+        max_concurrent_requests: int = 1024,
+    ):
         self.node_name = node_name
         self.mailbox_size = mailbox_size
         self.mailbox_bytes = mailbox_bytes
@@ -140,6 +164,11 @@ class Router:
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._next_id = 0
         self.tasks: set[asyncio.Task[Any]] = set()
+        # async handlers running per requesting peer, bounded by max_concurrent_requests; a
+        # peer at the bound is not read from (back-pressure) until one of them finishes
+        self.max_concurrent_requests = max_concurrent_requests
+        self.running: dict[str, int] = {}
+        self._slot_waiters: dict[str, list[asyncio.Future[None]]] = {}
 
     # ------------------------------------------------------------------ services
     def add_service(self, name: str, fn: Handler) -> None:
@@ -211,24 +240,68 @@ class Router:
     def _not_found(self, service: str) -> str:
         return f"no service {service!r} on node {self.node_name!r}; services: {', '.join(sorted(self.services))}"
 
-    def on_request(self, rid: Any, service: Any, payload: Any, reply: Reply) -> Awaitable[None] | None:
-        """Handle REQ. Sync handlers answer inline (returns the send awaitable); async ones get a task."""
+    def on_request(self, rid: Any, service: Any, payload: Any, reply: Reply, peer: str = "") -> Awaitable[None] | None:
+        """Handle REQ from ``peer``. Sync handlers answer inline; async ones get a task.
+
+        Returns None once the request is handled or started. Returns an awaitable, and does
+        not start it, when ``peer`` already has ``max_concurrent_requests`` async handlers
+        running: the caller stops reading from that peer, awaits it, then hands the same
+        request in again. (``reply`` must not block: it returns None or an awaitable that
+        is finished on a task of its own.)"""
         entry = self.services.get(service)
         if entry is None:
-            return reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""])
+            self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
+            return None
         fn, is_async = entry
         if is_async:
-            task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply))
+            running = self.running.get(peer, 0)
+            if running >= self.max_concurrent_requests:
+                return self._slot(peer)
+            self.running[peer] = running + 1
+            task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply, peer))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             return None
         try:
             result = fn(payload)
         except Exception as exc:
-            return reply(ERR, _error_fields(rid, exc))
-        return reply(REP, [rid, result])
+            self._spawn_reply(reply(ERR, _error_fields(rid, exc)))
+            return None
+        self._spawn_reply(reply(REP, [rid, result]))
+        return None
 
-    async def _run_async(self, fn: Handler, rid: int, payload: Any, reply: Reply) -> None:
+    def _spawn_reply(self, aw: Awaitable[None] | None) -> None:
+        if aw is not None:  # not with the node's reply (it never blocks); kept for other callers
+            task = asyncio.ensure_future(_quiet(aw))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def _slot(self, peer: str) -> asyncio.Future[None]:
+        """Done when one of ``peer``'s handlers finishes; registered now, so a handler that
+        finishes before the caller awaits it still wakes it."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._slot_waiters.setdefault(peer, []).append(fut)
+        return fut
+
+    def _handler_done(self, peer: str) -> None:
+        n = self.running[peer] - 1
+        if n:
+            self.running[peer] = n
+        else:
+            del self.running[peer]
+        if n < self.max_concurrent_requests:
+            waiters = self._slot_waiters.pop(peer, None)
+            for fut in waiters or ():
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _run_async(self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str = "") -> None:
+        try:
+            await self._answer(fn, rid, payload, reply)
+        finally:
+            self._handler_done(peer)
+
+    async def _answer(self, fn: Handler, rid: int, payload: Any, reply: Reply) -> None:
         try:
             result = await fn(payload)
         except asyncio.CancelledError:

@@ -73,3 +73,13 @@ def test_exactly_once_in_order_across_cuts(n, actions):
     assert delivered == list(range(1, n + 1))
     tx.on_ack(rx.acked_now())
     assert tx.inflight_bytes == 0 and not tx.replay()
+
+
+def test_unreceive_gives_a_message_back_until_it_is_delivered():
+    """A message that could not be delivered yet (full mailbox) is not counted, nor acknowledged."""
+    s = LinkState(100)
+    assert s.on_receive(1) and s.on_receive(2)
+    s.unreceive(2)
+    assert s.recv_seq == 1 and s.ack_owed == 1
+    assert s.on_receive(2)  # delivered on the next try
+    assert not s.on_receive(2)
