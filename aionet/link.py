@@ -69,6 +69,7 @@ class Link:
         redial: Callable[[], Awaitable[None]] | None = None,
         on_dead: Callable[[str, BaseException], None] | None = None,
         limits: LimitsSection | None = None,
+        dumps_sized: Callable[..., tuple[list[Any], int, int]] | None = None,
     ):
         self.peer = peer
         lim = limits or LimitsSection()
@@ -78,6 +79,7 @@ class Link:
         self._max_frames = 0
         self._update_limits()
         self.dumps = dumps
+        self._dumps_sized = dumps_sized  # with compression: limits count inflated bytes
         self._pack = msgpack.Packer(use_bin_type=True, strict_types=True, datetime=False).pack
         self.state = LinkState(max_inflight_bytes)
         self.tx_id = uuid.uuid4().hex[:16]  # our outgoing stream toward this peer
@@ -134,6 +136,7 @@ class Link:
         seq, ack = st.stamp()
         payload = fields[-1] if fields else None
         t = type(payload)
+        extra = raw_max = 0
         try:
             if t in _PLAIN or ((t is bytes or t is str) and len(payload) < _PLAIN_MAX):
                 # every envelope field but the payload is an int or str: no walk needed
@@ -141,14 +144,17 @@ class Link:
                     frames = [self._pack([kind, seq, ack, *fields])]
                 except OverflowError:  # an int beyond 64 bits: the serializer has an ext for it
                     frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
+            elif self.compress and self._dumps_sized is not None:
+                # the receiver checks its limits on inflated sizes: so must we
+                frames, extra, raw_max = self._dumps_sized([kind, seq, ack, *fields], compress=True)
             else:
                 frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
             nframes = len(frames)
             nbytes = len(frames[0]) if nframes == 1 else nbytes_of(frames)
-            if nbytes > self._size_ok or nframes > self._max_frames:
+            if nbytes + extra > self._size_ok or nframes > self._max_frames or raw_max > self._size_ok:
                 # before the message takes its place in the stream: one that can never be
                 # delivered fails its own send, and nothing else (no replay of it, no gap)
-                self._check_size(frames, nbytes)
+                self._check_size(frames, nbytes + extra, raw_max)
         except BaseException:
             st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
             st.ack_owed = owed  # nothing went out, so no ack was piggybacked either
@@ -196,7 +202,9 @@ class Link:
             return theirs, f"limits.{key} = {theirs} of peer {self.peer!r} (raise it in that node's [limits])"
         return own, f"limits.{key} = {own} of this node (raise it in [limits] here and on the peer)"
 
-    def _check_size(self, frames: list[Any], nbytes: int) -> None:
+    def _check_size(self, frames: list[Any], nbytes: int, raw_max: int = 0) -> None:
+        """Raise for the first limit the message breaks. ``nbytes`` and ``raw_max`` (largest
+        compressed frame, inflated) are the sizes the receiver will see."""
         limit, what = self._limit("max_frames")
         if len(frames) > limit:
             raise TooManyFrames(f"message to {self.peer!r} has {len(frames)} buffers, over {what}")
@@ -211,6 +219,9 @@ class Link:
             if n > limit:
                 which = "its header" if i == 0 else f"buffer {i}"
                 raise FrameTooLarge(f"message to {self.peer!r}: {which} has {n} bytes, over {what}")
+        limit, what = self._limit("max_frame_bytes")
+        if raw_max > limit:
+            raise FrameTooLarge(f"message to {self.peer!r}: a buffer has {raw_max} bytes uncompressed, over {what}")
 
     async def _finish(self, w: Awaitable[None] | None, c: Any, seq: int) -> None:
         if w is not None:

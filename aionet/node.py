@@ -538,6 +538,7 @@ class Node:
         link = Link(
             name,
             dumps=self.serializer.dumps,
+            dumps_sized=self.serializer.dumps_sized,
             max_inflight_bytes=self.config.link.max_inflight_bytes,
             give_up_after=self.config.link.give_up_after,
             log=self.log,

@@ -103,6 +103,22 @@ async def test_message_over_receivers_advertised_limit_fails_its_own_send_only()
         assert a.info()["peers"]["b"]["state"] == "alive"
 
 
+async def test_compressed_message_over_receivers_limit_fails_its_own_send_only():
+    """Item 4 with compression: the receiver enforces its limits on inflated bytes, so a
+    message that is small on the wire but large once inflated must fail its own send at the
+    sender, not be rejected by the peer on every replay."""
+    codec = {"compression": "lz4", "compress_min_bytes": 1024}
+    cfg_a = _cfg(codec=codec)
+    cfg_b = _cfg(codec=codec, limits={"max_message_bytes": 1 << 20, "max_frame_bytes": 1 << 20})
+    async with Node(name="b", config=cfg_b) as b, Node(name="a", config=cfg_a, join=[b.address]) as a:
+        await _assert_link_works(a, b)
+        assert a.info()["peers"]["b"]["connections"][0]["compress"]  # negotiated, or the test proves nothing
+        with pytest.raises(FrameTooLarge, match=r"uncompressed|limits\.max_message_bytes = 1048576 of peer 'b'"):
+            await asyncio.wait_for(a.send("b", "big", bytes(4 << 20)), 5)  # ~16 KiB on the wire
+        await _assert_link_works(a, b)
+        assert a.info()["peers"]["b"]["state"] == "alive"
+
+
 @pytest.mark.timeout(60)
 async def test_message_the_receiver_keeps_rejecting_fails_the_link_bounded():
     """Item 4, a limit the sender cannot check (here the receiver's limits.max_str_len): the

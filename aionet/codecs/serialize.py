@@ -274,6 +274,8 @@ class _Encoder:
         "_packers",
         "_ser",
         "busy",
+        "raw_extra",
+        "raw_max",
     )
 
     def __init__(self, ser: Serializer) -> None:
@@ -284,6 +286,10 @@ class _Encoder:
         self._oob: list[Buffer] = []
         self._compress = False
         self._depth = 0
+        # what compression hid from the frame sizes of the last message: its extra bytes
+        # once inflated, and its largest inflated frame (the sender checks limits on these)
+        self.raw_extra = 0
+        self.raw_max = 0
         # Packer for plain metadata lists: it has no default hook, so it can never be
         # re-entered and is safe to use from inside any other packer's hook.
         self._meta = msgpack.Packer(use_bin_type=True, buf_size=1024)
@@ -312,6 +318,7 @@ class _Encoder:
     def encode(self, obj: Any, compress: bool) -> list[Buffer]:
         self.busy = True
         self._compress = compress
+        self.raw_extra = self.raw_max = 0
         try:
             t = type(obj)
             if t is list or t is dict:
@@ -440,6 +447,9 @@ class _Encoder:
             packed = compress_buffer(buf, self._ser._codec, self._ser.max_compression_ratio)
             if packed is not None:
                 oob.append(packed[1])
+                self.raw_extra += nbytes - len(packed[1])
+                if nbytes > self.raw_max:
+                    self.raw_max = nbytes
                 return [idx, packed[0], nbytes]
         oob.append(buf)
         return idx
@@ -1036,6 +1046,19 @@ class Serializer:
         if enc.busy:  # re-entered from user code running inside this encoder (pickle hooks)
             enc = _Encoder(self)
         return enc.encode(obj, self._compress_default if compress is None else compress)
+
+    def dumps_sized(self, obj: Any, *, compress: bool) -> tuple[list[Buffer], int, int]:
+        """:meth:`dumps`, plus what compression hid: the bytes the frames gain once
+        inflated and the largest inflated frame. Receivers enforce their limits on inflated
+        sizes, so a sender checks those, not the wire sizes, before a message is sequenced."""
+        try:
+            enc = self._tls.encoder
+        except AttributeError:
+            enc = self._tls.encoder = _Encoder(self)
+        if enc.busy:
+            enc = _Encoder(self)
+        frames = enc.encode(obj, compress)
+        return frames, enc.raw_extra, enc.raw_max
 
     def loads(self, frames: Sequence[Buffer], *, decompress: bool | None = None) -> Any:
         """Decode a message produced by :meth:`dumps` (on any node).
