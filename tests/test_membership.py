@@ -124,7 +124,7 @@ async def test_join_through_any_seed_and_gossip_converges(cluster):
         assert m["node_id"] == cluster.nodes[name].node_id
         assert m["incarnation"] == cluster.nodes[name].membership.incarnation
     # load reports reach every member through heartbeats and gossip
-    await wait_for(lambda: all(v["load"] is not None for n in cluster.nodes.values() for v in n.members().values()), 15)
+    await wait_for(lambda: all(v["load"]["reported"] for n in cluster.nodes.values() for v in n.members().values()), 15)
     load = view["a"]["load"]
     assert load["memory_total"] > 0 and load["tasks"] > 0 and load["loop_lag_ms"] >= 0
     dev = cluster.nodes["b"].members()["d"]["devices"]
@@ -257,13 +257,19 @@ async def test_one_bad_link_does_not_kill_a_healthy_node(cluster):
     assert b.members()["b"]["state"] == "alive"
 
 
-async def test_backpressured_peer_is_not_declared_dead():
+@pytest.mark.parametrize("token", [None, "s3cret"])
+async def test_backpressured_peer_is_not_declared_dead(token):
     """b floods a mailbox a never reads, so a stops reading that connection and no heartbeat
-    crosses it: the fresh-connection probe proves a is alive."""
+    crosses it: the fresh-connection probe proves a is alive (also with a cluster token, where
+    the probe must check the acceptor's proof of the token; issue 11 saw 16 deaths in 12 s)."""
+    sec = {"security": {"token": token}} if token else {}
     async with (
-        Node(name="a", listen="tcp://127.0.0.1:0", config=_cfg(link={"mailbox_size": 4})) as a,
+        Node(name="a", listen="tcp://127.0.0.1:0", config=_cfg(link={"mailbox_size": 4}, **sec)) as a,
         Node(
-            name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=_cfg(link={"max_inflight_bytes": 1 << 20})
+            name="b",
+            listen="tcp://127.0.0.1:0",
+            join=[a.address],
+            config=_cfg(link={"max_inflight_bytes": 1 << 20}, **sec),
         ) as b,
     ):
         events = []
@@ -469,3 +475,114 @@ async def test_a_live_node_declared_dead_refutes_and_comes_back(cluster):
             if y != x.name:
                 for i in range(20):
                     assert await x.request(y, "aionet.echo", i, timeout=5) == i
+
+
+# ---------------------------------------------------------------- cluster token (issue 11, item 1)
+def _token(token):
+    return _cfg(security={"token": token})
+
+
+async def test_a_probe_proves_life_only_with_the_right_cluster_token():
+    """The probe checks the acceptor's MAC with the names in the order the acceptor signs them
+    (acceptor, dialer); with them swapped every probe of a token cluster failed."""
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0", config=_token("s3cret")) as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", config=_token("s3cret")) as b,
+        Node(name="c", listen="tcp://127.0.0.1:0", config=_token("wrong")) as c,
+    ):
+        ms = a.membership
+        assert await ms._direct_probe("b", b.node_id, b.addresses, 2.0) == "alive"
+        assert await ms._probe_url(b.address, "b", "another-process", ms.clock() + 2.0) == "replaced"
+        # c answers, but cannot prove our token: no proof of life
+        assert await ms._probe_url(c.address, "c", c.node_id, ms.clock() + 2.0) == "error"
+        assert await ms._direct_probe("c", c.node_id, c.addresses, 0.5) != "alive"
+
+
+@pytest.mark.parametrize("direct", ["works", "blocked"])
+async def test_with_a_token_a_suspected_but_alive_peer_is_refuted_by_probes(direct):
+    """a stops hearing b's heartbeat replies; with a token, the direct probe (or, when a cannot
+    reach b at all, the indirect probes through c and d) proves b alive: never declared dead."""
+    cluster = Cluster("tcp")
+    try:
+        a = await cluster.add("a", security={"token": "s3cret"})
+        for n in "bcd":
+            await cluster.add(n, join="a", security={"token": "s3cret"})
+        await cluster.converge()
+        ms = a.membership
+        real_send, real_probe = a.send_control, ms._probe_url
+
+        def lossy_send(peer, env):
+            return True if peer == "b" else real_send(peer, env)  # black hole toward b
+
+        async def no_direct(url, name, node_id, deadline):
+            if name == "b":
+                await asyncio.sleep(max(deadline - ms.clock(), 0))
+                return "unreachable"
+            return await real_probe(url, name, node_id, deadline)
+
+        a.send_control = lossy_send
+        if direct == "blocked":
+            ms._probe_url = no_direct
+        events = []
+        for n in cluster.nodes.values():
+            n.on_member_change(events.append)
+        await wait_for(lambda: ms.stats.suspicions >= 2, 15)  # suspected, verified, suspected again
+        await asyncio.sleep(1.0)
+        assert not [e for e in events if e.kind == "dead"], events
+        assert ms.stats.deaths_declared == 0
+        assert a.members()["b"]["state"] in ("alive", "suspect")
+        a.send_control, ms._probe_url = real_send, real_probe
+        assert await a.request("b", "aionet.echo", "still here", timeout=5) == "still here"
+    finally:
+        await cluster.close()
+
+
+# ---------------------------------------------------------------- members() load (item 19)
+async def test_members_load_is_a_zero_report_before_the_first_report(cluster):
+    a = await cluster.add("a")
+    a.membership._apply(Update("ghost", "x" * 32, 1, DEAD, ()), reason="test")
+    ghost = a.members()["ghost"]
+    assert ghost["load"]["reported"] is False
+    assert ghost["load"]["cpu_percent"] == 0.0 and ghost["load"]["memory_total"] == 0
+    assert ghost["devices"] == {"cpu_count": 0, "memory_total": 0, "gpus": []}
+    assert a.members()["a"]["load"]["reported"] is True
+
+
+# ---------------------------------------------------------------- owned tasks (item 16)
+async def test_a_cancelled_probe_leaves_no_unretrieved_task_exception():
+    """Probes given up on while their recv() is pending (the asker cancelled, then the node
+    stopped): the connections are closed, recv() ends in ConnectionClosed, and nobody may leave
+    that exception unretrieved (issue 11 item 16)."""
+    import gc
+
+    loop = asyncio.get_running_loop()
+    errors = []
+    old_handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    held = []
+
+    async def silent(reader, writer):  # accepts, reads the HELLO, never answers
+        held.append(writer)
+        await reader.read(1 << 16)
+
+    servers = [await asyncio.start_server(silent, "127.0.0.1", 0) for _ in range(3)]
+    urls = [f"tcp://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers]
+    try:
+        async with Node(name="a", listen="tcp://127.0.0.1:0") as a:
+            ms = a.membership
+            for i, url in enumerate(urls):
+                probe = asyncio.ensure_future(ms._direct_probe("x", "nid", [url], 30.0))
+                await wait_for(lambda i=i: len(held) > i, 5)
+                await asyncio.sleep(0.05)
+                probe.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await probe
+            assert len(ms._exchanges) == 3  # the shared probe connections still wait for answers
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+            gc.collect()
+    finally:
+        for s in servers:
+            s.close()
+        loop.set_exception_handler(old_handler)
+    assert not [e for e in errors if "never retrieved" in str(e.get("message", ""))], errors
