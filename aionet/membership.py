@@ -79,7 +79,7 @@ SHOW_SUSPECT_AFTER = 0.1  # s: a suspicion a probe clears faster than this is no
 MAX_MEMBERS = 16384  # member records kept; updates about further new names are ignored
 MAX_PROBE_CONNECTIONS = 32  # probe connections open at once, all addresses together
 MAX_SERVED_PROBES = 16  # members probed at once on other members' behalf (PROBE_REQ)
-PROBE_REUSE = 0.05  # s: a probe result this fresh answers every later asker of that address
+PROBE_REUSE = 0.1  # s: a probe result this fresh answers every later asker of that address
 MAX_PROBE_PAUSE = 0.4  # s: cap of the doubling pause between one probe's retries
 
 
@@ -357,7 +357,8 @@ class Membership:
         self._callbacks: list[Callable[[MemberEvent], Any]] = []
         self._streams: set[MemberEventStream] = set()
         self._sent_load: dict[str, int] = {}
-        self._dial_after: dict[str, float] = {}
+        self._dial_after: dict[str, float] = {}  # member -> when we may dial it again
+        self._addr_dial_after: dict[str, float] = {}  # address -> same, whichever member names it
         self._want_conn: dict[str, float] = {}  # member -> since when we lack a connection to it
         self._next_revive = 0.0
         self._stalls: deque[float] = deque(maxlen=10)
@@ -623,7 +624,7 @@ class Membership:
         m = random.choice(dead)
         self._next_id += 1
         env = [HB, self._next_id, self.incarnation, None, [self._self_update().to_wire()], []]
-        if not self._send(m.name, env):
+        if not self._send(m.name, env) and self._may_dial(m.addresses, now):
             self._spawn(self._dial(m.name), f"aionet-member-revive-{m.name}")
 
     # ------------------------------------------------------------------ heartbeats
@@ -704,7 +705,24 @@ class Membership:
         if self._dial_after.get(name, 0.0) > now:
             return
         self._dial_after[name] = now + max(1.0, 5 * self.cfg.interval)
+        m = self._members.get(name)
+        if m is not None and not self._may_dial(m.addresses, now):
+            return
         self._spawn(self._dial(name), f"aionet-member-dial-{name}")
+
+    def _may_dial(self, addresses: Iterable[str], now: float) -> bool:
+        """At most one membership dial per address per ``max(1 s, 5 intervals)``, whatever
+        member names it: gossiped members all naming one address must not multiply the dials
+        to it (issue 11). The table is pruned of expired entries, so it stays small."""
+        addrs = list(addresses)
+        if any(self._addr_dial_after.get(a, 0.0) > now for a in addrs):
+            return False
+        if len(self._addr_dial_after) > 4 * MAX_PROBE_CONNECTIONS:
+            self._addr_dial_after = {a: t for a, t in self._addr_dial_after.items() if t > now}
+        until = now + max(1.0, 5 * self.cfg.interval)
+        for a in addrs:
+            self._addr_dial_after[a] = until
+        return True
 
     async def _dial(self, name: str) -> None:
         node = self.node
@@ -1233,7 +1251,7 @@ class Membership:
         if len(env) == 5:
             timeout = min(max(float(env[4]), 0.01), 4 * self.cfg.probe_timeout)
         m = self._members.get(target)
-        if m is None or m.node_id != node_id or m.state == LEFT or not m.addresses:
+        if m is None or m.node_id != node_id or m.state not in (ALIVE, SUSPECT) or not m.addresses:
             self._send(peer, [PROBE_RSP, pid, -1])
             return
         waiting = self._served.get(target)

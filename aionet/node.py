@@ -36,6 +36,9 @@ from .transports.registry import TransportRegistry
 _SERVICE_INFO = "aionet.info"
 _SERVICE_ECHO = "aionet.echo"
 MAX_UNAUTHENTICATED = 64
+MAX_PEERS_PER_MESSAGE = 1024  # entries of a PEERS message / HELLO peer table acted on
+MAX_HEARSAY_PEERS = 4096  # known peers beyond which names learned from others are ignored
+DIAL_GAP = 0.1  # s between dials of one address by name, however many names point at it
 
 
 @dataclass
@@ -121,6 +124,7 @@ class Node:
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_conn_id = 0
+        self._dial_next: dict[str, float] = {}  # address -> earliest start of the next dial to it
         self._unauthenticated = 0
         self._started_at = 0.0
         self._running = False
@@ -504,6 +508,7 @@ class Node:
             transient = False
             for url in list(p.addresses):
                 try:
+                    await self._dial_slot(url)
                     await self._dial(url, expect=name)
                     return
                 except (TimeoutError, TransportError, HandshakeError, OSError) as exc:
@@ -513,6 +518,17 @@ class Node:
                 break
             await asyncio.sleep(0.05 * (attempt + 1))
         raise PeerUnavailable(f"{name}: unreachable ({'; '.join(errors) or 'no address'})")
+
+    async def _dial_slot(self, url: str) -> None:
+        """Space dials to one address DIAL_GAP apart: peers gossip names and addresses, and
+        many names at one address must not make this node hammer it (issue 11)."""
+        now = time.monotonic()
+        at = max(now, self._dial_next.get(url, 0.0))
+        if len(self._dial_next) > 1024:
+            self._dial_next = {u: t for u, t in self._dial_next.items() if t > now}
+        self._dial_next[url] = at + DIAL_GAP
+        if at > now:
+            await asyncio.sleep(at - now)
 
     def _new_link(self, name: str, tx_id: str = "") -> Link:
         link = Link(
@@ -705,14 +721,28 @@ class Node:
             self._announce({hello.name: p.addresses}, exclude=hello.name)
         return c
 
-    def _learn_peers(self, table: dict[str, list[str]]) -> None:
-        if not isinstance(table, dict) or len(table) > 65536:
-            raise ProtocolError("peer table is not a mapping (or is absurdly large)")
-        for name, addrs in table.items():
-            if not isinstance(name, str) or not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
+    def _learn_peers(self, table: dict[str, list[str]], hearsay: bool = True) -> None:
+        """Remember peers' addresses. What a peer tells us (``hearsay``: PEERS, a HELLO's
+        table) is bounded (issue 11: 300,007 made-up peers cost 111 MiB): the first
+        MAX_PEERS_PER_MESSAGE entries are read, and new names only while fewer than
+        MAX_HEARSAY_PEERS peers are known. Membership passes its own, capped, member table."""
+        if not isinstance(table, dict):
+            raise ProtocolError("peer table is not a mapping")
+        for i, (name, addrs) in enumerate(table.items()):
+            if hearsay and i >= MAX_PEERS_PER_MESSAGE:
+                self.log.warning("peer table too long; ignoring the rest", entries=len(table))
+                break
+            if (
+                not isinstance(name, str)
+                or not isinstance(addrs, list)
+                or len(addrs) > 16
+                or not all(isinstance(a, str) and len(a) <= 1024 for a in addrs)
+            ):
                 raise ProtocolError("malformed peer table entry")
             if name == self.name or not addrs:
                 continue
+            if hearsay and name not in self._peers and len(self._peers) >= MAX_HEARSAY_PEERS:
+                continue  # a full table: names only hearsay vouches for are not worth memory
             p = self._peer(name)
             if p.link is None or p.link.current is None:
                 p.addresses = list(addrs)

@@ -586,3 +586,114 @@ async def test_a_cancelled_probe_leaves_no_unretrieved_task_exception():
             s.close()
         loop.set_exception_handler(old_handler)
     assert not [e for e in errors if "never retrieved" in str(e.get("message", ""))], errors
+
+
+# ---------------------------------------------------------------- amplification (item 11)
+class _CountingListener:
+    """A TCP listener this test owns: counts connections, closes each at once (the cheapest
+    answer for the dialer, so the worst case for a dial loop)."""
+
+    def __init__(self):
+        self.connections = 0
+        self.server = None
+
+    async def __aenter__(self):
+        async def handle(_reader, writer):
+            self.connections += 1
+            writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.url = f"tcp://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+
+async def _attacker_and_victim():
+    victim = Node(name="victim", listen="tcp://127.0.0.1:0", config=_cfg())
+    await victim.start()
+    evil = Node(name="evil", listen="tcp://127.0.0.1:0", join=[victim.address], config=_cfg())
+    await evil.start()
+    evil.membership._apply_wire = lambda *_a, **_k: None  # the attacker keeps out of membership
+    return victim, evil
+
+
+def _send_peers(evil, table):
+    from aionet.router import PEERS
+
+    return evil._peers["victim"].link.send(PEERS, [table])
+
+
+async def test_peers_and_probe_requests_do_not_make_a_node_dial_an_address_for_them():
+    """Issue 11: a PEERS message naming any address plus ten 30-byte PROBE_REQs made a node open
+    1,561 connections to that address. Now: PROBE_REQ about a name that is not a member is
+    answered "could not try" without dialing anything."""
+    from aionet.membership import PROBE_REQ
+
+    victim, evil = await _attacker_and_victim()
+    try:
+        async with _CountingListener() as target:
+            await _send_peers(evil, {"fake": [target.url]})
+            await wait_for(lambda: "fake" in victim._peers, 5)
+            for pid in range(10):
+                assert evil.send_control("victim", [PROBE_REQ, 10_000 + pid, "fake", "nid", 2.0])
+            await asyncio.sleep(2.5)
+            assert target.connections == 0
+            assert await evil.request("victim", "aionet.echo", 1, timeout=5) == 1  # still connected
+    finally:
+        await evil.stop()
+        await victim.stop()
+
+
+async def test_probe_requests_about_members_share_one_spaced_out_probe():
+    """Even for members (a hostile peer can gossip made-up members), many PROBE_REQs cause one
+    probe at a time per member, with backing-off retries, at most MAX_SERVED_PROBES members at
+    once, and no more than one connection per PROBE_REUSE s to any one address."""
+    from aionet.membership import ALIVE, GOSSIP, MAX_SERVED_PROBES, PROBE_REQ, PROBE_REUSE
+    from aionet.node import DIAL_GAP
+
+    victim, evil = await _attacker_and_victim()
+    try:
+        async with _CountingListener() as target:
+            fakes = [f"zz-fake-{i:02d}" for i in range(40)]  # sort after the real nodes on the ring
+            ups = [Update(f, f"id-{f}", 1, ALIVE, (target.url,)).to_wire() for f in fakes]
+            assert evil.send_control("victim", [GOSSIP, ups, []])
+            await wait_for(lambda: all(f in victim.members() for f in fakes), 5)
+            t0 = time.monotonic()
+            for rnd in range(5):
+                for i, f in enumerate(fakes):
+                    assert evil.send_control("victim", [PROBE_REQ, rnd * 100 + i, f, f"id-{f}", 2.0])
+                await asyncio.sleep(0)
+                assert len(getattr(victim.membership, "_served", {})) <= MAX_SERVED_PROBES
+            await asyncio.sleep(2.5)
+            elapsed = time.monotonic() - t0
+            # the fakes are also dialed as members (heartbeats, the scheduler): by name, spaced
+            # DIAL_GAP apart per address; probes PROBE_REUSE apart. 200 unbounded probe loops
+            # (and a dial per made-up name) made thousands.
+            assert target.connections <= elapsed / PROBE_REUSE + elapsed / DIAL_GAP + 5, target.connections
+            assert await evil.request("victim", "aionet.echo", 1, timeout=5) == 1
+    finally:
+        await evil.stop()
+        await victim.stop()
+
+
+async def test_peer_tables_from_peers_are_bounded():
+    """Issue 11: 300,007 made-up peers in PEERS cost 111 MiB. A PEERS message is read up to
+    MAX_PEERS_PER_MESSAGE entries and names learned from others stop at MAX_HEARSAY_PEERS."""
+    from aionet.node import MAX_HEARSAY_PEERS, MAX_PEERS_PER_MESSAGE
+
+    victim, evil = await _attacker_and_victim()
+    try:
+        await _send_peers(evil, {f"big-{i}": ["tcp://peer.example:1"] for i in range(3 * MAX_PEERS_PER_MESSAGE)})
+        await wait_for(lambda: f"big-{MAX_PEERS_PER_MESSAGE - 1}" in victim._peers, 10)
+        assert f"big-{MAX_PEERS_PER_MESSAGE}" not in victim._peers
+        for batch in range(8):
+            table = {f"p{batch}-{i}": ["tcp://peer.example:1"] for i in range(MAX_PEERS_PER_MESSAGE)}
+            await _send_peers(evil, table)
+        assert await evil.request("victim", "aionet.echo", 1, timeout=10) == 1  # in order: all read
+        assert MAX_HEARSAY_PEERS <= len(victim._peers) <= MAX_HEARSAY_PEERS + 2
+        assert "evil" in victim._peers
+    finally:
+        await evil.stop()
+        await victim.stop()
