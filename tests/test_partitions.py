@@ -112,11 +112,11 @@ class Netns:
             return {}
 
     def cut(self, both_ways: bool) -> None:
-        """Drop x -> y (and y -> x when ``both_ways``) inside the two namespaces."""
-        _sh("ip", "netns", "exec", self.ns("x"), "iptables", "-A", "OUTPUT", "-d", _addr("y"), "-j", "DROP")
+        """Drop x -> y (and y -> x when ``both_ways``) on arrival, inside the receiving
+        namespace. Not in OUTPUT: a packet dropped there fails locally and TCP retries it
+        every 0.5 s instead of backing off as it does for a packet lost on the way."""
         _sh("ip", "netns", "exec", self.ns("y"), "iptables", "-A", "INPUT", "-s", _addr("x"), "-j", "DROP")
         if both_ways:
-            _sh("ip", "netns", "exec", self.ns("y"), "iptables", "-A", "OUTPUT", "-d", _addr("x"), "-j", "DROP")
             _sh("ip", "netns", "exec", self.ns("x"), "iptables", "-A", "INPUT", "-s", _addr("y"), "-j", "DROP")
 
     def heal(self) -> None:
