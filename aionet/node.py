@@ -8,7 +8,7 @@ import ipaddress
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,7 @@ _SERVICE_ECHO = "aionet.echo"
 MAX_UNAUTHENTICATED = 64
 MAX_PEERS_PER_MESSAGE = 1024  # entries of a PEERS message / HELLO peer table acted on
 MAX_HEARSAY_PEERS = 4096  # known peers beyond which names learned from others are ignored
-DIAL_GAP = 0.1  # s between dials of one address by name, however many names point at it
+DIAL_GAP = 0.1  # s between dials by name of one address (one at a time), however many names name it
 
 
 @dataclass
@@ -124,7 +124,7 @@ class Node:
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_conn_id = 0
-        self._dial_next: dict[str, float] = {}  # address -> earliest start of the next dial to it
+        self._dial_turns: dict[str, list[Any]] = {}  # address -> [lock, users, next start]: _dial_turn
         self._unauthenticated = 0
         self._started_at = 0.0
         self._running = False
@@ -508,8 +508,8 @@ class Node:
             transient = False
             for url in list(p.addresses):
                 try:
-                    await self._dial_slot(url)
-                    await self._dial(url, expect=name)
+                    async with self._dial_turn(url):
+                        await self._dial(url, expect=name)
                     return
                 except (TimeoutError, TransportError, HandshakeError, OSError) as exc:
                     errors.append(f"{url}: {exc}")
@@ -519,16 +519,24 @@ class Node:
             await asyncio.sleep(0.05 * (attempt + 1))
         raise PeerUnavailable(f"{name}: unreachable ({'; '.join(errors) or 'no address'})")
 
-    async def _dial_slot(self, url: str) -> None:
-        """Space dials to one address DIAL_GAP apart: peers gossip names and addresses, and
-        many names at one address must not make this node hammer it (issue 11)."""
-        now = time.monotonic()
-        at = max(now, self._dial_next.get(url, 0.0))
-        if len(self._dial_next) > 1024:
-            self._dial_next = {u: t for u, t in self._dial_next.items() if t > now}
-        self._dial_next[url] = at + DIAL_GAP
-        if at > now:
-            await asyncio.sleep(at - now)
+    @contextlib.asynccontextmanager
+    async def _dial_turn(self, url: str) -> AsyncIterator[None]:
+        """Dials by name to one address go one at a time, starting DIAL_GAP apart: peers
+        gossip names and addresses, and many names at one address must not make this node
+        hammer it (issue 11). The entry lives while someone waits for or holds the turn."""
+        entry = self._dial_turns.setdefault(url, [asyncio.Lock(), 0, 0.0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                delay = entry[2] - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                entry[2] = time.monotonic() + DIAL_GAP
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._dial_turns[url]
 
     def _new_link(self, name: str, tx_id: str = "") -> Link:
         link = Link(

@@ -590,17 +590,28 @@ async def test_a_cancelled_probe_leaves_no_unretrieved_task_exception():
 
 # ---------------------------------------------------------------- amplification (item 11)
 class _CountingListener:
-    """A TCP listener this test owns: counts connections, closes each at once (the cheapest
-    answer for the dialer, so the worst case for a dial loop)."""
+    """A TCP listener this test owns: counts connections (and the most open at once). It
+    closes each at once (the cheapest answer for the dialer, so the worst case for a dial
+    loop), or with ``hang`` holds it open without a word until the dialer gives up."""
 
-    def __init__(self):
+    def __init__(self, hang: bool = False):
+        self.hang = hang
         self.connections = 0
+        self.open = self.max_open = 0
         self.server = None
 
     async def __aenter__(self):
-        async def handle(_reader, writer):
+        async def handle(reader, writer):
             self.connections += 1
-            writer.close()
+            self.open += 1
+            self.max_open = max(self.max_open, self.open)
+            try:
+                if self.hang:
+                    while await reader.read(65536):
+                        pass
+            finally:
+                self.open -= 1
+                writer.close()
 
         self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
         self.url = f"tcp://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
@@ -646,7 +657,8 @@ async def test_peers_and_probe_requests_do_not_make_a_node_dial_an_address_for_t
         await victim.stop()
 
 
-async def test_probe_requests_about_members_share_one_spaced_out_probe():
+@pytest.mark.parametrize("hang", [False, True], ids=["closes", "hangs"])
+async def test_probe_requests_about_members_share_one_spaced_out_probe(hang):
     """Even for members (a hostile peer can gossip made-up members), many PROBE_REQs cause one
     probe at a time per member, with backing-off retries, at most MAX_SERVED_PROBES members at
     once, and no more than one connection per PROBE_REUSE s to any one address."""
@@ -655,7 +667,7 @@ async def test_probe_requests_about_members_share_one_spaced_out_probe():
 
     victim, evil = await _attacker_and_victim()
     try:
-        async with _CountingListener() as target:
+        async with _CountingListener(hang) as target:
             fakes = [f"zz-fake-{i:02d}" for i in range(40)]  # sort after the real nodes on the ring
             ups = [Update(f, f"id-{f}", 1, ALIVE, (target.url,)).to_wire() for f in fakes]
             assert evil.send_control("victim", [GOSSIP, ups, []])
@@ -672,6 +684,7 @@ async def test_probe_requests_about_members_share_one_spaced_out_probe():
             # DIAL_GAP apart per address; probes PROBE_REUSE apart. 200 unbounded probe loops
             # (and a dial per made-up name) made thousands.
             assert target.connections <= elapsed / PROBE_REUSE + elapsed / DIAL_GAP + 5, target.connections
+            assert target.max_open <= 2  # one probe and one dial at a time
             assert await evil.request("victim", "aionet.echo", 1, timeout=5) == 1
     finally:
         await evil.stop()
