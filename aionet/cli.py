@@ -354,6 +354,8 @@ def _show_status(snap: dict[str, Any], *, as_json: bool, watch: bool) -> None:
     for name in sorted(members):
         m = members[name]
         load = m.get("load") or {}
+        if not load.get("reported", True):  # no report from it yet: show "-", not zeros
+            load = {}
         gpus = (m.get("devices") or {}).get("gpus") or []
         state = m.get("state", "?")
         table.add_row(

@@ -75,6 +75,11 @@ class LoadReport:
     gpus: tuple[GpuLoad, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the scheduler's queue length
 
+    @classmethod
+    def unknown(cls) -> LoadReport:
+        """The stand-in for a member that has not reported yet: all zeros, no CPUs, no GPUs."""
+        return cls(cpu_count=0)
+
     def to_wire(self) -> dict[str, Any]:
         w: dict[str, Any] = {
             "s": self.seq,

@@ -73,6 +73,14 @@ MAX_ADDRESSES = 16
 STALL_WARNING = 0.5  # s: log when this node's own loop was blocked this long
 REVIVE_EVERY = 2.0  # s between heartbeats to one random member believed dead
 SHOW_SUSPECT_AFTER = 0.1  # s: a suspicion a probe clears faster than this is not shown
+# Bounds on what peers can make this node do (issue 11: a peer's PROBE_REQs made a node dial an
+# arbitrary address 1,561 times). Probes are shared per address and spaced out, PROBE_REQs are
+# served only for known members and one at a time per member, and the member table is capped.
+MAX_MEMBERS = 16384  # member records kept; updates about further new names are ignored
+MAX_PROBE_CONNECTIONS = 32  # probe connections open at once, all addresses together
+MAX_SERVED_PROBES = 16  # members probed at once on other members' behalf (PROBE_REQ)
+PROBE_REUSE = 0.1  # s: a probe result this fresh answers every later asker of that address
+MAX_PROBE_PAUSE = 0.4  # s: cap of the doubling pause between one probe's retries
 
 
 # ---------------------------------------------------------------------- pure pieces
@@ -338,13 +346,19 @@ class Membership:
         self._detectors: dict[str, PhiAccrualDetector] = {}
         self._gossip = GossipQueue()
         self._verifying: dict[str, asyncio.Task[None]] = {}
+        # url -> the probe exchange in flight (or finished < PROBE_REUSE ago): one per address
+        self._exchanges: dict[str, asyncio.Task[tuple[str, str, str]]] = {}
+        # member -> {requester: probe id}: PROBE_REQs waiting on the one probe we run for it
+        self._served: dict[str, dict[str, int]] = {}
+        self._capped_logged = False
         self._rounds: dict[int, _ProbeRound] = {}
         self._next_id = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._callbacks: list[Callable[[MemberEvent], Any]] = []
         self._streams: set[MemberEventStream] = set()
         self._sent_load: dict[str, int] = {}
-        self._dial_after: dict[str, float] = {}
+        self._dial_after: dict[str, float] = {}  # member -> when we may dial it again
+        self._addr_dial_after: dict[str, float] = {}  # address -> same, whichever member names it
         self._want_conn: dict[str, float] = {}  # member -> since when we lack a connection to it
         self._next_revive = 0.0
         self._stalls: deque[float] = deque(maxlen=10)
@@ -427,14 +441,24 @@ class Membership:
         self._running = False
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        """Every task membership starts is owned here: cancelled and awaited by :meth:`stop`,
+        and its exception (a bug) is logged rather than left "never retrieved"."""
         t = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(self._task_done)
         return t
+
+    def _task_done(self, t: asyncio.Task[Any]) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            self.log.error("membership task failed", task=t.get_name(), error=repr(t.exception()))
 
     # ------------------------------------------------------------------ public views
     def members(self) -> dict[str, dict[str, Any]]:
-        """name -> state, address(es), incarnation, node id, load, devices, age; self included."""
+        """name -> state, address(es), incarnation, node id, load, devices, age; self included.
+
+        ``load`` is always a map: all zeros with ``reported`` False until the member's first
+        load report arrives (so callers can index it without a None check)."""
         now = self.clock.real()
         rep = self.load.last
         out: dict[str, dict[str, Any]] = {
@@ -444,23 +468,25 @@ class Membership:
                 "addresses": self._my_addresses(),
                 "incarnation": self.incarnation,
                 "node_id": self.node.node_id,
-                "load": rep.to_dict(),
+                "load": {**rep.to_dict(), "reported": True},
                 "devices": rep.devices(),
                 "age": 0.0,
                 "since": None,
                 "self": True,
             }
         }
+        unknown = LoadReport.unknown()
         for m in self._members.values():
             ages = [now - t for t in (m.last_seen, m.load_time) if t is not None]
+            lr = m.load or unknown
             out[m.name] = {
                 "state": m.shown_state,
                 "address": m.addresses[0] if m.addresses else None,
                 "addresses": list(m.addresses),
                 "incarnation": m.incarnation,
                 "node_id": m.node_id,
-                "load": m.load.to_dict() if m.load else None,
-                "devices": m.load.devices() if m.load else None,
+                "load": {**lr.to_dict(), "reported": m.load is not None},
+                "devices": lr.devices(),
                 "age": max(min(ages), 0.0) if ages else None,
                 "since": now - m.since,
                 "self": False,
@@ -598,7 +624,7 @@ class Membership:
         m = random.choice(dead)
         self._next_id += 1
         env = [HB, self._next_id, self.incarnation, None, [self._self_update().to_wire()], []]
-        if not self._send(m.name, env):
+        if not self._send(m.name, env) and self._may_dial(m.addresses, now):
             self._spawn(self._dial(m.name), f"aionet-member-revive-{m.name}")
 
     # ------------------------------------------------------------------ heartbeats
@@ -679,7 +705,24 @@ class Membership:
         if self._dial_after.get(name, 0.0) > now:
             return
         self._dial_after[name] = now + max(1.0, 5 * self.cfg.interval)
+        m = self._members.get(name)
+        if m is not None and not self._may_dial(m.addresses, now):
+            return
         self._spawn(self._dial(name), f"aionet-member-dial-{name}")
+
+    def _may_dial(self, addresses: Iterable[str], now: float) -> bool:
+        """At most one membership dial per address per ``max(1 s, 5 intervals)``, whatever
+        member names it: gossiped members all naming one address must not multiply the dials
+        to it (issue 11). The table is pruned of expired entries, so it stays small."""
+        addrs = list(addresses)
+        if any(self._addr_dial_after.get(a, 0.0) > now for a in addrs):
+            return False
+        if len(self._addr_dial_after) > 4 * MAX_PROBE_CONNECTIONS:
+            self._addr_dial_after = {a: t for a, t in self._addr_dial_after.items() if t > now}
+        until = now + max(1.0, 5 * self.cfg.interval)
+        for a in addrs:
+            self._addr_dial_after[a] = until
+        return True
 
     async def _dial(self, name: str) -> None:
         node = self.node
@@ -840,12 +883,19 @@ class Membership:
         m = self._members.get(u.name)
         now = self.clock.real()
         if m is None:
+            if len(self._members) >= MAX_MEMBERS:
+                if not self._capped_logged:
+                    self._capped_logged = True
+                    self.log.warning(
+                        "member table full; ignoring updates about new names", limit=MAX_MEMBERS, source=source
+                    )
+                return False
             m = Member(u.name, u.node_id, u.incarnation, u.state, list(u.addresses), since=now)
             if u.state == SUSPECT:
                 m.suspect_at = self.clock()
             self._members[u.name] = m
             if u.addresses and u.state in (ALIVE, SUSPECT):
-                self.node._learn_peers({u.name: list(u.addresses)})
+                self.node._learn_peers({u.name: list(u.addresses)}, hearsay=False)
             kind = "joined" if u.state in (ALIVE, SUSPECT) else u.state
             self._emit(m, kind, None, reason or (f"via {source}" if source else ""))
             if spread:
@@ -868,7 +918,7 @@ class Membership:
         if u.addresses:
             m.addresses = list(u.addresses)
             if u.state in (ALIVE, SUSPECT):
-                self.node._learn_peers({u.name: list(u.addresses)})
+                self.node._learn_peers({u.name: list(u.addresses)}, hearsay=False)
         if restarted:
             m.load = m.load_time = m.last_seen = None
             m.suspected = ""
@@ -1181,6 +1231,10 @@ class Membership:
         return connected[:k]
 
     def _on_probe_req(self, peer: str, env: list[Any]) -> None:
+        """Probe a member on ``peer``'s behalf. Bounded (issue 11): only members we know, at
+        their addresses as we know them (never an address or name the asker supplies), one
+        probe per member however many ask, at most MAX_SERVED_PROBES members at once; anything
+        else is answered -1 ("could not try"), which counts neither way."""
         self.stats.recv_msgs += 1
         if (
             len(env) not in (4, 5)
@@ -1190,21 +1244,34 @@ class Membership:
             or (len(env) == 5 and type(env[4]) not in (int, float))
         ):
             raise ProtocolError("malformed probe request")
+        if not self._running or self._leaving:
+            return
+        pid, target, node_id = env[1], env[2], env[3]
         timeout = self.cfg.probe_timeout * 0.8
         if len(env) == 5:
             timeout = min(max(float(env[4]), 0.01), 4 * self.cfg.probe_timeout)
-        if self._running and not self._leaving:
-            self._spawn(self._serve_probe(peer, env[1], env[2], env[3], timeout), "aionet-probe-for")
-
-    async def _serve_probe(self, requester: str, pid: int, target: str, node_id: str, timeout: float) -> None:
         m = self._members.get(target)
-        addrs = list(m.addresses) if m is not None else self.node.known_peers().get(target, [])
-        if target == self.name or not addrs:
-            result = -1
-        else:
+        if m is None or m.node_id != node_id or m.state not in (ALIVE, SUSPECT) or not m.addresses:
+            self._send(peer, [PROBE_RSP, pid, -1])
+            return
+        waiting = self._served.get(target)
+        if waiting is not None:  # already probing it: this asker gets the same answer
+            waiting[peer] = pid
+            return
+        if len(self._served) >= MAX_SERVED_PROBES:
+            self._send(peer, [PROBE_RSP, pid, -1])
+            return
+        self._served[target] = {peer: pid}
+        self._spawn(self._serve_probe(target, node_id, list(m.addresses), timeout), f"aionet-probe-for-{target}")
+
+    async def _serve_probe(self, target: str, node_id: str, addrs: list[str], timeout: float) -> None:
+        result = -1
+        try:
             r = await self._direct_probe(target, node_id, addrs, timeout)
             result = 1 if r == "alive" else 0
-        self._send(requester, [PROBE_RSP, pid, result])
+        finally:
+            for requester, pid in self._served.pop(target, {}).items():
+                self._send(requester, [PROBE_RSP, pid, result])
 
     def _on_probe_rsp(self, peer: str, env: list[Any]) -> None:
         self.stats.recv_msgs += 1
@@ -1222,9 +1289,12 @@ class Membership:
 
     async def _direct_probe(self, name: str, node_id: str, addresses: list[str], timeout: float) -> str:
         """Dial and exchange HELLOs only: 'alive', 'replaced' (another process answers to the
-        name), 'refused' (nothing listens), 'hung' (connected, no answer) or 'unreachable'."""
+        name), 'refused' (nothing listens), 'hung' (connected, no answer) or 'unreachable'.
+        Retries back off (PROBE_REUSE doubling to MAX_PROBE_PAUSE): a handful of connections
+        per probe, not one every few milliseconds."""
         deadline = self.clock() + timeout
         result = "unreachable"
+        pause = PROBE_REUSE
         while self.clock() < deadline and addresses:
             refused = 0
             for url in addresses:
@@ -1237,26 +1307,68 @@ class Membership:
                     result = "hung"
             if refused == len(addresses):
                 return "refused"
-            pause = asyncio.ensure_future(asyncio.sleep(0.02))
-            await self._wait_until(pause, deadline)
-            pause.cancel()
+            sleeping = asyncio.ensure_future(asyncio.sleep(pause))
+            try:
+                await self._wait_until(sleeping, deadline)
+            finally:
+                sleeping.cancel()
+            pause = min(2 * pause, MAX_PROBE_PAUSE)
         return result
 
     async def _probe_url(self, url: str, name: str, node_id: str, deadline: float) -> str:
+        """One probe of ``url`` expecting member ``name``/``node_id``. Callers probing the same
+        address share one connection (and its result for PROBE_REUSE s after it ends), and at
+        most MAX_PROBE_CONNECTIONS are open at once: no peer can make us open connections to an
+        address faster than one per PROBE_REUSE s."""
+        task = self._exchanges.get(url)
+        if task is None:
+            if sum(not t.done() for t in self._exchanges.values()) >= MAX_PROBE_CONNECTIONS:
+                return "unreachable"
+            task = self._spawn(self._probe_exchange(url, deadline), "aionet-probe-conn")
+            self._exchanges[url] = task
+            task.add_done_callback(lambda t, u=url: self._reuse_for_a_while(u, t))
+        if not await self._wait_until(task, deadline):
+            return "unreachable"
+        if task.cancelled():
+            return "error"
+        status, reply_name, reply_node_id = task.result()
+        if status != "answered":
+            return status
+        if reply_name != name:
+            return "error"
+        return "alive" if reply_node_id == node_id else "replaced"
+
+    def _reuse_for_a_while(self, url: str, task: asyncio.Task[Any]) -> None:
+        def forget() -> None:
+            if self._exchanges.get(url) is task:
+                del self._exchanges[url]
+
+        if task.cancelled():
+            forget()
+        else:
+            asyncio.get_running_loop().call_later(PROBE_REUSE, forget)
+
+    async def _probe_exchange(self, url: str, deadline: float) -> tuple[str, str, str]:
+        """Connect to ``url``, send a probe HELLO, check the answer proves the cluster token.
+        -> (status, name, node id): status 'answered' (name and node id are the answerer's,
+        token proven), 'refused', 'unreachable', 'hung' or 'error'. Owns its helper futures:
+        whatever ends it (timeout, cancellation, a closed connection), none is left with an
+        unretrieved exception and the connection is closed."""
         node = self.node
         try:
             transport = node._transport(url)
         except AionetError:
-            return "unreachable"
+            return ("unreachable", "", "")
         connecting = asyncio.ensure_future(transport.connect(url, timeout=None))
-        if not await self._wait_until(connecting, deadline):
-            _drop(connecting)
-            return "unreachable"
+        receiving: asyncio.Future[Any] | None = None
+        conn = None
         try:
-            conn = connecting.result()
-        except (AionetError, OSError) as exc:
-            return "refused" if _refused(exc, url) else "error"
-        try:
+            if not await self._wait_until(connecting, deadline):
+                return ("unreachable", "", "")
+            try:
+                conn = connecting.result()
+            except (AionetError, OSError) as exc:
+                return ("refused" if _refused(exc, url) else "error", "", "")
             nonce = handshake.new_nonce()
             hello = handshake.Hello(
                 handshake.PROTOCOL_VERSION,
@@ -1272,26 +1384,35 @@ class Membership:
             await conn.send([hello.encode()])
             receiving = asyncio.ensure_future(conn.recv())
             if not await self._wait_until(receiving, deadline):
-                _drop(receiving)
-                return "hung"
+                return ("hung", "", "")
             reply = handshake.parse(receiving.result())
-            if reply.name != name:
-                return "error"
             token = node._token
+            # the acceptor signs (its nonce order, acceptor name, dialer name): see Node._accept_handshake
             if token and not handshake.verify(
-                handshake.mac(token, b"A", nonce, reply.nonce, node.name, reply.name), reply.mac
+                handshake.mac(token, b"A", nonce, reply.nonce, reply.name, node.name), reply.mac
             ):
-                return "error"
-            return "alive" if reply.node_id == node_id else "replaced"
+                self.log.warning("probe answer does not prove the cluster token", url=url, answerer=reply.name)
+                return ("error", "", "")
+            return ("answered", reply.name, reply.node_id)
         except (AionetError, OSError):
-            return "error"
+            return ("error", "", "")
         finally:
-            conn.abort()
+            for fut in (connecting, receiving):
+                if fut is not None:
+                    _drop(fut)
+            if conn is None and connecting.done() and not connecting.cancelled() and connecting.exception() is None:
+                conn = connecting.result()  # connected just as we gave up
+            if conn is not None:
+                conn.abort()
 
 
 def _drop(fut: asyncio.Future[Any]) -> None:
-    """Cancel a helper future we gave up on, and swallow what it ends with (it may already
+    """Cancel a helper future we are done with, and swallow what it ends with (it may already
     have failed, e.g. the connection closed just as we stopped waiting)."""
+    if fut.done():
+        if not fut.cancelled():
+            fut.exception()
+        return
     fut.cancel()
     fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 

@@ -8,7 +8,7 @@ import ipaddress
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,9 @@ from .transports.registry import TransportRegistry
 _SERVICE_INFO = "aionet.info"
 _SERVICE_ECHO = "aionet.echo"
 MAX_UNAUTHENTICATED = 64
+MAX_PEERS_PER_MESSAGE = 1024  # entries of a PEERS message / HELLO peer table acted on
+MAX_HEARSAY_PEERS = 4096  # known peers beyond which names learned from others are ignored
+DIAL_GAP = 0.1  # s between dials by name of one address (one at a time), however many names name it
 
 
 @dataclass
@@ -125,6 +128,7 @@ class Node:
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_conn_id = 0
+        self._dial_turns: dict[str, list[Any]] = {}  # address -> [lock, users, next start]: _dial_turn
         self._unauthenticated = 0
         self._started_at = 0.0
         self._running = False
@@ -524,7 +528,8 @@ class Node:
             transient = False
             for url in list(p.addresses):
                 try:
-                    await self._dial(url, expect=name)
+                    async with self._dial_turn(url):
+                        await self._dial(url, expect=name)
                     return
                 except (TimeoutError, TransportError, HandshakeError, OSError) as exc:
                     errors.append(f"{url}: {exc}")
@@ -533,6 +538,25 @@ class Node:
                 break
             await asyncio.sleep(0.05 * (attempt + 1))
         raise PeerUnavailable(f"{name}: unreachable ({'; '.join(errors) or 'no address'})")
+
+    @contextlib.asynccontextmanager
+    async def _dial_turn(self, url: str) -> AsyncIterator[None]:
+        """Dials by name to one address go one at a time, starting DIAL_GAP apart: peers
+        gossip names and addresses, and many names at one address must not make this node
+        hammer it (issue 11). The entry lives while someone waits for or holds the turn."""
+        entry = self._dial_turns.setdefault(url, [asyncio.Lock(), 0, 0.0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                delay = entry[2] - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                entry[2] = time.monotonic() + DIAL_GAP
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._dial_turns[url]
 
     def _new_link(self, name: str, tx_id: str = "") -> Link:
         link = Link(
@@ -729,14 +753,28 @@ class Node:
             self._announce({hello.name: p.addresses}, exclude=hello.name)
         return c
 
-    def _learn_peers(self, table: dict[str, list[str]]) -> None:
-        if not isinstance(table, dict) or len(table) > 65536:
-            raise ProtocolError("peer table is not a mapping (or is absurdly large)")
-        for name, addrs in table.items():
-            if not isinstance(name, str) or not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
+    def _learn_peers(self, table: dict[str, list[str]], hearsay: bool = True) -> None:
+        """Remember peers' addresses. What a peer tells us (``hearsay``: PEERS, a HELLO's
+        table) is bounded (issue 11: 300,007 made-up peers cost 111 MiB): the first
+        MAX_PEERS_PER_MESSAGE entries are read, and new names only while fewer than
+        MAX_HEARSAY_PEERS peers are known. Membership passes its own, capped, member table."""
+        if not isinstance(table, dict):
+            raise ProtocolError("peer table is not a mapping")
+        for i, (name, addrs) in enumerate(table.items()):
+            if hearsay and i >= MAX_PEERS_PER_MESSAGE:
+                self.log.warning("peer table too long; ignoring the rest", entries=len(table))
+                break
+            if (
+                not isinstance(name, str)
+                or not isinstance(addrs, list)
+                or len(addrs) > 16
+                or not all(isinstance(a, str) and len(a) <= 1024 for a in addrs)
+            ):
                 raise ProtocolError("malformed peer table entry")
             if name == self.name or not addrs:
                 continue
+            if hearsay and name not in self._peers and len(self._peers) >= MAX_HEARSAY_PEERS:
+                continue  # a full table: names only hearsay vouches for are not worth memory
             p = self._peer(name)
             if p.link is None or p.link.current is None:
                 p.addresses = list(addrs)

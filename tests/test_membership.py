@@ -124,7 +124,7 @@ async def test_join_through_any_seed_and_gossip_converges(cluster):
         assert m["node_id"] == cluster.nodes[name].node_id
         assert m["incarnation"] == cluster.nodes[name].membership.incarnation
     # load reports reach every member through heartbeats and gossip
-    await wait_for(lambda: all(v["load"] is not None for n in cluster.nodes.values() for v in n.members().values()), 15)
+    await wait_for(lambda: all(v["load"]["reported"] for n in cluster.nodes.values() for v in n.members().values()), 15)
     load = view["a"]["load"]
     assert load["memory_total"] > 0 and load["tasks"] > 0 and load["loop_lag_ms"] >= 0
     dev = cluster.nodes["b"].members()["d"]["devices"]
@@ -257,13 +257,19 @@ async def test_one_bad_link_does_not_kill_a_healthy_node(cluster):
     assert b.members()["b"]["state"] == "alive"
 
 
-async def test_backpressured_peer_is_not_declared_dead():
+@pytest.mark.parametrize("token", [None, "s3cret"])
+async def test_backpressured_peer_is_not_declared_dead(token):
     """b floods a mailbox a never reads, so a stops reading that connection and no heartbeat
-    crosses it: the fresh-connection probe proves a is alive."""
+    crosses it: the fresh-connection probe proves a is alive (also with a cluster token, where
+    the probe must check the acceptor's proof of the token; issue 11 saw 16 deaths in 12 s)."""
+    sec = {"security": {"token": token}} if token else {}
     async with (
-        Node(name="a", listen="tcp://127.0.0.1:0", config=_cfg(link={"mailbox_size": 4})) as a,
+        Node(name="a", listen="tcp://127.0.0.1:0", config=_cfg(link={"mailbox_size": 4}, **sec)) as a,
         Node(
-            name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=_cfg(link={"max_inflight_bytes": 1 << 20})
+            name="b",
+            listen="tcp://127.0.0.1:0",
+            join=[a.address],
+            config=_cfg(link={"max_inflight_bytes": 1 << 20}, **sec),
         ) as b,
     ):
         events = []
@@ -469,3 +475,238 @@ async def test_a_live_node_declared_dead_refutes_and_comes_back(cluster):
             if y != x.name:
                 for i in range(20):
                     assert await x.request(y, "aionet.echo", i, timeout=5) == i
+
+
+# ---------------------------------------------------------------- cluster token (issue 11, item 1)
+def _token(token):
+    return _cfg(security={"token": token})
+
+
+async def test_a_probe_proves_life_only_with_the_right_cluster_token():
+    """The probe checks the acceptor's MAC with the names in the order the acceptor signs them
+    (acceptor, dialer); with them swapped every probe of a token cluster failed."""
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0", config=_token("s3cret")) as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", config=_token("s3cret")) as b,
+        Node(name="c", listen="tcp://127.0.0.1:0", config=_token("wrong")) as c,
+    ):
+        ms = a.membership
+        assert await ms._direct_probe("b", b.node_id, b.addresses, 2.0) == "alive"
+        assert await ms._probe_url(b.address, "b", "another-process", ms.clock() + 2.0) == "replaced"
+        # c answers, but cannot prove our token: no proof of life
+        assert await ms._probe_url(c.address, "c", c.node_id, ms.clock() + 2.0) == "error"
+        assert await ms._direct_probe("c", c.node_id, c.addresses, 0.5) != "alive"
+
+
+@pytest.mark.parametrize("direct", ["works", "blocked"])
+async def test_with_a_token_a_suspected_but_alive_peer_is_refuted_by_probes(direct):
+    """a stops hearing b's heartbeat replies; with a token, the direct probe (or, when a cannot
+    reach b at all, the indirect probes through c and d) proves b alive: never declared dead."""
+    cluster = Cluster("tcp")
+    try:
+        a = await cluster.add("a", security={"token": "s3cret"})
+        for n in "bcd":
+            await cluster.add(n, join="a", security={"token": "s3cret"})
+        await cluster.converge()
+        ms = a.membership
+        real_send, real_probe = a.send_control, ms._probe_url
+
+        def lossy_send(peer, env):
+            return True if peer == "b" else real_send(peer, env)  # black hole toward b
+
+        async def no_direct(url, name, node_id, deadline):
+            if name == "b":
+                await asyncio.sleep(max(deadline - ms.clock(), 0))
+                return "unreachable"
+            return await real_probe(url, name, node_id, deadline)
+
+        a.send_control = lossy_send
+        if direct == "blocked":
+            ms._probe_url = no_direct
+        events = []
+        for n in cluster.nodes.values():
+            n.on_member_change(events.append)
+        await wait_for(lambda: ms.stats.suspicions >= 2, 15)  # suspected, verified, suspected again
+        await asyncio.sleep(1.0)
+        assert not [e for e in events if e.kind == "dead"], events
+        assert ms.stats.deaths_declared == 0
+        assert a.members()["b"]["state"] in ("alive", "suspect")
+        a.send_control, ms._probe_url = real_send, real_probe
+        assert await a.request("b", "aionet.echo", "still here", timeout=5) == "still here"
+    finally:
+        await cluster.close()
+
+
+# ---------------------------------------------------------------- members() load (item 19)
+async def test_members_load_is_a_zero_report_before_the_first_report(cluster):
+    a = await cluster.add("a")
+    a.membership._apply(Update("ghost", "x" * 32, 1, DEAD, ()), reason="test")
+    ghost = a.members()["ghost"]
+    assert ghost["load"]["reported"] is False
+    assert ghost["load"]["cpu_percent"] == 0.0 and ghost["load"]["memory_total"] == 0
+    assert ghost["devices"] == {"cpu_count": 0, "memory_total": 0, "gpus": []}
+    assert a.members()["a"]["load"]["reported"] is True
+
+
+# ---------------------------------------------------------------- owned tasks (item 16)
+async def test_a_cancelled_probe_leaves_no_unretrieved_task_exception():
+    """Probes given up on while their recv() is pending (the asker cancelled, then the node
+    stopped): the connections are closed, recv() ends in ConnectionClosed, and nobody may leave
+    that exception unretrieved (issue 11 item 16)."""
+    import gc
+
+    loop = asyncio.get_running_loop()
+    errors = []
+    old_handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    held = []
+
+    async def silent(reader, writer):  # accepts, reads the HELLO, never answers
+        held.append(writer)
+        await reader.read(1 << 16)
+
+    servers = [await asyncio.start_server(silent, "127.0.0.1", 0) for _ in range(3)]
+    urls = [f"tcp://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers]
+    try:
+        async with Node(name="a", listen="tcp://127.0.0.1:0") as a:
+            ms = a.membership
+            for i, url in enumerate(urls):
+                probe = asyncio.ensure_future(ms._direct_probe("x", "nid", [url], 30.0))
+                await wait_for(lambda i=i: len(held) > i, 5)
+                await asyncio.sleep(0.05)
+                probe.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await probe
+            assert len(ms._exchanges) == 3  # the shared probe connections still wait for answers
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+            gc.collect()
+    finally:
+        for s in servers:
+            s.close()
+        loop.set_exception_handler(old_handler)
+    assert not [e for e in errors if "never retrieved" in str(e.get("message", ""))], errors
+
+
+# ---------------------------------------------------------------- amplification (item 11)
+class _CountingListener:
+    """A TCP listener this test owns: counts connections (and the most open at once). It
+    closes each at once (the cheapest answer for the dialer, so the worst case for a dial
+    loop), or with ``hang`` holds it open without a word until the dialer gives up."""
+
+    def __init__(self, hang: bool = False):
+        self.hang = hang
+        self.connections = 0
+        self.open = self.max_open = 0
+        self.server = None
+
+    async def __aenter__(self):
+        async def handle(reader, writer):
+            self.connections += 1
+            self.open += 1
+            self.max_open = max(self.max_open, self.open)
+            try:
+                if self.hang:
+                    while await reader.read(65536):
+                        pass
+            finally:
+                self.open -= 1
+                writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.url = f"tcp://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+
+async def _attacker_and_victim():
+    victim = Node(name="victim", listen="tcp://127.0.0.1:0", config=_cfg())
+    await victim.start()
+    evil = Node(name="evil", listen="tcp://127.0.0.1:0", join=[victim.address], config=_cfg())
+    await evil.start()
+    evil.membership._apply_wire = lambda *_a, **_k: None  # the attacker keeps out of membership
+    return victim, evil
+
+
+def _send_peers(evil, table):
+    from aionet.router import PEERS
+
+    return evil._peers["victim"].link.send(PEERS, [table])
+
+
+async def test_peers_and_probe_requests_do_not_make_a_node_dial_an_address_for_them():
+    """Issue 11: a PEERS message naming any address plus ten 30-byte PROBE_REQs made a node open
+    1,561 connections to that address. Now: PROBE_REQ about a name that is not a member is
+    answered "could not try" without dialing anything."""
+    from aionet.membership import PROBE_REQ
+
+    victim, evil = await _attacker_and_victim()
+    try:
+        async with _CountingListener() as target:
+            await _send_peers(evil, {"fake": [target.url]})
+            await wait_for(lambda: "fake" in victim._peers, 5)
+            for pid in range(10):
+                assert evil.send_control("victim", [PROBE_REQ, 10_000 + pid, "fake", "nid", 2.0])
+            await asyncio.sleep(2.5)
+            assert target.connections == 0
+            assert await evil.request("victim", "aionet.echo", 1, timeout=5) == 1  # still connected
+    finally:
+        await evil.stop()
+        await victim.stop()
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["closes", "hangs"])
+async def test_probe_requests_about_members_share_one_spaced_out_probe(hang):
+    """Even for members (a hostile peer can gossip made-up members), many PROBE_REQs cause one
+    probe at a time per member, with backing-off retries, at most MAX_SERVED_PROBES members at
+    once, and no more than one connection per PROBE_REUSE s to any one address."""
+    from aionet.membership import ALIVE, GOSSIP, MAX_SERVED_PROBES, PROBE_REQ, PROBE_REUSE
+    from aionet.node import DIAL_GAP
+
+    victim, evil = await _attacker_and_victim()
+    try:
+        async with _CountingListener(hang) as target:
+            fakes = [f"zz-fake-{i:02d}" for i in range(40)]  # sort after the real nodes on the ring
+            ups = [Update(f, f"id-{f}", 1, ALIVE, (target.url,)).to_wire() for f in fakes]
+            assert evil.send_control("victim", [GOSSIP, ups, []])
+            await wait_for(lambda: all(f in victim.members() for f in fakes), 5)
+            t0 = time.monotonic()
+            for rnd in range(5):
+                for i, f in enumerate(fakes):
+                    assert evil.send_control("victim", [PROBE_REQ, rnd * 100 + i, f, f"id-{f}", 2.0])
+                await asyncio.sleep(0)
+                assert len(getattr(victim.membership, "_served", {})) <= MAX_SERVED_PROBES
+            await asyncio.sleep(2.5)
+            elapsed = time.monotonic() - t0
+            # the fakes are also dialed as members (heartbeats, the scheduler): by name, spaced
+            # DIAL_GAP apart per address; probes PROBE_REUSE apart. 200 unbounded probe loops
+            # (and a dial per made-up name) made thousands.
+            assert target.connections <= elapsed / PROBE_REUSE + elapsed / DIAL_GAP + 5, target.connections
+            assert target.max_open <= 2  # one probe and one dial at a time
+            assert await evil.request("victim", "aionet.echo", 1, timeout=5) == 1
+    finally:
+        await evil.stop()
+        await victim.stop()
+
+
+async def test_peer_tables_from_peers_are_bounded():
+    """Issue 11: 300,007 made-up peers in PEERS cost 111 MiB. A PEERS message is read up to
+    MAX_PEERS_PER_MESSAGE entries and names learned from others stop at MAX_HEARSAY_PEERS."""
+    from aionet.node import MAX_HEARSAY_PEERS, MAX_PEERS_PER_MESSAGE
+
+    victim, evil = await _attacker_and_victim()
+    try:
+        await _send_peers(evil, {f"big-{i}": ["tcp://peer.example:1"] for i in range(3 * MAX_PEERS_PER_MESSAGE)})
+        await wait_for(lambda: f"big-{MAX_PEERS_PER_MESSAGE - 1}" in victim._peers, 10)
+        assert f"big-{MAX_PEERS_PER_MESSAGE}" not in victim._peers
+        for batch in range(8):
+            table = {f"p{batch}-{i}": ["tcp://peer.example:1"] for i in range(MAX_PEERS_PER_MESSAGE)}
+            await _send_peers(evil, table)
+        assert await evil.request("victim", "aionet.echo", 1, timeout=10) == 1  # in order: all read
+        assert MAX_HEARSAY_PEERS <= len(victim._peers) <= MAX_HEARSAY_PEERS + 2
+        assert "evil" in victim._peers
+    finally:
+        await evil.stop()
+        await victim.stop()
