@@ -82,6 +82,10 @@ class LinkSection:
     # async service handlers running at once per requesting peer; at the bound the node stops
     # reading from that peer (back-pressure, nothing dropped) until one finishes
     max_concurrent_requests: int = 1024
+    # one peer's messages waiting in all mailboxes together (peers choose channel names, so
+    # the per-mailbox bounds alone do not bound memory); then that peer is not read from
+    peer_mailbox_bytes: int = 1024 * 2**20
+    peer_mailbox_size: int = 262144
 
 
 @dataclass
@@ -244,6 +248,8 @@ class Config:
             raise ConfigError("link.mailbox_bytes must be positive")
         if self.link.max_concurrent_requests <= 0:
             raise ConfigError("link.max_concurrent_requests must be positive")
+        if self.link.peer_mailbox_bytes <= 0 or self.link.peer_mailbox_size <= 0:
+            raise ConfigError("link.peer_mailbox_bytes and link.peer_mailbox_size must be positive")
         if isinstance(self.node.listen, str):
             self.node.listen = [self.node.listen]
         if self.log.level and self.log.level.lower() not in LOG_LEVELS:

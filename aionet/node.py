@@ -121,7 +121,13 @@ class Node:
         )
         self.transports = TransportRegistry(transports)
         self.router = Router(
-            self.name, cfg.link.mailbox_size, self.log, cfg.link.mailbox_bytes, cfg.link.max_concurrent_requests
+            self.name,
+            cfg.link.mailbox_size,
+            self.log,
+            cfg.link.mailbox_bytes,
+            cfg.link.max_concurrent_requests,
+            peer_mailbox_bytes=cfg.link.peer_mailbox_bytes,
+            peer_mailbox_size=cfg.link.peer_mailbox_size,
         )
         self._token = cfg.load_token()
         self._peers: dict[str, _Peer] = {}
@@ -883,11 +889,17 @@ class Node:
                 if env[2] > link.state.acked:
                     link.on_ack(env[2])
                 if kind == SEND:
+                    wait = router.budget_wait(peer, size)
+                    if wait is not None:  # this peer's messages fill its share: stop reading it
+                        link.state.unreceive(env[1])
+                        link.received(nbytes)
+                        return self._resume(c, link, reply, batch, i - 1, wait)
                     mb = router.mailbox(env[3])
                     if not mb.put_nowait((peer, env[4]), size):  # full: stop reading until it has room
                         link.state.unreceive(env[1])
                         link.received(nbytes)
                         return self._resume(c, link, reply, batch, i - 1, mb.wait_room(), mb)
+                    router.queued(peer, size)
                 elif kind == REQ:
                     aw = router.on_request(env[3], env[4], env[5], reply, peer)
                     if aw is not None:  # too many of this peer's handlers running: stop reading

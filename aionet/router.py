@@ -29,6 +29,7 @@ XFER = 8  # transfer_id, chunk index (-1 = abort), staging header (chunk 0) | No
 #           (aionet/device_transfer.py)
 
 Handler = Callable[[Any], Any]
+PRUNE_MAILBOXES_FROM = 1024  # idle mailboxes are forgotten once a node has this many
 Reply = Callable[[int, list[Any]], Awaitable[None] | None]  # reply(kind, fields); None when done
 
 
@@ -40,9 +41,13 @@ class Mailbox:
     on the wire: a few huge messages must not hold unbounded memory just because they are
     few). A single message larger than ``maxbytes`` is let into an empty mailbox."""
 
-    __slots__ = ("_bytes", "_getters", "_items", "_maxbytes", "_maxsize", "_putters", "_sizes")
+    __slots__ = ("_bytes", "_getters", "_items", "_maxbytes", "_maxsize", "_on_take", "_putters", "_sizes", "gen")
 
-    def __init__(self, maxsize: int, maxbytes: int = 1 << 62):
+    def __init__(
+        self, maxsize: int, maxbytes: int = 1 << 62, on_take: Callable[[str, int], None] | None = None
+    ) -> None:
+        self._on_take = on_take  # told (sender, nbytes) of every message taken out
+        self.gen = 0  # the router's prune generation when this mailbox was last handed out
         self._items: deque[tuple[str, Any]] = deque()
         self._sizes: deque[int] = deque()
         self._bytes = 0
@@ -114,7 +119,10 @@ class Mailbox:
         if not self._items:
             await self._wait()
         item = self._items.popleft()
-        self._bytes -= self._sizes.popleft()
+        n = self._sizes.popleft()
+        self._bytes -= n
+        if self._on_take is not None:
+            self._on_take(item[0], n)
         if self._putters:
             self._wake_putter()
         return item
@@ -124,20 +132,32 @@ class Mailbox:
         if not items:
             await self._wait()
         sizes = self._sizes
+        on_take = self._on_take
         if len(items) <= limit:
             out = list(items)
+            if on_take is not None:
+                for item, n in zip(out, sizes, strict=True):
+                    on_take(item[0], n)
             items.clear()
             sizes.clear()
             self._bytes = 0
         else:
             out = [items.popleft() for _ in range(limit)]
-            self._bytes -= sum(sizes.popleft() for _ in range(limit))
+            taken = [sizes.popleft() for _ in range(limit)]
+            self._bytes -= sum(taken)
+            if on_take is not None:
+                for item, n in zip(out, taken, strict=True):
+                    on_take(item[0], n)
         if self._putters:
             self._wake_putter()
         return out
 
     def qsize(self) -> int:
         return len(self._items)
+
+    def idle(self) -> bool:
+        """Empty, and nobody waits on it: forgetting it loses nothing."""
+        return not self._items and all(f.done() for f in self._getters) and all(f.done() for f in self._putters)
 
     @property
     def nbytes(self) -> int:
@@ -153,6 +173,8 @@ class Router:
         log: Any,
         mailbox_bytes: int = 1 << 62,
         max_concurrent_requests: int = 1024,
+        peer_mailbox_bytes: int = 1 << 62,
+        peer_mailbox_size: int = 1 << 62,
     ):
         self.node_name = node_name
         self.mailbox_size = mailbox_size
@@ -160,6 +182,16 @@ class Router:
         self.log = log
         self.services: dict[str, tuple[Handler, bool]] = {}
         self.mailboxes: dict[str, Mailbox] = {}
+        # Peers name channels, so per-channel bounds alone would let one peer hold
+        # channels x mailbox_bytes: each peer's waiting messages, over all channels, are
+        # bounded too (then that peer is not read from until the application takes some),
+        # and idle mailboxes are forgotten once there are many.
+        self.peer_mailbox_bytes = peer_mailbox_bytes
+        self.peer_mailbox_size = peer_mailbox_size
+        self._queued: dict[str, list[int]] = {}  # peer -> [bytes, messages] waiting in mailboxes
+        self._budget_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._gen = 0
+        self._prune_at = PRUNE_MAILBOXES_FROM
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._next_id = 0
@@ -180,8 +212,54 @@ class Router:
     def mailbox(self, channel: str) -> Mailbox:
         mb = self.mailboxes.get(channel)
         if mb is None:
-            mb = self.mailboxes[channel] = Mailbox(self.mailbox_size, self.mailbox_bytes)
+            if len(self.mailboxes) >= self._prune_at:
+                self._prune()
+            mb = self.mailboxes[channel] = Mailbox(self.mailbox_size, self.mailbox_bytes, self._taken)
+        mb.gen = self._gen
         return mb
+
+    def _prune(self) -> None:
+        """Forget idle mailboxes not handed out since the last prune (so one a receiver has
+        just looked up survives); the threshold doubles with what is left, so the cost is
+        amortised over the mailboxes created."""
+        gen = self._gen
+        for ch in [ch for ch, mb in self.mailboxes.items() if mb.gen < gen and mb.idle()]:
+            del self.mailboxes[ch]
+        self._gen = gen + 1
+        self._prune_at = max(PRUNE_MAILBOXES_FROM, 2 * len(self.mailboxes))
+
+    def budget_wait(self, peer: str, nbytes: int) -> asyncio.Future[None] | None:
+        """None if a message of ``nbytes`` from ``peer`` may enter a mailbox now; else a
+        future done once the application has taken some of that peer's messages."""
+        q = self._queued.get(peer)
+        if q is None or (q[0] + nbytes <= self.peer_mailbox_bytes and q[1] < self.peer_mailbox_size):
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._budget_waiters.setdefault(peer, []).append(fut)
+        return fut
+
+    def queued(self, peer: str, nbytes: int) -> None:
+        """Count a message from ``peer`` that entered a mailbox."""
+        q = self._queued.get(peer)
+        if q is None:
+            self._queued[peer] = [nbytes, 1]
+        else:
+            q[0] += nbytes
+            q[1] += 1
+
+    def _taken(self, peer: str, nbytes: int) -> None:
+        q = self._queued.get(peer)
+        if q is None:
+            return  # this node's own message to itself
+        q[0] -= nbytes
+        q[1] -= 1
+        if q[1] <= 0:
+            del self._queued[peer]
+        waiters = self._budget_waiters.pop(peer, None)
+        if waiters:
+            for f in waiters:
+                if not f.done():
+                    f.set_result(None)
 
     # ------------------------------------------------------------------ requests
     def new_request(self, peer: str) -> tuple[int, asyncio.Future[Any]]:

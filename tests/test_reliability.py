@@ -2,6 +2,7 @@
 cuts, dead peers, back-pressure, authentication. Real sockets through a fault proxy."""
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -299,3 +300,53 @@ async def test_unread_mailbox_holds_bounded_bytes_then_backpressures():
         task.cancel()
         for _ in range(4):  # the receiver drains; it resumes reading
             await a.recv("sink", timeout=5)
+
+
+@pytest.mark.timeout(60)
+async def test_peer_naming_many_channels_is_bounded_over_all_mailboxes():
+    """Peers choose channel names: a peer spreading messages over thousands of channels nobody
+    reads must still be held to link.peer_mailbox_bytes in total (then back-pressured), not
+    mailbox_bytes per channel; reading some lets it go on."""
+    cfg_a = _cfg(link={"mailbox_bytes": "4MiB", "peer_mailbox_bytes": "4MiB"})
+    cfg_b = _cfg(link={"max_inflight_bytes": "4MiB"})
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0", config=cfg_a) as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=cfg_b) as b,
+    ):
+        payload = np.zeros(64 * 1024, dtype=np.uint8)
+        sent = 0
+
+        async def flood():
+            nonlocal sent
+            while True:
+                await b.send("a", f"ch{sent}", payload)
+                sent += 1
+
+        task = asyncio.ensure_future(flood())
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), 2.0)
+        held = sum(a.info()["mailbox_bytes"].values())
+        assert held <= (4 << 20) + payload.nbytes + 4096  # one budget for all channels together
+        assert sent < 200  # 2 s unbounded would be thousands of channels
+        before = sent
+        for i in range(8):  # the application takes some: the peer is read again
+            await a.recv(f"ch{i}", timeout=5)
+        await wait_for(lambda: sent > before + 4, timeout=10)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_idle_mailboxes_are_forgotten():
+    """A mailbox per channel name ever used would grow without bound; drained, unwatched
+    ones are dropped once there are many, and the channels keep working."""
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        for i in range(5000):
+            await b.send("a", f"once-{i}", i)
+            assert await a.recv(f"once-{i}", timeout=5) == i
+        assert len(a.info()["mailboxes"]) < 2100
+        await b.send("a", "once-7", "again")
+        assert await a.recv("once-7", timeout=5) == "again"
