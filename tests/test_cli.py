@@ -54,6 +54,8 @@ def test_demo_runs_and_exits_zero():
     out = _aionet("demo", "--size-mb", "8", timeout=170)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "intact=True" in out.stdout and "shut down cleanly: True" in out.stdout
+    for stray in ("Traceback", "never retrieved", "Exception in callback"):  # issue 11: no stray tracebacks
+        assert stray not in out.stdout + out.stderr, out.stderr[-3000:]
 
 
 # --- issue 11: clients that do not join, the demo, --app, a second Ctrl-C -------------------

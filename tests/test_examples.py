@@ -24,6 +24,7 @@ def test_gpu_pingpong_runs_and_arrays_arrive_equal(extra):
         capture_output=True, text=True, timeout=100, cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "never retrieved" not in out.stderr, out.stderr[-3000:]
     rounds = [line for line in out.stdout.splitlines() if line.startswith("round ")]
     assert len(rounds) == 2 and all("equal=True" in r for r in rounds), out.stdout[-2000:]
     if extra:
@@ -137,3 +138,12 @@ def test_shipped_tls_config_works_after_aionet_keys(tmp_path):
         if node.poll() is None:
             node.kill()
         node.wait(timeout=10)
+
+
+@pytest.mark.timeout(120)
+def test_tasks_example_runs_without_stray_tracebacks():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "tasks.py")],
+                         capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    for stray in ("Traceback", "never retrieved", "Exception in callback"):
+        assert stray not in out.stdout + out.stderr, out.stderr[-3000:]
