@@ -28,6 +28,7 @@ class NodeSection:
     listen: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:0"])
     join: list[str] = field(default_factory=list)
     advertise: str = ""
+    join_timeout: float = 60.0  # s to keep retrying seeds that are not up yet (0 = fail at once)
 
 
 @dataclass
@@ -68,6 +69,8 @@ class LinkSection:
     mailbox_bytes: int = 256 * 2**20  # ... or received bytes per mailbox (one larger message fits an empty one)
     handshake_timeout: float = 5.0
     give_up_after: float = 30.0
+    max_handshakes: int = 128  # connections mid-handshake at once; when full the oldest is shed
+    max_handshakes_per_host: int = 16  # ... from one remote host (its oldest is shed first)
 
 
 @dataclass
@@ -217,6 +220,10 @@ class Config:
             raise ConfigError("link.max_inflight_bytes must be positive")
         if self.link.mailbox_bytes <= 0:
             raise ConfigError("link.mailbox_bytes must be positive")
+        if self.link.max_handshakes < 1 or self.link.max_handshakes_per_host < 1:
+            raise ConfigError("link.max_handshakes and link.max_handshakes_per_host must be at least 1")
+        if not self.node.join_timeout >= 0:  # also refuses NaN
+            raise ConfigError("node.join_timeout must be >= 0 seconds (0 = fail at once if no seed answers)")
         if isinstance(self.node.listen, str):
             self.node.listen = [self.node.listen]
         if self.log.format not in ("console", "json"):
