@@ -312,6 +312,12 @@ async def test_tls_dial_to_a_tcp_node_names_the_scheme(tmp_path):
         )
         with pytest.raises(PeerUnavailable, match="not speaking TLS.*check the scheme"):
             await asyncio.wait_for(b.start(), 10)  # fails at once: retrying cannot help
+    # and the other way round: tcp:// dialed at a tls:// node
+    async with Node(name="t", listen="tls://127.0.0.1:0", config=Config.from_dict({"security": sec}, env={})) as t:
+        host, port = _hostport(t.address)
+        c = Node(name="c", listen="tcp://127.0.0.1:0", join=[f"tcp://{host}:{port}"])
+        with pytest.raises(PeerUnavailable, match="tls:// dialed as tcp://.*check the scheme"):
+            await asyncio.wait_for(c.start(), 10)
 
 
 async def test_info_includes_devices():
