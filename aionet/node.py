@@ -308,7 +308,10 @@ class Node:
     async def _prune_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(_PRUNE_EVERY)
-            self._prune_peers()
+            try:
+                self._prune_peers()
+            except Exception as exc:  # a bug here must not end the sweeps (nor surface unretrieved)
+                self.log.error("peer table sweep failed", error=repr(exc))
 
     def _prune_peers(self) -> None:
         """Forget peers that are gone, so the table tracks the cluster, not its history:

@@ -212,7 +212,10 @@ async def test_serve_seed_started_late(serve, trial):
     names = {f"n{i}" for i in range(3)}
     others = [serve.start(f"n{i}", ports[i], [seed]) for i in (1, 2)]
     await asyncio.sleep(SEED_DELAY)  # the scenario: the seed comes up this late
-    assert all(p.poll() is None for p in others), "a node gave up waiting for the seed"
+    for p in others:
+        if p.poll() is not None:
+            err = await asyncio.to_thread(p.stderr.read)
+            raise AssertionError(f"a node gave up waiting for the seed: {err.decode()[-3000:]}")
     first = serve.start("n0", ports[0], [seed])  # the seed lists itself, like the others
     await asyncio.gather(*(serve.ready(p) for p in [first, *others]))
     await _one_cluster([_url(p) for p in ports], names)
