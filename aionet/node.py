@@ -802,6 +802,8 @@ class Node:
             await close_conn(conn)
             if isinstance(exc, TimeoutError):
                 raise _HandshakeCut(f"{url}: no handshake reply within {timeout} s") from None
+            if isinstance(exc, handshake.Rejected) and exc.retry:
+                raise _HandshakeCut(f"{url}: {exc}") from exc
             if isinstance(exc, ConnectionClosed):
                 cause = exc.__cause__ or exc
                 if _tls_refusal(cause):
@@ -874,7 +876,12 @@ class Node:
         """Close the oldest pending handshake to make room (one warning per _SHED_LOG_EVERY)."""
         self._handshaking.pop(id(slot), None)
         slot.shed = True
-        slot.conn.abort()
+        try:  # tell a real dialer to try again, then close (flushing a few bytes does not wait)
+            slot.conn.send_nowait([handshake.reject(f"busy: too many connections in handshake ({key})", retry=True)])
+        except Exception:
+            slot.conn.abort()
+        else:
+            self._spawn(close_conn(slot.conn), name="aionet-shed")
         self._shed_count += 1
         now = time.monotonic()
         if now - self._shed_logged >= _SHED_LOG_EVERY:

@@ -35,22 +35,31 @@ def _hostport(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _silent(url: str, source: str = "127.0.0.1") -> socket.socket:
+class _Sock(socket.socket):
+    received = b""  # what the node sent (read by _closed_by_server)
+
+
+def _silent(url: str, source: str = "127.0.0.1") -> _Sock:
     """A client socket that connects and never says anything (non-blocking connect)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s = _Sock(socket.AF_INET, socket.SOCK_STREAM)
     s.setblocking(False)
     s.bind((source, 0))
     s.connect_ex(_hostport(url))
     return s
 
 
-def _closed_by_server(s: socket.socket) -> bool:
-    try:
-        return s.recv(1, socket.MSG_PEEK) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True  # reset (the node aborts shed connections)
+def _closed_by_server(s: _Sock) -> bool:
+    """Read what the node sent (into ``s.received``); True once it closed the connection."""
+    while True:
+        try:
+            data = s.recv(65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # reset
+        if not data:
+            return True
+        s.received += data
 
 
 async def _raw_hello(node: Node, name: str, token: str | None) -> tuple[object, handshake.Hello, list, bytes, bytes]:
@@ -137,6 +146,7 @@ async def test_slots_are_bounded_per_host_and_in_total_shedding_the_oldest():
         await wait_for(lambda: _closed_by_server(first[0]) and _closed_by_server(first[1]), 10)
         await wait_for(lambda: len(a._handshaking) == 2, 10)
         assert not any(map(_closed_by_server, first[2:]))  # the two newest of that host remain
+        assert b"busy" in first[0].received  # a shed dialer is told to try again (a REJECT)
         others = []
         for i in range(3, 7):  # four more hosts, two sockets each: 10 > the total of 5
             for _ in range(2):

@@ -102,3 +102,12 @@ def test_state_garbage_never_escapes_as_untyped(data):
             parse([data])
         except (HandshakeError, DecodeError, UnsupportedVersion):
             pass
+
+
+def test_busy_reject_asks_to_retry():
+    with pytest.raises(handshake.Rejected, match="busy") as ei:
+        handshake.parse([handshake.reject("busy", retry=True)])
+    assert ei.value.retry
+    with pytest.raises(handshake.Rejected) as ei:
+        handshake.parse([handshake.reject("bad token")])
+    assert not ei.value.retry

@@ -114,8 +114,17 @@ class State:
         return msgpack.packb([self.kind, self.peers, self.link])
 
 
-def reject(reason: str) -> bytes:
-    return msgpack.packb([REJECT, reason])
+class Rejected(HandshakeError):
+    """The peer refused the connection with a REJECT; ``retry`` when it was only busy (its
+    handshake slots were full), so another try later may succeed."""
+
+    def __init__(self, reason: str, retry: bool = False) -> None:
+        super().__init__(f"peer rejected the connection: {reason}")
+        self.retry = retry
+
+
+def reject(reason: str, retry: bool = False) -> bytes:
+    return msgpack.packb([REJECT, reason, True] if retry else [REJECT, reason])
 
 
 def _unpack(frames: list[Any]) -> list[Any]:
@@ -139,7 +148,7 @@ def _unpack(frames: list[Any]) -> list[Any]:
         raise HandshakeError("malformed handshake: not a list")
     if msg[0] == REJECT:
         reason = msg[1] if len(msg) > 1 and isinstance(msg[1], str) else "no reason given"
-        raise HandshakeError(f"peer rejected the connection: {reason}")
+        raise Rejected(reason, retry=len(msg) > 2 and msg[2] is True)
     return msg
 
 
