@@ -15,6 +15,11 @@ element is its kind, so a handshake is told from application traffic at a glance
 (with a reason) may replace any message after the first. A membership probe is messages 1
 and 2 only (the HELLO's ``probe`` feature).
 
+Protocol 2 costs one round trip more than protocol 1 did (which sent the peer table and the
+acceptor's stream ids in its HELLO, before the dialer's proof); it keeps protocol 1's resume
+order (the dialer applies the acceptor's link view, then tells its own), which is what keeps
+crossing dials from resetting each other's fresh streams.
+
 ``Hello.peers`` and ``Hello.link`` stay in the HELLO layout (reserved; protocol 2 requires
 them empty) so that older call sites building a HELLO positionally keep working.
 """
