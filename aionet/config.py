@@ -36,6 +36,7 @@ class NodeSection:
     listen: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:0"])
     join: list[str] = field(default_factory=list)
     advertise: str = ""
+    join_timeout: float = 60.0  # s to keep retrying seeds that are not up yet (0 = fail at once)
 
 
 @dataclass
@@ -86,6 +87,8 @@ class LinkSection:
     # the per-mailbox bounds alone do not bound memory); then that peer is not read from
     peer_mailbox_bytes: int = 1024 * 2**20
     peer_mailbox_size: int = 262144
+    max_handshakes: int = 128  # connections mid-handshake at once; when full the oldest is shed
+    max_handshakes_per_host: int = 16  # ... from one remote host (its oldest is shed first)
 
 
 @dataclass
@@ -250,6 +253,10 @@ class Config:
             raise ConfigError("link.max_concurrent_requests must be positive")
         if self.link.peer_mailbox_bytes <= 0 or self.link.peer_mailbox_size <= 0:
             raise ConfigError("link.peer_mailbox_bytes and link.peer_mailbox_size must be positive")
+        if self.link.max_handshakes < 1 or self.link.max_handshakes_per_host < 1:
+            raise ConfigError("link.max_handshakes and link.max_handshakes_per_host must be at least 1")
+        if not self.node.join_timeout >= 0:  # also refuses NaN
+            raise ConfigError("node.join_timeout must be >= 0 seconds (0 = fail at once if no seed answers)")
         if isinstance(self.node.listen, str):
             self.node.listen = [self.node.listen]
         if self.log.level and self.log.level.lower() not in LOG_LEVELS:

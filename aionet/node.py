@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import random
+import socket
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -17,6 +20,7 @@ from .codecs import handshake
 from .codecs.serialize import DecodeDeferred, Serializer
 from .config import Config
 from .device_transfer import DeviceTransfers, StagingRequired
+from .devices import Devices
 from .errors import (
     AionetError,
     ConnectionClosed,
@@ -36,10 +40,30 @@ from .transports.registry import TransportRegistry
 
 _SERVICE_INFO = "aionet.info"
 _SERVICE_ECHO = "aionet.echo"
-MAX_UNAUTHENTICATED = 64
 MAX_PEERS_PER_MESSAGE = 1024  # entries of a PEERS message / HELLO peer table acted on
 MAX_HEARSAY_PEERS = 4096  # known peers beyond which names learned from others are ignored
 DIAL_GAP = 0.1  # s between dials by name of one address (one at a time), however many names name it
+_PRUNE_EVERY = 1.0  # s between sweeps of the peer table (departed clients, dead non-members)
+_SHED_LOG_EVERY = 10.0  # s: at most one warning per this long about shed handshakes
+_JOIN_FIRST_DELAY = 0.2  # s before the second round of seed dials; doubles each round ...
+_JOIN_MAX_DELAY = 2.0  # ... up to this (each delay jittered down to half)
+
+
+class _HandshakeCut(HandshakeError):
+    """The connection ended mid-handshake or the reply did not come in time: transient
+    (crossing dials, a peer restarting, a shed handshake), so worth another try."""
+
+
+class _ClosedBeforeHello(ConnectionClosed):
+    """The connection closed before sending anything: a port check, not a failed handshake."""
+
+
+class _WrongScheme(TransportError):
+    """A tls:// dial reset by a listener that does not speak TLS: retrying cannot help."""
+
+
+class _DialedSelf(HandshakeError):
+    """A seed URL turned out to be this very node (it listed itself)."""
 
 
 @dataclass
@@ -56,11 +80,33 @@ class _Conn:
 
 @dataclass
 class _Peer:
+    """A peer this node knows: created only for peers that proved the token (a completed
+    handshake) or that a proven peer told us about; pruned once it departs (see _prune_peers)."""
+
     name: str
     addresses: list[str] = field(default_factory=list)
     link: Link | None = None
     dialing: asyncio.Future[Link] | None = None
     pending_tx: str = ""  # stream id promised in a handshake before the link existed
+    since: float = field(default_factory=time.monotonic)  # last learned or (re)connected
+
+
+@dataclass
+class _Pending:
+    """An accepted connection whose handshake is in progress (holds a handshake slot)."""
+
+    conn: Connection
+    host: str
+    shed: bool = False
+
+
+def _host_of(address: str) -> str:
+    """The remote host of a connection's peer address (what per-address limits count)."""
+    try:
+        a = Address.parse(address)
+    except AionetError:
+        return address
+    return a.host or address
 
 
 def _is_local(address: str) -> bool:
@@ -135,7 +181,10 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_conn_id = 0
         self._dial_turns: dict[str, list[Any]] = {}  # address -> [lock, users, next start]: _dial_turn
-        self._unauthenticated = 0
+        # accepted connections still in their handshake, oldest first (dicts keep insertion order)
+        self._handshaking: dict[int, _Pending] = {}
+        self._shed_count = 0
+        self._shed_logged = 0.0
         self._started_at = 0.0
         self._running = False
         self._closing = False
@@ -143,7 +192,9 @@ class Node:
         self._control_handlers: dict[int, Callable[[str, list[Any]], None]] = {}
         self._conn_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self.router.add_service(_SERVICE_ECHO, _echo)
-        self.router.add_service(_SERVICE_INFO, lambda _arg: self.info())
+        self.router.add_service(_SERVICE_INFO, self._info_service)
+        # what compute this node has; shared with membership's load reports (and aionet.info)
+        self.devices = Devices()
         # membership (issue 5): gossip, heartbeats, failure detection, load reports
         self.membership = Membership(self, cfg.heartbeat)
         # tasks (issue 6): this node's ownership table and executor
@@ -177,6 +228,7 @@ class Node:
                 listener = await transport.listen(url, self._on_accept)
                 self._listeners.append(listener)
                 self.log.info("listening", address=listener.address)
+            self._spawn(self._prune_loop(), name="aionet-peer-prune")
             if self.config.node.join:
                 await self._join(self.config.node.join)
             await self.membership.start()  # fetches the member table from the seeds joined above
@@ -186,15 +238,119 @@ class Node:
             raise
 
     async def _join(self, seeds: Sequence[str]) -> None:
-        errors = []
-        results = await asyncio.gather(*(self._dial(url) for url in seeds), return_exceptions=True)
-        for url, res in zip(seeds, results, strict=True):
-            if isinstance(res, BaseException):
-                errors.append(f"{url}: {res}")
-        if len(errors) == len(seeds):
-            raise PeerUnavailable("could not reach any seed: " + "; ".join(errors))
-        for e in errors:
-            self.log.warning("seed unreachable", error=e)
+        """Dial the seeds until one answers, for up to ``node.join_timeout`` seconds.
+
+        Clusters are started in parallel (StatefulSets, SLURM, scripts), so a seed that is not
+        up yet is normal: every round dials all remaining seeds at once, and rounds repeat with
+        jittered exponential backoff. Seeds naming this node itself are skipped (all nodes may
+        share one seed list); if no other seed is left, this node starts the cluster. Errors
+        that waiting cannot fix (a wrong token, another protocol version) fail at once."""
+        timeout = self.config.node.join_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pending = [url for url in dict.fromkeys(seeds) if not self._is_own_address(url)]
+        delay = _JOIN_FIRST_DELAY
+        rounds = 0
+        while True:
+            if not pending:
+                self.log.info("this node is its only seed: starting a new cluster")
+                return
+            rounds += 1
+            results = await asyncio.gather(*(self._dial(url) for url in pending), return_exceptions=True)
+            errors: dict[str, BaseException] = {}
+            for url, res in zip(pending, results, strict=True):
+                if isinstance(res, _DialedSelf):
+                    self.log.info("seed is this node itself; skipping it", seed=url)
+                elif isinstance(res, BaseException):
+                    errors[url] = res
+            joined = len(pending) - len(errors) - sum(isinstance(r, _DialedSelf) for r in results)
+            if joined:
+                for url, exc in errors.items():
+                    self.log.info("seed unreachable; joined through another", seed=url, error=str(exc))
+                return
+            pending = [url for url in pending if url in errors]
+            if not pending:
+                continue  # every seed was this node: start alone (logged above)
+            for exc in errors.values():
+                if not isinstance(exc, asyncio.CancelledError) and not _worth_retrying(exc):
+                    raise PeerUnavailable("cannot join: " + _seed_errors(errors)) from None
+            left = deadline - loop.time()
+            if left <= 0:
+                waited = f"within node.join_timeout={timeout:g} s" if timeout else "(node.join_timeout = 0)"
+                raise PeerUnavailable(
+                    f"could not reach any seed {waited}: {_seed_errors(errors)}; start a seed first, "
+                    "check node.join, or raise node.join_timeout"
+                )
+            pause = min(left, delay * random.uniform(0.5, 1.0))
+            self.log.info(
+                "waiting for seeds",
+                seeds=pending,
+                attempt=rounds,
+                retry_in=round(pause, 2),
+                gives_up_in=round(left, 1),
+                error=str(next(iter(errors.values()))),
+            )
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, _JOIN_MAX_DELAY)
+
+    def _is_own_address(self, url: str) -> bool:
+        """True when ``url`` names one of this node's own listeners (same scheme and port, and
+        the same host, a loopback host, or any host of a wildcard listener that is local)."""
+        try:
+            a = Address.parse(url)
+        except AionetError:
+            return False
+        for own in [*self.addresses, *self._advertised()]:
+            try:
+                b = Address.parse(own)
+            except AionetError:
+                continue
+            if a.scheme != b.scheme:
+                continue
+            if a.port is None or b.port is None:
+                if a.url() == b.url():
+                    return True
+                continue
+            if a.port != b.port:
+                continue
+            if a.host == b.host or (_is_loopback_host(a.host) and _is_loopback_host(b.host)):
+                return True
+            if b.host in ("0.0.0.0", "::", "") and _is_local_host(a.host):
+                return True
+        return False
+
+    async def _prune_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(_PRUNE_EVERY)
+            try:
+                self._prune_peers()
+            except Exception as exc:  # a bug here must not end the sweeps (nor surface unretrieved)
+                self.log.error("peer table sweep failed", error=repr(exc))
+
+    def _prune_peers(self) -> None:
+        """Forget peers that are gone, so the table tracks the cluster, not its history:
+        a peer that said goodbye (e.g. an ``aionet status`` client) once its connections closed;
+        a dead peer that is not a cluster member (members stay while membership may revive
+        them); an address learned from a peer but never connected, after
+        ``heartbeat.forget_after``."""
+        now = time.monotonic()
+        forget = self.config.heartbeat.forget_after
+        for name, p in list(self._peers.items()):
+            if p.dialing is not None:
+                continue
+            link = p.link
+            member = self.membership.state_of(name)
+            if link is None:
+                gone = member is None and now - p.since > forget
+            elif link.left:
+                gone = not link.conns and member in (None, "left")
+            elif link.dead is not None:
+                gone = not link.conns and member is None
+            else:
+                gone = False
+            if gone:
+                del self._peers[name]
+                self.log.debug("forgot peer", peer=name)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight handlers answer (up to ``grace`` s), say BYE, close."""
@@ -332,7 +488,16 @@ class Node:
             "mailboxes": {ch: mb.qsize() for ch, mb in self.router.mailboxes.items()},
             "mailbox_bytes": {ch: mb.nbytes for ch, mb in self.router.mailboxes.items()},
             "device": self._device.info(),
+            # CPU, memory and GPUs as of the last load report (aionet.info reads them fresh)
+            "devices": self.membership.load.last.devices(),
         }
+
+    async def _info_service(self, _arg: Any) -> dict[str, Any]:
+        """The built-in ``aionet.info``: :meth:`info` with a fresh device probe (off the loop:
+        NVML and CUDA probes can block)."""
+        out = self.info()
+        out["devices"] = await asyncio.to_thread(self.devices.discover)
+        return out
 
     # ------------------------------------------------------------------ services & types
     def service(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -539,7 +704,7 @@ class Node:
                     return
                 except (TimeoutError, TransportError, HandshakeError, OSError) as exc:
                     errors.append(f"{url}: {exc}")
-                    transient = transient or "during handshake" in str(exc)
+                    transient = transient or isinstance(exc, _HandshakeCut)
             if not transient or attempt == 2:
                 break
             await asyncio.sleep(0.05 * (attempt + 1))
@@ -621,103 +786,191 @@ class Node:
             use_pool(self._device.stager.pool)
         return transport
 
-    def _hello(self, nonce: bytes, mac: bytes, link_info: dict[str, Any]) -> handshake.Hello:
-        peers = {
-            n: p.addresses
-            for n, p in self._peers.items()
-            if p.addresses and p.link is not None and not p.link.left and p.link.dead is None
-        }
+    def _hello(self, nonce: bytes, mac: bytes) -> handshake.Hello:
+        """Our HELLO: who we are and how to reach us; nothing about the cluster (that waits
+        for WELCOME/RESUME, after both sides proved the token)."""
         features = {"compression": ["lz4"] if self._compression else [], "auth": self._token is not None}
         features["limits"] = {k: getattr(self.config.limits, k) for k in SIZE_LIMITS}  # see Link.post
         return handshake.Hello(
-            handshake.PROTOCOL_VERSION,
-            self.name,
-            self.node_id,
-            self._advertised(),
-            features,
-            peers,
-            nonce,
-            mac,
-            link_info,
+            handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, {}, nonce, mac, {}
         )
+
+    def _peer_table(self) -> dict[str, list[str]]:
+        """Live peers and their addresses, for a proven peer (WELCOME / RESUME)."""
+        table = {
+            n: list(p.addresses)
+            for n, p in self._peers.items()
+            if p.addresses and p.link is not None and not p.link.left and p.link.dead is None
+        }
+        if len(table) > handshake.MAX_PEERS:
+            table = dict(list(table.items())[: handshake.MAX_PEERS])  # the rest spreads by gossip
+        return table
 
     async def _dial(self, url: str, expect: str | None = None) -> _Conn:
         transport = self._transport(url)
-        conn = await transport.connect(url, timeout=self.config.transport.connect_timeout)
-        timeout = self.config.link.handshake_timeout
         try:
-            nonce_d = handshake.new_nonce()
-            await conn.send([self._hello(nonce_d, b"", {}).encode()])
-            hello = handshake.parse(await asyncio.wait_for(conn.recv(), timeout))
-            if expect is not None and hello.name != expect:
-                raise HandshakeError(f"{url} is node {hello.name!r}, expected {expect!r}")
-            if hello.name == self.name:
-                raise HandshakeError(f"{url} is this node itself ({self.name!r}); node names must be unique")
-            if hello.features.get("auth") and not self._token:
-                raise HandshakeError(f"{url}: peer {hello.name!r} requires a cluster token and none is configured")
-            expected = handshake.mac(self._token, b"A", nonce_d, hello.nonce, hello.name, self.name)
-            if self._token and not handshake.verify(expected, hello.mac):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(conn.send([handshake.reject("authentication failed")]), 1.0)
-                raise HandshakeError(f"{url}: peer {hello.name!r} failed to prove the cluster token")
-            # a crossing dial from the peer may already have been promised a stream id in our
-            # accept reply: use it, or both sides reset each other's fresh stream (lost messages)
-            pending = self._peer(hello.name)
-            link = self._live_link(hello.name, pending.pending_tx)
-            if pending.link is link:
-                pending.pending_tx = ""
-            notes = link.apply_resume(hello.link, hello.node_id)
-            confirm = handshake.Confirm(
-                handshake.mac(self._token, b"D", hello.nonce, nonce_d, self.name, hello.name), link.resume_info()
-            )
-            await conn.send([confirm.encode()])
+            conn = await transport.connect(url, timeout=self.config.transport.connect_timeout)
+        except TransportError as exc:
+            better = _explain_connect_error(url, exc)
+            if better is exc:
+                raise
+            raise better from exc
+        timeout = self.config.link.handshake_timeout
+        replied = False
+        try:
+            async with asyncio.timeout(timeout):
+                nonce_d = handshake.new_nonce()
+                await conn.send([self._hello(nonce_d, b"").encode()])
+                hello = handshake.parse(await conn.recv())
+                replied = True
+                if hello.node_id == self.node_id:
+                    raise _DialedSelf(f"{url} is this node itself")
+                if expect is not None and hello.name != expect:
+                    raise HandshakeError(f"{url} is node {hello.name!r}, expected {expect!r}")
+                if hello.name == self.name:
+                    raise HandshakeError(f"{url} is node {self.name!r} too; node names must be unique")
+                if hello.features.get("auth") and not self._token:
+                    raise HandshakeError(
+                        f"{url}: peer {hello.name!r} requires a cluster token and none is configured "
+                        "(set security.token or security.token_file)"
+                    )
+                expected = handshake.mac(self._token, b"A", nonce_d, hello.nonce, hello.name, self.name)
+                if self._token and not handshake.verify(expected, hello.mac):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.send([handshake.reject("authentication failed")]), 1.0)
+                    raise HandshakeError(f"{url}: peer {hello.name!r} failed to prove the cluster token")
+                mac_d = handshake.mac(self._token, b"D", hello.nonce, nonce_d, self.name, hello.name)
+                await conn.send([handshake.Confirm(mac_d).encode()])
+                welcome = handshake.parse_state(await conn.recv(), handshake.WELCOME)
+                # a crossing dial from the peer may already have been promised a stream id in our
+                # WELCOME: use it, or both sides reset each other's fresh stream (lost messages)
+                pending = self._peer(hello.name)
+                link = self._live_link(hello.name, pending.pending_tx)
+                if pending.link is link:
+                    pending.pending_tx = ""
+                notes = link.apply_resume(welcome.link, hello.node_id)
+                resume = handshake.State(handshake.RESUME, self._peer_table(), link.resume_info())
+                await conn.send([resume.encode()])
         except BaseException as exc:
             await close_conn(conn)
-            if isinstance(exc, asyncio.TimeoutError):
-                raise HandshakeError(f"{url}: no handshake reply within {timeout} s") from None
+            if isinstance(exc, TimeoutError):
+                raise _HandshakeCut(f"{url}: no handshake reply within {timeout} s") from None
+            if isinstance(exc, handshake.Rejected) and exc.retry:
+                raise _HandshakeCut(f"{url}: {exc}") from exc
             if isinstance(exc, ConnectionClosed):
                 cause = exc.__cause__ or exc
-                raise HandshakeError(f"{url}: connection closed during handshake ({cause})") from exc
+                if _tls_refusal(cause):
+                    raise HandshakeError(f"{url}: TLS refused the connection: {cause}") from exc
+                scheme = url.partition("://")[0]
+                if not replied and scheme == "tls" and isinstance(cause, ConnectionResetError):
+                    # TLS 1.3: the listener checks our certificate after our side of the TLS
+                    # handshake is done, and resets the connection if it does not trust it
+                    raise HandshakeError(
+                        f"{url}: the listener reset the connection right after the TLS handshake; it "
+                        "probably does not trust this node's certificate (check security.tls_cert here "
+                        "and security.tls_ca there)"
+                    ) from exc
+                if not replied and scheme in ("tcp", "tls") and exc.__cause__ is None:
+                    # an aionet node answers or resets (a shed handshake); a clean close without a
+                    # word is something else, e.g. a tls:// listener that got plain tcp://
+                    raise HandshakeError(
+                        f"{url}: the peer closed the connection without answering the aionet handshake: "
+                        "not an aionet node, or it speaks another scheme (tls:// dialed as tcp://?); "
+                        "check the scheme"
+                    ) from exc
+                raise _HandshakeCut(f"{url}: connection closed during handshake ({cause})") from exc
             raise
         for note in notes:
             self.log.info("link resumed", peer=hello.name, note=note)
-        return await self._register(conn, hello, link, outgoing=True)
+        return await self._register(conn, hello, link, outgoing=True, peers=welcome.peers)
 
     async def _on_accept(self, conn: Connection) -> None:
-        if self._unauthenticated >= MAX_UNAUTHENTICATED:
-            self.log.warning("too many connections in handshake; refusing one", peer=conn.peer_address)
-            await close_conn(conn)
-            return
-        self._unauthenticated += 1
+        """Run the acceptor's side of a handshake in a bounded slot.
+
+        Slots are limited per remote host (``link.max_handshakes_per_host``) and in total
+        (``link.max_handshakes``). When either is full the OLDEST pending handshake (of that
+        host, or overall) is shed, not the newcomer: silent sockets cannot lock legitimate
+        peers out, since a real handshake takes a round trip or two while a flood's sockets
+        sit idle until shed or timed out (``link.handshake_timeout``)."""
+        cfg = self.config.link
+        host = _host_of(conn.peer_address)
+        same_host = [h for h in self._handshaking.values() if h.host == host]
+        if len(same_host) >= cfg.max_handshakes_per_host:
+            self._shed(same_host[0], "link.max_handshakes_per_host")
+        elif len(self._handshaking) >= cfg.max_handshakes:
+            self._shed(next(iter(self._handshaking.values())), "link.max_handshakes")
+        slot = _Pending(conn, host)
+        self._handshaking[id(slot)] = slot
         try:
-            result = await asyncio.wait_for(self._accept_handshake(conn), self.config.link.handshake_timeout)
+            result = await asyncio.wait_for(self._accept_handshake(conn), cfg.handshake_timeout)
         except (TimeoutError, ProtocolError, ConnectionClosed) as exc:
-            reason = "no complete handshake within the timeout" if isinstance(exc, asyncio.TimeoutError) else str(exc)
-            self.log.warning("handshake failed; closing connection", peer=conn.peer_address, error=reason)
-            if isinstance(exc, ProtocolError) and not conn.closed:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(conn.send([handshake.reject(reason)]), 1.0)
+            if slot.shed:
+                self.log.debug("shed pending handshake closed", peer=conn.peer_address)
+            elif isinstance(exc, _ClosedBeforeHello):
+                # nothing was sent: a port check (load balancer, Kubernetes tcpSocket probe)
+                self.log.debug("connection closed before a handshake", peer=conn.peer_address)
+            else:
+                reason = "no complete handshake within the timeout" if isinstance(exc, TimeoutError) else str(exc)
+                self.log.warning("handshake failed; closing connection", peer=conn.peer_address, error=reason)
+                if isinstance(exc, ProtocolError) and not conn.closed:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.send([handshake.reject(reason)]), 1.0)
             await close_conn(conn)
             return
         finally:
-            self._unauthenticated -= 1
+            self._handshaking.pop(id(slot), None)
         if result is None or self._closing:
             await close_conn(conn)
             return
-        hello, link = result
-        await self._register(conn, hello, link, outgoing=False)
+        hello, link, peers = result
+        await self._register(conn, hello, link, outgoing=False, peers=peers)
 
-    async def _accept_handshake(self, conn: Connection) -> tuple[handshake.Hello, Link] | None:
-        hello = handshake.parse(await conn.recv())
+    def _shed(self, slot: _Pending, key: str) -> None:
+        """Close the oldest pending handshake to make room (one warning per _SHED_LOG_EVERY)."""
+        self._handshaking.pop(id(slot), None)
+        slot.shed = True
+        try:  # tell a real dialer to try again, then close (flushing a few bytes does not wait)
+            slot.conn.send_nowait([handshake.reject(f"busy: too many connections in handshake ({key})", retry=True)])
+        except Exception:
+            slot.conn.abort()
+        else:
+            self._spawn(close_conn(slot.conn), name="aionet-shed")
+        self._shed_count += 1
+        now = time.monotonic()
+        if now - self._shed_logged >= _SHED_LOG_EVERY:
+            self._shed_logged = now
+            self.log.warning(
+                f"too many connections in handshake; shedding the oldest (limit {key})",
+                peer=slot.conn.peer_address,
+                shed_total=self._shed_count,
+            )
+
+    async def _accept_handshake(self, conn: Connection) -> tuple[handshake.Hello, Link, dict[str, list[str]]] | None:
+        """Acceptor side. Keeps no state about the dialer until it proved the token: no peer
+        entry, no stream id, nothing about the cluster in our HELLO."""
+        try:
+            frames = await conn.recv()
+        except ConnectionClosed as exc:
+            raise _ClosedBeforeHello(str(exc)) from exc
+        hello = handshake.parse(frames)
+        if hello.node_id == self.node_id:  # we dialed ourselves (a seed list naming this node)
+            await conn.send([self._hello(handshake.new_nonce(), b"").encode()])  # so the dialer sees it
+            return None
         if hello.name == self.name:
             raise HandshakeError(f"peer uses this node's own name {self.name!r}; names must be unique")
         if self._token is None and not _is_local(conn.peer_address):
             raise HandshakeError("this node has no cluster token and accepts local peers only")
-        if hello.features.get("probe"):  # membership liveness probe: answer, then close; no link
-            nonce_a = handshake.new_nonce()
-            mac_a = handshake.mac(self._token, b"A", hello.nonce, nonce_a, self.name, hello.name)
-            await conn.send([self._hello(nonce_a, mac_a, {}).encode()])
+        nonce_a = handshake.new_nonce()
+        mac_a = handshake.mac(self._token, b"A", hello.nonce, nonce_a, self.name, hello.name)
+        await conn.send([self._hello(nonce_a, mac_a).encode()])
+        if hello.features.get("probe"):  # membership liveness probe: answered; no link
             return None
+        confirm = handshake.parse_confirm(await conn.recv())
+        expected = handshake.mac(self._token, b"D", nonce_a, hello.nonce, hello.name, self.name)
+        if self._token and not handshake.verify(expected, confirm.mac):
+            raise HandshakeError(f"peer {hello.name!r} failed to prove the cluster token (wrong token?)")
+        # proven: from here on the dialer is a peer
+        created = hello.name not in self._peers
         p = self._peer(hello.name)
         if p.link is not None and p.link.dead is None:
             info = p.link.resume_info()
@@ -725,22 +978,25 @@ class Node:
             p.pending_tx = p.pending_tx or uuid.uuid4().hex[:16]
             old = p.link if p.link is not None and not p.link.left else None  # see _live_link
             info = {"tx": p.pending_tx, "rx": old.rx_id if old else "", "recv": old.state.recv_seq if old else 0}
-        nonce_a = handshake.new_nonce()
-        mac_a = handshake.mac(self._token, b"A", hello.nonce, nonce_a, self.name, hello.name)
-        await conn.send([self._hello(nonce_a, mac_a, info).encode()])
-        confirm = handshake.parse_confirm(await conn.recv())
-        expected = handshake.mac(self._token, b"D", nonce_a, hello.nonce, hello.name, self.name)
-        if self._token and not handshake.verify(expected, confirm.mac):
-            raise HandshakeError(f"peer {hello.name!r} failed to prove the cluster token (wrong token?)")
+        try:
+            await conn.send([handshake.State(handshake.WELCOME, self._peer_table(), info).encode()])
+            resume = handshake.parse_state(await conn.recv(), handshake.RESUME)
+        except BaseException:
+            if created and p.link is None and p.dialing is None and self._peers.get(hello.name) is p:
+                del self._peers[hello.name]  # it never completed: leave nothing behind
+            raise
         link = self._live_link(hello.name, p.pending_tx)
         p.pending_tx = ""
-        for note in link.apply_resume(confirm.link, hello.node_id):
+        for note in link.apply_resume(resume.link, hello.node_id):
             self.log.info("link resumed", peer=hello.name, note=note)
-        return hello, link
+        return hello, link, resume.peers
 
-    async def _register(self, conn: Connection, hello: handshake.Hello, link: Link, outgoing: bool) -> _Conn:
+    async def _register(
+        self, conn: Connection, hello: handshake.Hello, link: Link, outgoing: bool, peers: dict[str, list[str]]
+    ) -> _Conn:
         p = self._peer(hello.name)
         is_new_peer = p.link is not link or (not link.conns and link.state.next_seq == 1)
+        p.since = time.monotonic()
         if hello.addresses:
             p.addresses = list(hello.addresses)
         self._next_conn_id += 1
@@ -750,7 +1006,7 @@ class Node:
         self.log.info(
             "peer connected", peer=hello.name, direction="out" if outgoing else "in", remote=conn.peer_address
         )
-        self._learn_peers(hello.peers)
+        self._learn_peers(peers)
         link.set_peer_limits(hello.features.get("limits"))
         self._start_reader(c, link)
         await link.attach(c, outgoing)
@@ -784,6 +1040,7 @@ class Node:
             p = self._peer(name)
             if p.link is None or p.link.current is None:
                 p.addresses = list(addrs)
+                p.since = time.monotonic()
 
     def _announce(self, table: dict[str, list[str]], exclude: str) -> None:
         """Tell connected peers about a newly connected one (simple dissemination)."""
@@ -985,6 +1242,69 @@ def _echo(x: Any) -> Any:
 
 def _expired(peer: str, service: str, timeout: float) -> TimeoutError:
     return TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s")
+
+
+def _explain_connect_error(url: str, exc: TransportError) -> TransportError:
+    """Name the likely mistake when a tls:// dial is cut during the TLS handshake: a plain
+    tcp:// listener reads the ClientHello as a bad frame and resets the connection, which the
+    ssl module reports with no message at all."""
+    cause = exc.__cause__
+    if Address.parse(url).scheme != "tls" or not isinstance(
+        cause, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+    ):
+        return exc
+    return _WrongScheme(
+        f"cannot connect to {url}: the connection was reset during the TLS handshake; the peer is "
+        "not speaking TLS (a tcp:// listener?); check the scheme"
+    )
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    """Whether a failed seed dial may succeed later (the seed is not up yet, is restarting, or
+    shed our handshake), as opposed to a refusal that waiting cannot fix (wrong token, protocol
+    version, duplicate name)."""
+    if isinstance(exc, _HandshakeCut):
+        return True
+    if isinstance(exc, (HandshakeError, _WrongScheme)) or _tls_refusal(exc.__cause__):
+        return False
+    return isinstance(exc, (TransportError, OSError, TimeoutError, ConnectionClosed))
+
+
+def _tls_refusal(exc: BaseException | None) -> bool:
+    """A TLS error that another try would repeat (certificate not trusted, alert from the peer);
+    an EOF mid-handshake may be a restart, so it is not one."""
+    return isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLEOFError)
+
+
+def _seed_errors(errors: dict[str, BaseException]) -> str:
+    return "; ".join(f"{url}: {exc or type(exc).__name__}" for url, exc in errors.items())
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_local_host(host: str) -> bool:
+    """True if ``host`` is this machine: loopback, its host name, or an IP bound here (checked
+    by binding to it, which needs no DNS)."""
+    if _is_loopback_host(host) or host == socket.gethostname():
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
 
 
 async def _quiet(aw: Any) -> None:

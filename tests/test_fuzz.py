@@ -388,7 +388,10 @@ def _handshake(sock: socket.socket, name: str) -> bool:
     if reply is None:
         return False
     handshake.parse(reply)
-    sock.sendall(_framed([handshake.Confirm(b"", {}).encode()]))
+    sock.sendall(_framed([handshake.Confirm(b"").encode()]))
+    if _recv_message(sock) is None:  # WELCOME
+        return False
+    sock.sendall(_framed([handshake.State(handshake.RESUME).encode()]))
     return True
 
 

@@ -231,8 +231,12 @@ async def test_bad_messages_after_handshake_close_connection_not_node():
             Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b:
         transport = a.transports.get(a.address)
         conn = await transport.connect(a.address, timeout=5)
-        await conn.send([handshake.Hello(1, "evil", "id", [], {}, {}).encode()])
+        hello = handshake.Hello(handshake.PROTOCOL_VERSION, "evil", "id", [], {}, {})
+        await conn.send([hello.encode()])
         handshake.parse(await asyncio.wait_for(conn.recv(), 5))
+        await conn.send([handshake.Confirm(b"").encode()])
+        handshake.parse_state(await asyncio.wait_for(conn.recv(), 5), handshake.WELCOME)
+        await conn.send([handshake.State(handshake.RESUME).encode()])
         good = a.serializer.dumps([2, 1, "aionet.echo", np.arange(10_000)])
         await conn.send(good[:1])  # header refers to a buffer that is not there
         with pytest.raises(aionet.ConnectionClosed):

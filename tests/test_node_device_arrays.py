@@ -359,7 +359,10 @@ async def test_hostile_chunks_close_that_connection_only(kind):
         conn = await a.transports.get(a.address).connect(a.address, timeout=5)
         await conn.send([handshake.Hello(handshake.PROTOCOL_VERSION, "evil", "id", [], {}, {}).encode()])
         handshake.parse(await asyncio.wait_for(conn.recv(), 5))
-        await conn.send([handshake.Confirm(b"", {"tx": "evil-stream", "rx": "", "recv": 0}).encode()])
+        await conn.send([handshake.Confirm(b"").encode()])
+        handshake.parse_state(await asyncio.wait_for(conn.recv(), 5), handshake.WELCOME)
+        resume = handshake.State(handshake.RESUME, {}, {"tx": "evil-stream", "rx": "", "recv": 0})
+        await conn.send([resume.encode()])
         ser = Serializer()
         with capture_logs() as logs:
             for msg in HOSTILE[kind](ser):
