@@ -33,7 +33,7 @@ from .link import ACK, SIZE_LIMITS, Link, close_conn, nbytes_of
 from .log import apply_level as apply_log_level
 from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
-from .router import BYE, ERR, PEERS, REP, REQ, SEND, XFER, Router
+from .router import BYE, ERR, PEERS, REP, REQ, SEND, XFER, Mailbox, Router
 from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
 from .transports.base import Address, Connection, Listener
 from .transports.registry import TransportRegistry
@@ -1101,6 +1101,7 @@ class Node:
         loads = self.serializer.loads
         loads_sized = self.serializer.loads_sized
         router = self.router
+        deliver = router.deliver
         peer = c.peer
         nbytes = 0
         i = start
@@ -1146,17 +1147,13 @@ class Node:
                 if env[2] > link.state.acked:
                     link.on_ack(env[2])
                 if kind == SEND:
-                    wait = router.budget_wait(peer, size)
-                    if wait is not None:  # this peer's messages fill its share: stop reading it
+                    wait = deliver(peer, env[3], env[4], size)
+                    if wait is not None:  # full mailbox, or this peer's share: stop reading until room
                         link.state.unreceive(env[1])
                         link.received(nbytes)
+                        if type(wait) is Mailbox:
+                            return self._resume(c, link, reply, batch, i - 1, wait.wait_room(), wait)
                         return self._resume(c, link, reply, batch, i - 1, wait)
-                    mb = router.mailbox(env[3])
-                    if not mb.put_nowait((peer, env[4]), size):  # full: stop reading until it has room
-                        link.state.unreceive(env[1])
-                        link.received(nbytes)
-                        return self._resume(c, link, reply, batch, i - 1, mb.wait_room(), mb)
-                    router.queued(peer, size)
                 elif kind == REQ:
                     aw = router.on_request(env[3], env[4], env[5], reply, peer)
                     if aw is not None:  # too many of this peer's handlers running: stop reading

@@ -44,9 +44,9 @@ class Mailbox:
     __slots__ = ("_bytes", "_getters", "_items", "_maxbytes", "_maxsize", "_on_take", "_putters", "_sizes", "gen")
 
     def __init__(
-        self, maxsize: int, maxbytes: int = 1 << 62, on_take: Callable[[str, int], None] | None = None
+        self, maxsize: int, maxbytes: int = 1 << 62, on_take: Callable[[str, int, int], None] | None = None
     ) -> None:
-        self._on_take = on_take  # told (sender, nbytes) of every message taken out
+        self._on_take = on_take  # told (sender, nbytes, count) of the messages taken out
         self.gen = 0  # the router's prune generation when this mailbox was last handed out
         self._items: deque[tuple[str, Any]] = deque()
         self._sizes: deque[int] = deque()
@@ -122,7 +122,7 @@ class Mailbox:
         n = self._sizes.popleft()
         self._bytes -= n
         if self._on_take is not None:
-            self._on_take(item[0], n)
+            self._on_take(item[0], n, 1)
         if self._putters:
             self._wake_putter()
         return item
@@ -132,22 +132,25 @@ class Mailbox:
         if not items:
             await self._wait()
         sizes = self._sizes
-        on_take = self._on_take
         if len(items) <= limit:
             out = list(items)
-            if on_take is not None:
-                for item, n in zip(out, sizes, strict=True):
-                    on_take(item[0], n)
-            items.clear()
-            sizes.clear()
+            taken: Any = sizes
             self._bytes = 0
         else:
             out = [items.popleft() for _ in range(limit)]
             taken = [sizes.popleft() for _ in range(limit)]
             self._bytes -= sum(taken)
-            if on_take is not None:
+        on_take = self._on_take
+        if on_take is not None:
+            senders = {item[0] for item in out}
+            if len(senders) == 1:  # the usual case: one bulk account per batch
+                on_take(out[0][0], sum(taken), len(out))
+            else:
                 for item, n in zip(out, taken, strict=True):
-                    on_take(item[0], n)
+                    on_take(item[0], n, 1)
+        if taken is sizes:
+            items.clear()
+            sizes.clear()
         if self._putters:
             self._wake_putter()
         return out
@@ -228,31 +231,32 @@ class Router:
         self._gen = gen + 1
         self._prune_at = max(PRUNE_MAILBOXES_FROM, 2 * len(self.mailboxes))
 
-    def budget_wait(self, peer: str, nbytes: int) -> asyncio.Future[None] | None:
-        """None if a message of ``nbytes`` from ``peer`` may enter a mailbox now; else a
-        future done once the application has taken some of that peer's messages."""
+    def deliver(self, peer: str, channel: str, obj: Any, nbytes: int) -> asyncio.Future[None] | Mailbox | None:
+        """Put a message from ``peer`` into mailbox ``channel``. None when done; else what to
+        wait for before trying again: a Mailbox that is full (``wait_room()``), or a future
+        done once the application has taken some of this peer's messages (its share of all
+        mailboxes is used up)."""
         q = self._queued.get(peer)
-        if q is None or (q[0] + nbytes <= self.peer_mailbox_bytes and q[1] < self.peer_mailbox_size):
-            return None
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._budget_waiters.setdefault(peer, []).append(fut)
-        return fut
-
-    def queued(self, peer: str, nbytes: int) -> None:
-        """Count a message from ``peer`` that entered a mailbox."""
-        q = self._queued.get(peer)
+        if q is not None and (q[0] + nbytes > self.peer_mailbox_bytes or q[1] >= self.peer_mailbox_size):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._budget_waiters.setdefault(peer, []).append(fut)
+            return fut
+        mb = self.mailboxes.get(channel) or self.mailbox(channel)
+        if not mb.put_nowait((peer, obj), nbytes):
+            return mb
         if q is None:
             self._queued[peer] = [nbytes, 1]
         else:
             q[0] += nbytes
             q[1] += 1
+        return None
 
-    def _taken(self, peer: str, nbytes: int) -> None:
+    def _taken(self, peer: str, nbytes: int, count: int) -> None:
         q = self._queued.get(peer)
         if q is None:
             return  # this node's own message to itself
         q[0] -= nbytes
-        q[1] -= 1
+        q[1] -= count
         if q[1] <= 0:
             del self._queued[peer]
         waiters = self._budget_waiters.pop(peer, None)
