@@ -261,7 +261,7 @@ async def test_ipc_path_in_use_is_refused(transport: ZMQTransport, tmp_path: Pat
 async def test_bad_urls(transport: ZMQTransport) -> None:
     with pytest.raises(TransportError):
         await transport.connect("zmq+tcp://127.0.0.1", timeout=1)
-    with pytest.raises(TransportError):
+    with pytest.raises(ConfigError, match="zmq\\+ipc:///tmp/aionet-a.sock"):
         await transport.connect("zmq+ipc://", timeout=1)
     with pytest.raises(TransportError):
         await transport.listen("zmq+ipc:///" + "x" * 200, Server(transport).handler)

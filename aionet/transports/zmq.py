@@ -34,6 +34,14 @@ Connection); ZeroMQ is not. The mapping:
 * I/O: no zmq.asyncio. Each socket's ``ZMQ_FD`` is watched with ``loop.add_reader``; on wake-up
   the socket is drained with non-blocking receives (one await per *batch*, not per message),
   and sends try NOBLOCK first, waiting for writability only when zmq would block.
+* ipc: ``zmq+ipc:///abs/path`` or a relative path (resolved against the working directory
+  at bind/connect time); ``zmq+ipc://`` listens on a fresh file in the temp directory; a host
+  or host:port is a ConfigError (libzmq would make a file named ``127.0.0.1:0`` in the cwd).
+  libzmq leaves the socket file behind on close, so the listener removes the file its bind
+  created (checked by device and inode) once it stops accepting.
+* Tasks: connection handlers and push-mode readers are owned by the transport; ``aclose``
+  waits for them (cancelling a handler still busy after a second). ``write_nowait`` enqueues
+  without a task, and the futures it returns never leave an unretrieved exception.
 * ``ZMQ_MAXMSGSIZE`` is set from ``limits.max_frame_bytes``: libzmq applies it per frame and
   disconnects a peer that announces a larger one. Frame count and total size per message
   are checked on arrival; a violation closes that Connection with a log line.
@@ -56,6 +64,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
+import ipaddress
 import os
 import re
 import socket as _socket
@@ -63,7 +73,7 @@ import stat
 import struct
 import tempfile
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -351,6 +361,43 @@ def _consume_exception(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+def _closed_error(exc: TransportError) -> ConnectionClosed:
+    if isinstance(exc, ConnectionClosed):
+        return exc
+    err = ConnectionClosed(str(exc))
+    err.__cause__ = exc
+    return err
+
+
+def _all_done(loop: asyncio.AbstractEventLoop, waits: list[asyncio.Future[None]]) -> asyncio.Future[None]:
+    """One future for several zero-copy release futures (which only ever get a result)."""
+    done = loop.create_future()
+    left = [len(waits)]
+
+    def one(_fut: asyncio.Future[None]) -> None:
+        left[0] -= 1
+        if not left[0]:
+            _set_done(done)
+
+    for w in waits:
+        w.add_done_callback(one)
+    return done
+
+
+def _chain_send(loop: asyncio.AbstractEventLoop, done: asyncio.Future[None], item: asyncio.Future[Any]) -> None:
+    """A queued write_nowait message left the queue: finish ``done`` like ``item``."""
+    if done.done():
+        return
+    if item.cancelled():
+        done.cancel()
+    elif (exc := item.exception()) is not None:
+        done.set_exception(exc)
+    elif item.result():
+        _all_done(loop, item.result()).add_done_callback(lambda _f: _set_done(done))
+    else:
+        done.set_result(None)
+
+
 def _zmq_error(exc: zmq.ZMQError, what: str) -> TransportError:
     if exc.errno in (zmq.EHOSTUNREACH, zmq.ENOTSOCK, zmq.ETERM):
         err: TransportError = ConnectionClosed(f"{what}: {exc.strerror}")
@@ -370,16 +417,49 @@ def _endpoint(url: str, *, bind: bool) -> str:
         port = "*" if (bind and addr.port == 0) else str(addr.port)
         return f"tcp://{host}:{port}"
     if addr.scheme == "zmq+ipc":
-        path = url.split("://", 1)[1]
-        if not path or path == "*":
-            if not bind:
-                raise TransportError(f"zmq+ipc URL needs a path: {url!r}")
-            # the ipc "port 0"; not libzmq's "ipc://*", which creates a directory in the cwd
-            path = os.path.join(tempfile.gettempdir(), f"aionet-{os.getpid()}-{os.urandom(6).hex()}.sock")
-        if len(path.encode()) > zmq.IPC_PATH_MAX_LEN:
-            raise TransportError(f"ipc path longer than {zmq.IPC_PATH_MAX_LEN} bytes: {path!r}")
-        return f"ipc://{path}"
+        return f"ipc://{_ipc_path(url, bind=bind)}"
     raise TransportError(f"ZMQTransport does not handle {addr.scheme!r} URLs")
+
+
+_IPC_HINT = (
+    "an ipc URL names a socket file, e.g. zmq+ipc:///tmp/aionet-a.sock (a relative path resolves "
+    "against the working directory; listening on zmq+ipc:// picks a fresh file in the temp directory)"
+)
+# "127.0.0.1:0", "localhost:7700", "[::1]:5", "host:7700/x": a tcp address given to ipc
+_HOST_PORT = re.compile(r"(\[[^\]/]*\]|[^/:]*):\d*|\[[^\]/]*\]")
+
+
+def _ipc_path(url: str, *, bind: bool) -> str:
+    """The socket file a ``zmq+ipc://`` URL names, made absolute.
+
+    Relative paths are allowed and resolved against the working directory now, so the
+    listener's reported address (what peers are told) is unambiguous. Anything that looks
+    like a host:port or an IP address is refused: libzmq would create a file of that name
+    in the working directory (``zmq+ipc://127.0.0.1:0`` used to). ``@name`` is Linux's
+    abstract socket namespace and is passed through (there is no file)."""
+    path = url.split("://", 1)[1]
+    if not path or path == "*":
+        if not bind:
+            raise ConfigError(f"zmq+ipc URL {url!r} has no path to connect to; {_IPC_HINT}")
+        # the ipc "port 0"; not libzmq's "ipc://*", which creates a directory in the cwd
+        return os.path.join(tempfile.gettempdir(), f"aionet-{os.getpid()}-{os.urandom(6).hex()}.sock")
+    if path.startswith("@"):
+        return path
+    first = path.split("/", 1)[0]
+    if first and (_HOST_PORT.fullmatch(first) or _is_ip(first)):
+        raise ConfigError(f"zmq+ipc URL {url!r} names a host/port, not a file; {_IPC_HINT}")
+    path = os.path.abspath(os.path.expanduser(path))
+    if len(path.encode()) > zmq.IPC_PATH_MAX_LEN:
+        raise TransportError(f"ipc path longer than {zmq.IPC_PATH_MAX_LEN} bytes: {path!r}")
+    return path
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _ipc_in_use(path: str) -> bool:
@@ -391,6 +471,37 @@ def _ipc_in_use(path: str) -> bool:
         except OSError:
             return False  # a stale file left by a dead process: libzmq replaces it
     return True
+
+
+@dataclass(frozen=True)
+class _IpcFile:
+    """The socket file a listener's bind created, identified by device and inode.
+
+    libzmq removes only the files of its own ``ipc://*`` directories, so each listener
+    removes its file when it closes, and only if the path still holds the very file its
+    bind made (another process may have bound the path since: that file is not ours)."""
+
+    path: str
+    dev: int
+    ino: int
+
+    @classmethod
+    def created(cls, path: str) -> _IpcFile | None:
+        try:
+            st = os.lstat(path)  # bind() made it synchronously, in this thread
+        except OSError:
+            return None
+        return cls(path, st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+
+    def remove(self) -> None:
+        try:
+            st = os.lstat(self.path)
+            if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == (self.dev, self.ino):
+                os.unlink(self.path)
+        except FileNotFoundError:
+            pass  # already gone (removed by hand, or its directory was)
+        except OSError as exc:
+            log.warning("cannot remove zmq ipc socket file", path=self.path, error=str(exc))
 
 
 class _Receiver:
@@ -840,6 +951,48 @@ class _ZConnection(Connection):
                 return
         await self._send_queued(parts, large)
 
+    def write_nowait(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
+        """Fix the message's place in the stream now (no task, unlike the default): sent at
+        once, or queued behind earlier waiters. Returns a future to await when zmq would block
+        or still references mutable zero-copy buffers; its failure is also consumed, so a
+        caller that drops it leaves no "exception was never retrieved"."""
+        if len(frames) == 1 and not self._sendq and not self._closed and self._eof is None:
+            f = frames[0]  # hot path, as in send(): one small bytes frame and zmq has room
+            if type(f) is bytes and 0 < len(f) < self._zc_min:
+                try:
+                    self._send_one(f)
+                except zmq.ZMQError:
+                    pass  # would block, or failed: the general path queues or reports it
+                else:
+                    if not self._pump._kick_pending:
+                        self._pump.kick()
+                    return None
+        self._check_open()
+        parts, large = self._encode(frames)
+        if not self._sendq:
+            try:
+                waits = self._try_send(parts, large)
+            except TransportError as exc:
+                raise _closed_error(exc) from exc
+            if waits is not None:
+                self._pump.kick()
+                return _all_done(self._loop, waits) if waits else None
+        item = _PendingSend(parts, large, self._loop.create_future())
+        self._sendq.append(item)
+        self._pump.kick()
+        done = self._loop.create_future()
+        done.add_done_callback(_consume_exception)
+        item.fut.add_done_callback(functools.partial(_chain_send, self._loop, done))
+        return done
+
+    def start_receiving(
+        self,
+        on_messages: Callable[[list[Message]], Awaitable[None] | None],
+        on_closed: Callable[[BaseException], None],
+    ) -> None:
+        super().start_receiving(on_messages, on_closed)
+        self._transport._own(self._pump_task)  # ends with the connection; aclose awaits it
+
     def send_nowait(self, frames: Sequence[Buffer]) -> None:
         """Send now, or queue behind earlier waiters without waiting (acks, heartbeats)."""
         self._check_open()
@@ -920,6 +1073,7 @@ class _PeerConnection(_ZConnection):
     def __init__(self, listener: _RouterListener, rid: bytes, fd: int, peer: str) -> None:
         super().__init__(listener, listener._loop, listener._opts)
         self._listener = listener
+        self._transport = listener._transport
         self._rid = rid
         self._fd = fd
         self.local_address = listener.address
@@ -996,7 +1150,7 @@ class _RouterListener(_Pump, Listener):
         self._shut = False
         self._retry: asyncio.TimerHandle | None = None
         self._retry_delay = 0.001
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._ipc_file: _IpcFile | None = None  # removed when the listener stops accepting
         _Pump.__init__(self, sock, loop, transport._opts, transport.limits)
         self._monitor = _Monitor(transport._context(), sock, loop, self._on_event, _MON_EVENTS)
 
@@ -1117,9 +1271,7 @@ class _RouterListener(_Pump, Listener):
         conn = _PeerConnection(self, rid, fd, self._peer_name(fd))
         self._conns[rid] = conn
         self._by_fd[fd] = conn
-        task = self._loop.create_task(self._run_handler(conn))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._transport._own(self._loop.create_task(self._run_handler(conn), name=f"aionet-zmq {conn.peer_address}"))
 
     def _peer_name(self, fd: int) -> str:
         if self._scheme == "zmq+ipc":
@@ -1136,9 +1288,14 @@ class _RouterListener(_Pump, Listener):
         try:
             await self._handler(conn)
         except asyncio.CancelledError:
+            conn.abort()
             raise
+        except ConnectionClosed as exc:  # the stream ended under the handler: not a bug
+            log.debug("zmq connection ended in its handler", peer=conn.peer_address, reason=str(exc))
+            conn.abort()
         except Exception:
-            log.exception("zmq connection handler raised", listener=self._address, peer=conn.peer_address)
+            log.exception("zmq connection handler raised; closing", listener=self._address, peer=conn.peer_address)
+            conn.abort()
 
     def _on_event(self, event: int, value: int) -> None:
         if event == zmq.EVENT_ACCEPTED:
@@ -1249,8 +1406,14 @@ class _RouterListener(_Pump, Listener):
         if not self._accepting:
             return
         self._accepting = False
+        self._remove_ipc_file()  # established peers keep their connections; new dials fail fast
         if not self._conns:
             self._shutdown(None)
+
+    def _remove_ipc_file(self) -> None:
+        f, self._ipc_file = self._ipc_file, None
+        if f is not None:
+            f.remove()
 
     def _shutdown(self, exc: TransportError | None) -> None:
         if self._shut:
@@ -1271,6 +1434,7 @@ class _RouterListener(_Pump, Listener):
         self._stop()
         self._monitor.close()
         self._sock.close(linger=self._opts.linger_ms)
+        self._remove_ipc_file()
         self._transport._listeners.discard(self)
 
 
@@ -1348,6 +1512,8 @@ class _DealerConnection(_Pump, _ZConnection):
                 self._handshake.set_result(None)
             else:
                 self._violation(HandshakeError("listener answered with an unknown protocol version"))
+        elif ctl == _WELCOME and self._handshake.cancelled():
+            pass  # connect() was cancelled just before the welcome came; its abort() follows
         elif ctl == _BYE:
             reason = bytes(args[0]).decode(errors="replace") if args and args[0] else ""
             what = f"{self.peer_address} closed the connection" + (f" ({reason})" if reason else "")
@@ -1486,6 +1652,7 @@ class ZMQTransport(Transport):
         self._zap: _ZapHandler | None = None
         self._listeners: set[_RouterListener] = set()
         self._dialers: set[_DealerConnection] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # handler and push-mode tasks; ended in aclose
         self._closed = False
 
     @classmethod
@@ -1559,6 +1726,8 @@ class ZMQTransport(Transport):
             raise _zmq_error(exc, f"cannot listen on {url}") from exc
         address = f"zmq+{bound}"
         listener = _RouterListener(self, sock, address, handler, asyncio.get_running_loop())
+        if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+            listener._ipc_file = _IpcFile.created(endpoint[6:])
         self._listeners.add(listener)
         log.debug("zmq listening", address=address)
         return listener
@@ -1580,6 +1749,16 @@ class ZMQTransport(Transport):
         await conn._connect(timeout)
         return conn
 
+    def _own(self, task: asyncio.Task[Any]) -> None:
+        """Keep a task this transport started until it ends; aclose waits for it."""
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("zmq transport task failed", task=task.get_name(), error=repr(exc), exc_info=exc)
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -1588,6 +1767,18 @@ class ZMQTransport(Transport):
         for listener in list(self._listeners):
             listener._shutdown(None)
         self._closed = True
+        if self._tasks:
+            # Every connection has ended, so handlers reading them finish by themselves; a
+            # handler still busy after a moment is cancelled, and each is awaited.
+            me = asyncio.current_task()
+            tasks = [t for t in self._tasks if t is not me]
+            pending: set[asyncio.Task[Any]] = set()
+            if tasks:
+                _done, pending = await asyncio.wait(tasks, timeout=1.0)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
         if self._zap is not None:
             self._zap.close()
             self._zap = None
