@@ -150,8 +150,8 @@ async def test_cupy_frames_over_ucx():
 
 
 async def test_nodes_without_a_token_talk_over_loopback_ucx():
-    """A node with no token accepts local peers only. ucxx does not report who connected, so
-    a listener on a loopback address labels its peers local (only this host can reach it)."""
+    """A node with no token accepts local peers only: the ucx listener labels each peer with
+    the address UCX reports for it, loopback here, so the nodes talk."""
     from aionet import Node
     from aionet.config import Config
 

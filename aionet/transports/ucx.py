@@ -15,6 +15,16 @@ complete messages, so ``recv_many`` returns everything already received. It stop
 the sender, whose ``send`` blocks: that is the back-pressure. Small (eager) messages are
 buffered by UCX itself and are not bounded by this.
 
+Listening: ucxx (0.52) cannot bind a listener to one host; its socket accepts on every
+interface. The listener enforces the host per connection instead: UCX reports each accepted
+endpoint's local and remote address (``ucp_ep_query``), a connection that arrived on an address
+other than the requested host is aborted before aionet sees it, and the peer is labelled with
+its real address, so it counts as local (for a node without a token) only when it is. A context
+created for a loopback listener also limits UCX's own TCP data listeners to the loopback device
+(``UCX_NET_DEVICES``, unless set), so nothing else of the process listens on a routable
+address; and ``CM_REUSEADDR`` is on (unless set) so a stopped listener's port can be bound again
+at once instead of after TIME_WAIT.
+
 Device memory: when UCX was built with CUDA support and CUDA works, frames may be CuPy arrays
 and arrive as device buffers (``moves_device_memory`` is True on such connections), so GPU
 staging is skipped.
