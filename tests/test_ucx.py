@@ -5,8 +5,11 @@ loops, the FIN makes close orderly, and missing pieces are clear errors."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import ipaddress
 import os
 import resource
+import socket
 import subprocess
 import sys
 
@@ -15,6 +18,8 @@ import pytest
 
 from aionet.devices import Devices
 from aionet.errors import ConnectionClosed, TransportError, TransportUnavailable
+
+from .conftest import wait_for
 
 ucxx = pytest.importorskip("ucxx", reason="ucx: ucxx is not installed (pip install 'aionet[ucx]')")
 
@@ -145,8 +150,8 @@ async def test_cupy_frames_over_ucx():
 
 
 async def test_nodes_without_a_token_talk_over_loopback_ucx():
-    """A node with no token accepts local peers only. ucxx does not report who connected, so
-    a listener on a loopback address labels its peers local (only this host can reach it)."""
+    """A node with no token accepts local peers only: the ucx listener labels each peer with
+    the address UCX reports for it, loopback here, so the nodes talk."""
     from aionet import Node
     from aionet.config import Config
 
@@ -214,5 +219,147 @@ async def test_queue_above_high_water_asks_the_writer_to_wait():
     stop.set()
     await c.close()
     await s.close()
+    await lst.close()
+    await t.aclose()
+
+
+def _listening(pid: int | None = None) -> list[tuple[str, int]]:
+    import psutil
+
+    me = pid or os.getpid()
+    return sorted(
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.net_connections(kind="tcp")
+        if c.pid == me and c.status == psutil.CONN_LISTEN
+    )
+
+
+def _routable_ipv4() -> str | None:
+    """A non-loopback IPv4 address of this host (to reach a listener the way a remote host
+    would reach it), or None where the host has none."""
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback:
+                return a.address
+    return None
+
+
+async def test_loopback_listener_serves_loopback_only():
+    """Issue 11 item 14: a ucx://127.0.0.1 listener used to accept on every interface and
+    label every peer loopback, and UCX's TCP transport listened on every device too. Now
+    nothing but the listener's own port listens off loopback (ucxx 0.52 cannot bind that one
+    to a host), and a connection arriving there on a routable address is refused before the
+    handler sees it."""
+    other = _routable_ipv4()
+    if other is None:
+        pytest.skip("this host has no non-loopback IPv4 address to connect through")
+    t = UCXTransport({"tls": "tcp"})
+    accepted: list = []
+
+    async def handler(conn):
+        accepted.append(conn.peer_address)
+        await conn.close()
+
+    gc.collect()  # listeners of earlier tests in this process go once unreferenced
+    before = set(_listening())
+    lst = await t.listen("ucx://127.0.0.1:0", handler)
+    port = int(lst.address.rsplit(":", 1)[1])
+    new = set(_listening()) - before
+    off_loopback = [(ip, p) for ip, p in new if not ipaddress.ip_address(ip).is_loopback]
+    assert all(p == port for _, p in off_loopback), f"UCX listens on routable addresses: {off_loopback}"
+
+    try:
+        c = await t.connect(f"ucx://{other}:{port}", timeout=5)
+    except TransportError:
+        c = None  # refused during UCX's own handshake: as good
+    if c is not None:
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(c.recv(), 10)  # the listener aborted the endpoint
+        c.abort()
+    # the same listener still serves loopback, and labels that peer with its real address
+    c2 = await t.connect(lst.address, timeout=5)
+    await wait_for(lambda: accepted, 10)
+    assert accepted[0].startswith("ucx://127.0.0.1:") and not accepted[0].endswith(":0")
+    assert len(accepted) == 1, "a connection on a routable address reached the handler"
+    c2.abort()
+    await lst.close()
+    await t.aclose()
+
+
+async def test_wildcard_listener_labels_peers_by_their_proven_address():
+    """A peer is labelled local only when UCX reports a loopback address for it: through a
+    routable address it is not local, so a node without a token refuses it."""
+    from aionet.node import _is_local
+
+    other = _routable_ipv4()
+    if other is None:
+        pytest.skip("this host has no non-loopback IPv4 address to connect through")
+    t = UCXTransport({"tls": "tcp"})
+    accepted: asyncio.Queue = asyncio.Queue()
+
+    async def handler(conn):
+        await accepted.put(conn)
+
+    lst = await t.listen("ucx://0.0.0.0:0", handler)
+    port = int(lst.address.rsplit(":", 1)[1])
+    conns = []
+    for host, local in (("127.0.0.1", True), (other, False)):
+        conns.append(await t.connect(f"ucx://{host}:{port}", timeout=5))
+        s = await asyncio.wait_for(accepted.get(), 10)
+        assert s.peer_address.startswith(f"ucx://{host}:"), s.peer_address
+        assert _is_local(s.peer_address) is local
+        s.abort()
+    for c in conns:
+        c.abort()
+    await lst.close()
+    await t.aclose()
+
+
+async def test_port_can_be_taken_again_at_once_after_a_clean_stop():
+    """Item 14: when the listening side closed an accepted connection first, its port stayed
+    in TIME_WAIT and a restarted listener could not bind it for about a minute."""
+    t, tc = UCXTransport({"tls": "tcp"}), UCXTransport({"tls": "tcp"})
+    got = asyncio.Event()
+
+    async def handler(conn):
+        await conn.recv()
+        got.set()
+        await conn.close()  # the server side closes first
+
+    lst = await t.listen("ucx://127.0.0.1:0", handler)
+    c = await tc.connect(lst.address, timeout=5)
+    await c.send([b"x"])
+    await asyncio.wait_for(got.wait(), 10)
+    with pytest.raises(ConnectionClosed):
+        await asyncio.wait_for(c.recv(), 10)  # FIN received: the server has closed its side
+    await lst.close()
+    await t.aclose()
+    c.abort()
+    await tc.aclose()
+    t2 = UCXTransport({"tls": "tcp"})
+    lst2 = await t2.listen(lst.address, handler)  # same port, at once
+    assert lst2.address == lst.address
+    await lst2.close()
+    await t2.aclose()
+
+
+async def test_a_failing_connection_handler_leaves_no_unretrieved_task():
+    """Item 16: the handler task of an accepted connection is owned; its failure is consumed
+    and logged (the suite's loop-error guard fails this test otherwise)."""
+    t = UCXTransport({"tls": "tcp"})
+    failed = asyncio.Event()
+
+    async def handler(conn):
+        failed.set()
+        conn.abort()
+        raise RuntimeError("handler failed")
+
+    lst = await t.listen("ucx://127.0.0.1:0", handler)
+    c = await t.connect(lst.address, timeout=5)
+    await asyncio.wait_for(failed.wait(), 10)
+    await wait_for(lambda: not t._tasks, 10)
+    c.abort()
     await lst.close()
     await t.aclose()

@@ -15,6 +15,16 @@ complete messages, so ``recv_many`` returns everything already received. It stop
 the sender, whose ``send`` blocks: that is the back-pressure. Small (eager) messages are
 buffered by UCX itself and are not bounded by this.
 
+Listening: ucxx (0.52) cannot bind a listener to one host; its socket accepts on every
+interface. The listener enforces the host per connection instead: UCX reports each accepted
+endpoint's local and remote address (``ucp_ep_query``), a connection that arrived on an address
+other than the requested host is aborted before aionet sees it, and the peer is labelled with
+its real address, so it counts as local (for a node without a token) only when it is. A context
+created for a loopback listener also limits UCX's own TCP data listeners to the loopback device
+(``UCX_NET_DEVICES``, unless set), so nothing else of the process listens on a routable
+address; and ``CM_REUSEADDR`` is on (unless set) so a stopped listener's port can be bound again
+at once instead of after TIME_WAIT.
+
 Device memory: when UCX was built with CUDA support and CUDA works, frames may be CuPy arrays
 and arrive as device buffers (``moves_device_memory`` is True on such connections), so GPU
 staging is skipped.
@@ -33,7 +43,9 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import socket
 import struct
+import sys
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Sequence
@@ -76,7 +88,7 @@ class _SharedUCX:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.users: weakref.WeakSet[UCXTransport] = weakref.WeakSet()
 
-    def acquire(self, user: UCXTransport, options: dict[str, Any]) -> Any:
+    def acquire(self, user: UCXTransport, options: dict[str, Any], *, loopback_only: bool = False) -> Any:
         ucxx = _import_ucxx()
         loop = asyncio.get_running_loop()
         if self.loop is not None and self.loop is not loop:
@@ -91,6 +103,7 @@ class _SharedUCX:
             ucx_opts = {str(k).upper(): str(v) for k, v in options.get("ucx_options", {}).items()}
             if options.get("tls"):
                 ucx_opts["TLS"] = str(options["tls"])
+            _context_defaults(ucx_opts, loopback_only=loopback_only)
             try:
                 ucxx.init(options=ucx_opts, progress_mode="thread", enable_python_future=True)
             except RuntimeError:
@@ -118,6 +131,90 @@ class _SharedUCX:
 _SHARED = _SharedUCX()
 
 
+def _context_defaults(ucx_opts: dict[str, str], *, loopback_only: bool) -> None:
+    """UCX settings aionet needs unless the user chose otherwise (in ``ucx_options`` or UCX_*).
+
+    CM_REUSEADDR: without it, a listener's port stays busy for TIME_WAIT (about a minute)
+    after a clean stop whenever this side closed an accepted connection first, so a restarted
+    node cannot take its port back. NET_DEVICES: UCX's TCP transport opens a data listener on
+    every network device; when the context is created for a loopback listener, restrict it to
+    the loopback device so nothing of this process listens on a routable address."""
+    if not any(k in ucx_opts for k in ("CM_REUSEADDR", "TCP_CM_REUSEADDR")) and not any(
+        k in os.environ for k in ("UCX_CM_REUSEADDR", "UCX_TCP_CM_REUSEADDR")
+    ):
+        ucx_opts["CM_REUSEADDR"] = "y"
+    if loopback_only and "NET_DEVICES" not in ucx_opts and "UCX_NET_DEVICES" not in os.environ:
+        ucx_opts["NET_DEVICES"] = ",".join(_loopback_devices())
+
+
+def _loopback_devices() -> list[str]:
+    """Names of the loopback network interfaces (IFF_LOOPBACK), ``lo`` where unknown."""
+    names = []
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir("/sys/class/net")):
+            with contextlib.suppress(OSError, ValueError), open(f"/sys/class/net/{name}/flags") as f:
+                if int(f.read().strip(), 16) & 0x8:  # IFF_LOOPBACK
+                    names.append(name)
+    return names or ["lo"]
+
+
+class _EpQuery:
+    """``ucp_ep_query`` through ctypes: the socket addresses of an accepted endpoint.
+
+    ucxx does not say who connected, nor on which local address, and (0.52) cannot bind a
+    listener to one host: it always listens on every interface. Asking UCX for the endpoint's
+    addresses is what lets a listener refuse connections that arrived on another address and
+    label a peer local only when its address proves it. ``None`` where UCX cannot be asked."""
+
+    _FIELDS = (1 << 1) | (1 << 2)  # UCP_EP_ATTR_FIELD_LOCAL_SOCKADDR | _REMOTE_SOCKADDR
+    _LOCAL_OFF = 8 + 32  # after field_mask and name[UCP_ENTITY_NAME_MAX]
+    _REMOTE_OFF = _LOCAL_OFF + 128  # sizeof(struct sockaddr_storage)
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self._ctypes = ctypes
+        self._fn: Any = None
+        for name in ("libucp.so.0", "libucp.so"):  # already loaded by ucxx: dlopen finds it by soname
+            with contextlib.suppress(OSError, AttributeError):
+                fn = ctypes.CDLL(name).ucp_ep_query
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                fn.restype = ctypes.c_int
+                self._fn = fn
+                break
+
+    @property
+    def available(self) -> bool:
+        return self._fn is not None
+
+    def addresses(self, ep: Any) -> tuple[tuple[str, int], tuple[str, int]] | None:
+        """(local, remote) (ip, port) of ``ep``, or None where UCX does not report them."""
+        if self._fn is None:
+            return None
+        ct = self._ctypes
+        buf = (ct.c_uint8 * 1024)()  # larger than ucp_ep_attr_t; UCX writes only the asked fields
+        ct.c_uint64.from_buffer(buf).value = self._FIELDS
+        try:
+            if self._fn(ep.ucp_endpoint, buf) != 0:
+                return None
+        except Exception:
+            return None
+        raw = bytes(buf)
+        local, remote = _sockaddr(raw, self._LOCAL_OFF), _sockaddr(raw, self._REMOTE_OFF)
+        return (local, remote) if local is not None and remote is not None else None
+
+
+def _sockaddr(raw: bytes, off: int) -> tuple[str, int] | None:
+    family = int.from_bytes(raw[off : off + 2], sys.byteorder)  # sa_family_t, host order
+    port = int.from_bytes(raw[off + 2 : off + 4], "big")
+    if family == socket.AF_INET:
+        return socket.inet_ntop(socket.AF_INET, raw[off + 4 : off + 8]), port
+    if family == socket.AF_INET6:
+        ip = ipaddress.IPv6Address(raw[off + 8 : off + 24])
+        return str(ip.ipv4_mapped or ip), port
+    return None
+
+
 def _is_cancel(exc: BaseException) -> bool:
     return type(exc).__name__ in ("UCXCanceled", "UCXCanceledError", "UCXXCanceledError")
 
@@ -140,6 +237,7 @@ class UCXConnection(Connection):
         self._closed = False
         self._failure: BaseException | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        self._reader.add_done_callback(_consume)
         # Outgoing: one sender task takes everything queued and sends it as one ucxx message:
         # each ucxx send costs a completion through the progress thread, so sending queued
         # small messages together is what makes small-message rates tolerable.
@@ -221,6 +319,7 @@ class UCXConnection(Connection):
         self._out_bytes += nbytes
         if self._sender is None:
             self._sender = asyncio.get_running_loop().create_task(self._send_loop())
+            self._sender.add_done_callback(_consume)
         if done is not None:
             return done
         if self._out_bytes > _HIGH_WATER:
@@ -355,6 +454,13 @@ class UCXConnection(Connection):
         return {"queued_bytes": self._queued_bytes, "moves_device_memory": self.moves_device_memory}
 
 
+def _consume(task: asyncio.Task[Any]) -> None:
+    """Done callback of a connection's own tasks: their failure is already recorded on the
+    connection (or the task was aborted), so retrieve it rather than leave it unretrieved."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.debug("ucx connection task ended", error=repr(exc))
+
+
 def _own(buf: Any) -> Any:
     """Host frames as flat writable memoryviews; device buffers are passed through."""
     if hasattr(buf, "__cuda_array_interface__"):
@@ -366,6 +472,18 @@ def _own(buf: Any) -> Any:
 def _nbytes(f: Any) -> int:
     n = getattr(f, "nbytes", None)
     return int(n) if n is not None else len(f)
+
+
+async def _host_ips(loop: asyncio.AbstractEventLoop, host: str, url: str) -> set[str]:
+    """The IP addresses ``host`` names (the addresses a listener on it serves)."""
+    with contextlib.suppress(ValueError):
+        ip = ipaddress.ip_address(host)
+        return {str(getattr(ip, "ipv4_mapped", None) or ip)}
+    try:
+        infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise TransportError(f"ucx: cannot listen on {url}: cannot resolve {host!r}: {exc}") from exc
+    return {str(info[4][0]).split("%", 1)[0] for info in infos}
 
 
 class UCXListener(Listener):
@@ -404,14 +522,15 @@ class UCXTransport(Transport):
         self._listeners: set[UCXListener] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._device: bool | None = None
+        self._query: _EpQuery | None = None
 
     @classmethod
     def check_available(cls) -> None:
         _import_ucxx()
 
-    def _ensure(self) -> Any:
+    def _ensure(self, *, loopback_only: bool = False) -> Any:
         if self._ucxx is None:
-            self._ucxx = _SHARED.acquire(self, self.options)
+            self._ucxx = _SHARED.acquire(self, self.options, loopback_only=loopback_only)
         return self._ucxx
 
     def _moves_device_memory(self) -> bool:
@@ -434,31 +553,66 @@ class UCXTransport(Transport):
 
     async def listen(self, url: str, handler: ConnectionHandler) -> Listener:
         addr = Address.parse(url)
-        ucxx = self._ensure()
         loop = asyncio.get_running_loop()
-
-        # ucxx does not tell a listener who connected. A listener bound to a loopback address
-        # can only be reached from this host, which is what the node's "no token: local peers
-        # only" rule needs to know; otherwise the peer stays unknown (and is not trusted).
-        peer_label = "ucx://peer"
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_address(addr.host or "").is_loopback:
-                peer_label = f"ucx://{addr.host}:0"
+        # ucxx (0.52) always listens on every interface. What it cannot bind, the listener
+        # enforces per connection: UCX reports each accepted endpoint's local and remote socket
+        # address, so a connection that arrived on an address other than the requested host is
+        # refused before aionet sees it, and the peer is labelled with its real address (the
+        # node's "no token: local peers only" rule then holds). Where UCX cannot be asked, peers
+        # are labelled unknown, which such a node refuses.
+        allowed: set[str] | None = None
+        if addr.host not in ("", "0.0.0.0", "::"):
+            allowed = await _host_ips(loop, addr.host, url)
+        loopback = allowed is not None and all(ipaddress.ip_address(a).is_loopback for a in allowed)
+        ucxx = self._ensure(loopback_only=loopback)
+        if self._query is None:
+            self._query = _EpQuery()
+        query = self._query
+        if not query.available:
+            log.warning(
+                "ucx: UCX cannot report who connected (ucp_ep_query not found), so this listener "
+                "accepts on every interface and cannot prove any peer local; a node without a "
+                "cluster token will refuse its peers: set security.token",
+                listen=url,
+            )
+        bound = url
 
         async def on_endpoint(ep: Any) -> None:
-            conn = self._wrap(ep, url, peer_label)
-            task = loop.create_task(handler(conn))  # return at once: ucxx tracks this callback
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            found = query.addresses(ep)
+            peer = "ucx://peer"  # unknown: never local
+            if found is not None:
+                (local_ip, _), (remote_ip, remote_port) = found
+                if allowed is not None and local_ip not in allowed:
+                    log.warning(
+                        "ucx connection arrived on an address this listener does not serve; refused",
+                        listener=bound, arrived_on=local_ip, peer=remote_ip,
+                    )
+                    with contextlib.suppress(Exception):
+                        ep.abort(period=10**8)
+                    return
+                peer = Address("ucx", remote_ip, remote_port, "").url()
+            conn = self._wrap(ep, bound, peer)
+            self._own(loop.create_task(handler(conn)))  # return at once: ucxx tracks this callback
 
         try:
             lst = ucxx.create_listener(on_endpoint, port=addr.port or 0)
         except Exception as exc:
             raise TransportError(f"ucx: cannot listen on {url}: {exc}") from exc
         host = addr.host if addr.host not in ("", "0.0.0.0", "::") else lst.ip
-        listener = UCXListener(self, lst, Address("ucx", host, int(lst.port), "").url())
+        bound = Address("ucx", host, int(lst.port), "").url()
+        listener = UCXListener(self, lst, bound)
         self._listeners.add(listener)
         return listener
+
+    def _own(self, task: asyncio.Task[Any]) -> None:
+        """Keep ``task`` until it ends and consume its outcome (aclose awaits what is left)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("ucx connection handler failed", error=repr(exc))
 
     async def connect(self, url: str, *, timeout: float | None = None) -> Connection:
         addr = Address.parse(url)
