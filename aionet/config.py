@@ -268,25 +268,6 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def load_token(self) -> bytes | None:
-        """The cluster secret, from ``security.token`` or ``security.token_file``; None if unset."""
-        if self.security.token:
-            return self.security.token.encode()
-        if self.security.token_file:
-            path = Path(self.security.token_file)
-            try:
-                return path.read_bytes().strip()
-            except FileNotFoundError:
-                full = path.resolve()
-                keys = f"aionet keys {full.parent}" if full.name == "token" else "aionet keys DIR"
-                raise ConfigError(
-                    f"security.token_file: {full} does not exist; `{keys}` writes a cluster token "
-                    "(with TLS and CurveZMQ test keys)"
-                ) from None
-            except OSError as exc:
-                raise ConfigError(f"security.token_file: cannot read {path}: {exc.strerror or exc}") from exc
-        return None
-
 
 def resolve_paths(data: Mapping[str, Any], base: Path) -> dict[str, Any]:
     """A copy of ``data`` (a config file's tables) where every relative file path is made
