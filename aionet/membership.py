@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codecs import handshake
+from .devices import Devices
 from .errors import AionetError, ConfigError, PeerUnavailable, ProtocolError, TransportError
 from .failure import LagClock, PhiAccrualDetector
 from .load import LoadReport, LoadSampler
@@ -325,6 +326,7 @@ class Membership:
         *,
         clock: Callable[[], float] = time.monotonic,
         load_sampler: LoadSampler | None = None,
+        devices: Devices | None = None,
     ):
         _validate(cfg)
         self.node = node
@@ -338,7 +340,7 @@ class Membership:
         self.load = load_sampler or LoadSampler(
             lag_ms=lambda: self.clock.lag * 1000.0,
             stall_ms=self._recent_stall_ms,
-            devices=getattr(node, "devices", None),
+            devices=devices,
         )
         self.stats = MembershipStats()
         self.count_bytes = False

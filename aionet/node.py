@@ -140,8 +140,11 @@ class Node:
         apply_log_level(cfg.log.level)  # [log] level, when set: the "aionet" stdlib logger's level
         self.log = get_logger("aionet.node", node=self.name)
         self.serializer = Serializer.from_config(cfg)
+        # what compute this node has: the node's one Devices, handed to everything that asks
+        # (device transfers, membership's load reports, the scheduler's resources, aionet.info)
+        self.devices = Devices()
         # device arrays in messages (aionet/device_transfer.py); ``device_backend`` overrides the
-        # array backend (tests and benchmarks pass aionet.staging.SimulatedDeviceBackend())
+        # array backend (tests and benchmarks pass aionet.devices.SimulatedDeviceBackend())
         self._device = DeviceTransfers(
             buffers=cfg.buffers,
             limits=cfg.limits,
@@ -149,6 +152,7 @@ class Node:
             log=self.log,
             spawn=lambda coro, name: self._spawn(coro, name=name),
             backend=device_backend,
+            devices=self.devices,
         )
         self.transports = TransportRegistry(transports)
         self.router = Router(
@@ -178,12 +182,10 @@ class Node:
         self._conn_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, self._info_service)
-        # what compute this node has; shared with membership's load reports (and aionet.info)
-        self.devices = Devices()
         # membership (issue 5): gossip, heartbeats, failure detection, load reports
-        self.membership = Membership(self, cfg.heartbeat)
+        self.membership = Membership(self, cfg.heartbeat, devices=self.devices)
         # tasks (issue 6): this node's ownership table and executor
-        self.scheduler = Scheduler(self)
+        self.scheduler = Scheduler(self, devices=self.devices)
 
     # ------------------------------------------------------------------ construction
     @classmethod

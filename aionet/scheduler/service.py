@@ -23,6 +23,7 @@ import threading
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
+from ..devices import Devices
 from ..errors import ConfigError, PeerUnavailable, RemoteError
 from ..log import get_logger
 from .allow import normalize_allow
@@ -59,16 +60,13 @@ def _name(t: asyncio.Future[Any]) -> str:
     return t.get_name() if isinstance(t, asyncio.Task) else repr(t)
 
 
-def _count_gpus() -> int:
-    """GPUs to offer. Skips the (slow) CUDA probe when the host has no NVIDIA device files."""
-    if not glob.glob("/dev/nvidia[0-9]*"):
+def _count_gpus(devices: Devices | None) -> int:
+    """GPUs to offer (none without the node's ``devices``). Skips the (slow) CUDA probe when
+    the host has no NVIDIA device files."""
+    if devices is None or not glob.glob("/dev/nvidia[0-9]*"):
         return 0
     try:
-        from ..devices import gpu_count
-    except ImportError:
-        return 0
-    try:
-        return int(gpu_count())
+        return int(devices.gpu_count())
     except Exception:
         return 0
 
@@ -76,8 +74,9 @@ def _count_gpus() -> int:
 class Scheduler:
     """Tasks for one node: ``node.scheduler``. Users call ``node.submit/map/gather``."""
 
-    def __init__(self, node: Any):
+    def __init__(self, node: Any, *, devices: Devices | None = None):
         self.node = node
+        self._devices = devices  # the node's: how many GPUs to offer
         self.name: str = node.name
         self.cfg = node.config.scheduler
         self._validate()
@@ -160,7 +159,7 @@ class Scheduler:
         except Exception:
             pass
         if "gpu" not in declared:
-            total["gpu"] = float(await asyncio.to_thread(_count_gpus))
+            total["gpu"] = float(await asyncio.to_thread(_count_gpus, self._devices))
         total.update(declared)
         return total
 
