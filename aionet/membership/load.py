@@ -21,10 +21,10 @@ from typing import Any
 
 import psutil
 
-from .log import get_logger
+from ..log import get_logger
 
 try:  # written by another part of the project; a node must work without it
-    from .devices import Devices as _Devices
+    from ..devices import Devices as _Devices
 except ImportError:  # pragma: no cover - depends on the checkout
     _Devices = None  # type: ignore[assignment,misc]
 
