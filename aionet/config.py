@@ -93,7 +93,7 @@ class LinkSection:
 
 @dataclass
 class HeartbeatSection:
-    """Membership and failure detection (see aionet/membership.py for how they interact)."""
+    """Membership and failure detection (see aionet/membership/ for how they interact)."""
 
     interval: float = 0.2  # s between heartbeats to each watched peer
     phi_threshold: float = 8.0  # suspicion level that starts a verification

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from .log import get_logger
+from ..log import get_logger
 
 log = get_logger("aionet.load")
 
