@@ -1,5 +1,16 @@
-"""aionet: an asyncio message-passing runtime for heterogeneous clusters."""
+"""aionet: an asyncio message-passing runtime for heterogeneous clusters.
 
+``Node``, ``TaskRef`` and ``task_context`` are imported on first use (PEP 562), so that light
+users of the package, the command line above all, do not load the transports and services.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .config import Config
 from .errors import (
     AionetError,
     ConfigError,
@@ -14,13 +25,14 @@ from .errors import (
     TransportError,
     TransportUnavailable,
 )
-
-__version__ = "0.1.0"
-
-from .config import Config
-from .node import Node
 from .runner import run
-from .scheduler import TaskRef, task_context
+
+if TYPE_CHECKING:
+    from .node import Node
+    from .scheduler import TaskRef, task_context
+
+#: public names loaded on first access -> the module that defines them
+_LAZY = {"Node": ".node", "TaskRef": ".scheduler", "task_context": ".scheduler"}
 
 __all__ = [
     "AionetError",
@@ -42,3 +54,16 @@ __all__ = [
     "run",
     "task_context",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

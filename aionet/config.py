@@ -93,7 +93,7 @@ class LinkSection:
 
 @dataclass
 class HeartbeatSection:
-    """Membership and failure detection (see aionet/membership.py for how they interact)."""
+    """Membership and failure detection (see aionet/membership/ for how they interact)."""
 
     interval: float = 0.2  # s between heartbeats to each watched peer
     phi_threshold: float = 8.0  # suspicion level that starts a verification
@@ -267,25 +267,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    def load_token(self) -> bytes | None:
-        """The cluster secret, from ``security.token`` or ``security.token_file``; None if unset."""
-        if self.security.token:
-            return self.security.token.encode()
-        if self.security.token_file:
-            path = Path(self.security.token_file)
-            try:
-                return path.read_bytes().strip()
-            except FileNotFoundError:
-                full = path.resolve()
-                keys = f"aionet keys {full.parent}" if full.name == "token" else "aionet keys DIR"
-                raise ConfigError(
-                    f"security.token_file: {full} does not exist; `{keys}` writes a cluster token "
-                    "(with TLS and CurveZMQ test keys)"
-                ) from None
-            except OSError as exc:
-                raise ConfigError(f"security.token_file: cannot read {path}: {exc.strerror or exc}") from exc
-        return None
 
 
 def resolve_paths(data: Mapping[str, Any], base: Path) -> dict[str, Any]:

@@ -8,12 +8,12 @@ device array (CuPy, ``__cuda_array_interface__``, CUDA DLPack) then travels one 
   (:meth:`Stager.encode`) and carried as out-of-band frames of the message itself;
 * **staged**, larger arrays: before the message, the node sends the array's chunks as
   separate sequenced link messages (envelope kind ``XFER``), each chunk copied device->host
-  into a buffer of the node's pinned :class:`~aionet.buffers.BufferPool` while the previous
-  chunk is on the wire (:class:`~aionet.staging.ChunkStream`); the message then refers to
-  the transfer by id. A pool buffer goes back to the pool only when nothing references its
-  frame any more (the link keeps frames for replay until the peer acknowledges them), so
-  pinned memory is bounded by ``[buffers] max_bytes`` and a sender faster than the network
-  waits for acknowledgements (back-pressure);
+  into a buffer of the node's pinned :class:`~aionet.devices.buffers.BufferPool` while the
+  previous chunk is on the wire (:class:`~aionet.devices.staging.ChunkStream`); the message
+  then refers to the transfer by id. A pool buffer goes back to the pool only when nothing
+  references its frame any more (the link keeps frames for replay until the peer acknowledges
+  them), so pinned memory is bounded by ``[buffers] max_bytes`` and a sender faster than the
+  network waits for acknowledgements (back-pressure);
 * **device frames**, when the connection's transport moves device memory itself
   (``moves_device_memory``, UCX with CUDA): the device buffer is the frame.
 
@@ -43,9 +43,9 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
-from .buffers import BufferPool, PooledBuffer
 from .codecs.serialize import DEVICE_FRAMES, DEVICE_INLINE, DEVICE_STAGED, DecodeDeferred, Serializer
 from .config import BuffersSection, LimitsSection
+from .devices import BufferPool, ChunkStream, Devices, PooledBuffer, Receiver, Stager, is_device_array
 from .errors import (
     DecodeError,
     FrameTooLarge,
@@ -54,7 +54,6 @@ from .errors import (
     SerializationError,
 )
 from .router import ERR, REP, REQ, SEND, XFER
-from .staging import ChunkStream, Receiver, Stager, is_device_array
 
 __all__ = ["DeviceTransfers", "StagingRequired", "TransferFailed", "TransferPending"]
 
@@ -159,8 +158,10 @@ class DeviceTransfers:
         log: Any,
         spawn: Callable[[Any, str], asyncio.Task[Any]],
         backend: Any = None,
+        devices: Devices | None = None,
     ) -> None:
         self._cfg = buffers
+        self._devices = devices  # the node's: whether CUDA works (pinned pool, CuPy backend)
         self._limits = limits
         self._ser = serializer
         self.log = log
@@ -197,7 +198,9 @@ class DeviceTransfers:
             pinned: bool | None = {"true": True, "false": False}.get(str(cfg.pinned))
             if pinned is None and self._backend is not None:
                 pinned = bool(getattr(self._backend, "on_device", False))
-            self._pool = BufferPool(size_classes=classes, max_bytes=int(cfg.max_bytes), pinned=pinned)
+            self._pool = BufferPool(
+                size_classes=classes, max_bytes=int(cfg.max_bytes), pinned=pinned, devices=self._devices
+            )
             self._stager = Stager(
                 backend=self._backend,
                 pool=self._pool,
@@ -205,6 +208,7 @@ class DeviceTransfers:
                 depth=int(cfg.staging_depth),
                 host_fallback=bool(cfg.device_host_fallback),
                 max_nbytes=self._limits.max_message_bytes,
+                devices=self._devices,
             )
         return self._stager
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import os
 import random
-import socket
 import ssl
 import time
 import uuid
@@ -35,6 +33,7 @@ from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
 from .router import BYE, ERR, PEERS, REP, REQ, SEND, XFER, Mailbox, Router
 from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
+from .security import is_local_address, is_local_host, is_loopback_host, load_token
 from .transports.base import Address, Connection, Listener
 from .transports.registry import TransportRegistry
 
@@ -109,20 +108,6 @@ def _host_of(address: str) -> str:
     return a.host or address
 
 
-def _is_local(address: str) -> bool:
-    """True for peers on this host: loopback IPs, inproc, ipc."""
-    try:
-        a = Address.parse(address)
-    except AionetError:
-        return False
-    if a.scheme in ("inproc", "zmq+ipc"):
-        return True
-    try:
-        return ipaddress.ip_address(a.host).is_loopback
-    except ValueError:
-        return a.host == "localhost"
-
-
 class Node:
     """An aionet node: ``async with aionet.Node(name="a", listen="tcp://127.0.0.1:0") as node: ...``"""
 
@@ -155,8 +140,11 @@ class Node:
         apply_log_level(cfg.log.level)  # [log] level, when set: the "aionet" stdlib logger's level
         self.log = get_logger("aionet.node", node=self.name)
         self.serializer = Serializer.from_config(cfg)
+        # what compute this node has: the node's one Devices, handed to everything that asks
+        # (device transfers, membership's load reports, the scheduler's resources, aionet.info)
+        self.devices = Devices()
         # device arrays in messages (aionet/device_transfer.py); ``device_backend`` overrides the
-        # array backend (tests and benchmarks pass aionet.staging.SimulatedDeviceBackend())
+        # array backend (tests and benchmarks pass aionet.devices.SimulatedDeviceBackend())
         self._device = DeviceTransfers(
             buffers=cfg.buffers,
             limits=cfg.limits,
@@ -164,6 +152,7 @@ class Node:
             log=self.log,
             spawn=lambda coro, name: self._spawn(coro, name=name),
             backend=device_backend,
+            devices=self.devices,
         )
         self.transports = TransportRegistry(transports)
         self.router = Router(
@@ -175,7 +164,7 @@ class Node:
             peer_mailbox_bytes=cfg.link.peer_mailbox_bytes,
             peer_mailbox_size=cfg.link.peer_mailbox_size,
         )
-        self._token = cfg.load_token()
+        self._token = load_token(cfg.security)
         self._peers: dict[str, _Peer] = {}
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -193,12 +182,10 @@ class Node:
         self._conn_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, self._info_service)
-        # what compute this node has; shared with membership's load reports (and aionet.info)
-        self.devices = Devices()
         # membership (issue 5): gossip, heartbeats, failure detection, load reports
-        self.membership = Membership(self, cfg.heartbeat)
+        self.membership = Membership(self, cfg.heartbeat, devices=self.devices)
         # tasks (issue 6): this node's ownership table and executor
-        self.scheduler = Scheduler(self)
+        self.scheduler = Scheduler(self, devices=self.devices)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -220,7 +207,7 @@ class Node:
             return
         self._started_at = time.time()
         self._running = True
-        if self._token is None and not all(_is_local(u) for u in self.config.node.listen):
+        if self._token is None and not all(is_local_address(u) for u in self.config.node.listen):
             self.log.warning("no cluster token configured: accepting connections from this host only")
         try:
             for url in self.config.node.listen:
@@ -313,9 +300,9 @@ class Node:
                 continue
             if a.port != b.port:
                 continue
-            if a.host == b.host or (_is_loopback_host(a.host) and _is_loopback_host(b.host)):
+            if a.host == b.host or (is_loopback_host(a.host) and is_loopback_host(b.host)):
                 return True
-            if b.host in ("0.0.0.0", "::", "") and _is_local_host(a.host):
+            if b.host in ("0.0.0.0", "::", "") and is_local_host(a.host):
                 return True
         return False
 
@@ -958,7 +945,7 @@ class Node:
             return None
         if hello.name == self.name:
             raise HandshakeError(f"peer uses this node's own name {self.name!r}; names must be unique")
-        if self._token is None and not _is_local(conn.peer_address):
+        if self._token is None and not is_local_address(conn.peer_address):
             raise HandshakeError("this node has no cluster token and accepts local peers only")
         nonce_a = handshake.new_nonce()
         mac_a = handshake.mac(self._token, b"A", hello.nonce, nonce_a, self.name, hello.name)
@@ -1275,33 +1262,6 @@ def _tls_refusal(exc: BaseException | None) -> bool:
 
 def _seed_errors(errors: dict[str, BaseException]) -> str:
     return "; ".join(f"{url}: {exc or type(exc).__name__}" for url, exc in errors.items())
-
-
-def _is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _is_local_host(host: str) -> bool:
-    """True if ``host`` is this machine: loopback, its host name, or an IP bound here (checked
-    by binding to it, which needs no DNS)."""
-    if _is_loopback_host(host) or host == socket.gethostname():
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-        return True
-    except OSError:
-        return False
 
 
 async def _quiet(aw: Any) -> None:

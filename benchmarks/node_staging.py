@@ -38,7 +38,7 @@ import _common
 
 from aionet import Node
 from aionet.config import Config, parse_size
-from aionet.staging import SimulatedDeviceBackend
+from aionet.devices import SimulatedDeviceBackend
 
 
 class DeviceView:

@@ -7,7 +7,7 @@ Paths (all in the same run, their order alternating between repeats):
 
 * ``direct``: the sender sends the numpy array as one out-of-band frame; the receiver takes it
   as a numpy array on the received buffer (freshly allocated by the transport).
-* ``staged`` (**the bar row**): the array goes through :class:`aionet.staging.Stager` with the
+* ``staged`` (**the bar row**): the array goes through :class:`aionet.devices.Stager` with the
   simulated-device backend on *both* ends: every chunk is copied (a real memcpy standing in for
   ``cudaMemcpyAsync`` device->host) into a pool buffer before it is sent, and the receiver
   copies every chunk from the buffer it arrived in into the destination "device" array
@@ -16,7 +16,7 @@ Paths (all in the same run, their order alternating between repeats):
   without the first-touch page faults of a fresh 1 GiB buffer.
 * ``chunked`` (reference): the same chunking with no staging copy at all.
 * ``staged-pool``: ``staged`` with the chunks received straight into pool buffers.
-* ``staged-host``: the same sender; the receiver has no GPU (:class:`~aionet.staging.HostTarget`,
+* ``staged-host``: the same sender; the receiver has no GPU (:class:`~aionet.devices.HostTarget`,
   delivers numpy) and receives the chunks straight into the final array: no copy there.
 
 The last two (and ``direct-warm``) need a transport hook for choosing where a large frame
@@ -50,9 +50,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common
 
-from aionet.buffers import BufferPool
 from aionet.config import LimitsSection, parse_size
-from aionet.staging import DEFAULT_DEPTH, HostTarget, SimulatedDeviceBackend, Stager
+from aionet.devices import DEFAULT_DEPTH, BufferPool, HostTarget, SimulatedDeviceBackend, Stager
 from aionet.transports.tcp import TCPTransport
 
 PATHS = ("direct", "staged", "direct-warm", "chunked", "staged-pool", "staged-host")
@@ -253,7 +252,7 @@ def main() -> None:
     if args.child:
         _common.run_async(receiver_main())
         return
-    from aionet.staging import DEFAULT_CHUNK_BYTES
+    from aionet.devices import DEFAULT_CHUNK_BYTES
 
     size = parse_size(args.size)
     chunk = parse_size(args.chunk) if args.chunk else DEFAULT_CHUNK_BYTES

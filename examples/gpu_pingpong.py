@@ -26,8 +26,7 @@ import numpy as np
 
 import aionet
 from aionet.config import Config
-from aionet.devices import Devices
-from aionet.staging import SimulatedDeviceBackend
+from aionet.devices import Devices, SimulatedDeviceBackend
 
 
 class HostAsDevice:

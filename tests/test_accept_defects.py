@@ -16,7 +16,7 @@ from aionet import Node, PeerUnavailable
 from aionet.codecs import handshake
 from aionet.config import Config
 from aionet.errors import ConnectionClosed, HandshakeError
-from aionet.keys import generate, tls_backend
+from aionet.security.keys import generate, tls_backend
 
 from .conftest import wait_for
 

@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from aionet.buffers import BufferPool, PinnedAllocator
-from aionet.devices import Devices, DeviceUnavailable
+from aionet.devices import BufferPool, Devices, DeviceUnavailable, PinnedAllocator
 
 KiB = 1024
 
@@ -158,7 +157,7 @@ def test_pinned_without_cuda_is_a_clear_error():
     if Devices(use_nvml=False).cuda_available():
         pytest.skip("CUDA present: pinned memory works here")
     with pytest.raises(DeviceUnavailable, match="no CUDA device"):
-        PinnedAllocator()
+        PinnedAllocator(Devices(use_nvml=False))
     with pytest.raises(DeviceUnavailable):
         BufferPool(pinned=True)
     assert BufferPool(pinned=None).pinned is False  # auto: plain memory here

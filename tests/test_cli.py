@@ -249,3 +249,48 @@ def test_serve_json_logs_go_to_stderr():
     assert out == ""
     events = [json.loads(line) for line in err.splitlines()]
     assert any(e["event"] == "listening" and e["level"] == "info" and e["logger"] == "aionet.node" for e in events)
+
+
+SUBCOMMANDS = ("demo", "info", "keys", "serve", "status")
+
+_HEAVY_PROBE = r"""
+import json, sys
+import aionet.cli
+heavy = lambda: sorted(m for m in sys.modules if m in ("aionet.node", "numpy", "zmq")
+                       or m.startswith(("aionet.transports", "aionet.membership", "aionet.scheduler")))
+loaded = {"import": heavy()}
+try:
+    aionet.cli.main(["--help"])
+except SystemExit:
+    pass
+loaded["help"] = heavy()
+sys.stderr.write(json.dumps(loaded))
+"""
+
+
+def test_importing_the_cli_and_its_help_load_no_node_or_transports():
+    """Subcommands load lazily and import the Node only when they run: `aionet --help` stays fast."""
+    out = subprocess.run([sys.executable, "-c", _HEAVY_PROBE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stderr) == {"import": [], "help": []}
+
+
+def test_help_lists_every_subcommand_from_module_and_console_script():
+    import re
+    from pathlib import Path
+
+    runs = [_aionet("--help")]
+    script = Path(sys.executable).with_name("aionet")  # the console script `aionet = "aionet.cli:main"`
+    if script.exists():
+        runs.append(subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60))
+    for out in runs:
+        assert out.returncode == 0, out.stderr
+        listed = re.findall(r"^  (\w+)\s", out.stdout.split("Commands:")[1], re.M)
+        assert listed == list(SUBCOMMANDS), out.stdout
+    version = _aionet("--version")
+    assert version.returncode == 0 and version.stdout.startswith("aionet, version "), version.stderr
+
+
+def test_unknown_subcommand_is_a_usage_error():
+    out = _aionet("serv")
+    assert out.returncode == 2 and "No such command 'serv'" in out.stderr

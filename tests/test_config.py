@@ -2,6 +2,7 @@ import pytest
 
 from aionet.config import Config, parse_size
 from aionet.errors import ConfigError
+from aionet.security import load_token
 
 
 def test_defaults_exist_for_every_key():
@@ -81,7 +82,7 @@ def test_example_configs_load_and_their_transport_options_are_accepted(path, tmp
     """The shipped snippets must stay valid as options change: unknown keys are errors."""
     import zmq
 
-    from aionet.keys import generate
+    from aionet.security.keys import generate
     from aionet.transports.registry import TransportRegistry
 
     keys = generate(tmp_path / "keys")
@@ -127,7 +128,7 @@ def test_relative_paths_in_a_config_file_are_relative_to_the_file(tmp_path, monk
     monkeypatch.chdir(elsewhere)
     cfg = Config.from_file("../conf/node.toml", env={})
     assert cfg.security.token_file == str(conf / "keys" / "token")
-    assert cfg.load_token() == b"s3cret"
+    assert load_token(cfg.security) == b"s3cret"
     assert cfg.security.tls_cert == str(conf / "keys" / "node.pem")
     assert cfg.security.tls_key == "/abs/node.key"
     assert cfg.security.tls_ca == str(conf / ".." / "ca.pem")
@@ -145,4 +146,4 @@ def test_missing_token_file_names_the_file_and_how_to_make_it(tmp_path):
     cfg = Config.from_file(p, env={})
     want = f"{tmp_path}/keys/token does not exist; `aionet keys {tmp_path}/keys`"
     with pytest.raises(ConfigError, match=__import__("re").escape(want)):
-        cfg.load_token()
+        load_token(cfg.security)

@@ -112,3 +112,59 @@ def test_nvml_gpus_are_reported(monkeypatch):
 def test_real_gpu_is_found():
     d = Devices()
     assert d.gpu_count() >= 1 and d.discover()["gpus"][0]["memory_total"] > 0
+
+
+async def test_a_node_builds_one_devices_and_hands_it_down(monkeypatch):
+    """Issue 12: every part of a node that asks about devices (staging pool and backend, load
+    reports, scheduler resources, aionet.info) asks the node's one Devices; none builds its own
+    (each would probe CuPy/NVML again)."""
+    import aionet
+    import aionet.scheduler.service as sched_service
+
+    built: list[Devices] = []
+    probed: list[Devices] = []
+    orig_init, orig_probe = Devices.__init__, Devices._probe
+
+    def counting_init(self, *a, **kw):
+        built.append(self)
+        orig_init(self, *a, **kw)
+
+    def recording_probe(self):
+        probed.append(self)
+        orig_probe(self)
+
+    asked: list[tuple[str, Devices]] = []
+
+    def recording(name):
+        orig = getattr(Devices, name)
+
+        def call(self, *a, **kw):
+            asked.append((name, self))
+            return orig(self, *a, **kw)
+
+        return call
+
+    monkeypatch.setattr(Devices, "__init__", counting_init)
+    monkeypatch.setattr(Devices, "_probe", recording_probe)
+    for name in ("discover", "gpu_count", "cuda_available"):
+        monkeypatch.setattr(Devices, name, recording(name))
+    # pretend the host has an NVIDIA device file, so the scheduler really asks for a GPU count
+    monkeypatch.setattr(sched_service, "glob", types.SimpleNamespace(glob=lambda pattern: ["/dev/nvidia0"]))
+    node = aionet.Node(name="a", listen="inproc://")
+    try:
+        assert built == [node.devices]
+        node._device.stager  # noqa: B018 - the staging pool and backend, built on first use
+        assert ("cuda_available", node.devices) in asked
+        asked.clear()
+        await node.membership.load._refresh_gpus()  # load reports
+        assert ("discover", node.devices) in asked
+        asked.clear()
+        await node.scheduler._detect_resources()
+        assert ("gpu_count", node.devices) in asked
+        asked.clear()
+        await node._info_service(None)
+        assert ("discover", node.devices) in asked
+    finally:
+        node._device.close()
+    assert built == [node.devices]
+    assert probed and all(d is node.devices for d in probed)

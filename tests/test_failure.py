@@ -8,8 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aionet.errors import ProtocolError
-from aionet.failure import LagClock, PhiAccrualDetector, phi_of
-from aionet.load import GpuLoad, LoadReport
 from aionet.membership import (
     ALIVE,
     DEAD,
@@ -24,6 +22,8 @@ from aionet.membership import (
     supersedes,
     verify_timeout,
 )
+from aionet.membership.detector import LagClock, PhiAccrualDetector, phi_of
+from aionet.membership.load import GpuLoad, LoadReport
 
 
 class FakeClock:

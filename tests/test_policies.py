@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aionet.scheduler.owner import normalize_resources
 from aionet.scheduler.policies import (
     POLICIES,
     NodeView,
@@ -21,6 +20,7 @@ from aionet.scheduler.policies import (
     window_size,
 )
 from aionet.scheduler.queue import Preemptible, ResourcePool, TaskQueue, pick_preemptions
+from aionet.scheduler.state import normalize_resources
 
 RES_NAMES = ["cpu", "gpu", "memory", "ssd"]
 

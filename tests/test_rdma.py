@@ -17,7 +17,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from aionet.buffers import BufferPool, PooledBuffer
+from aionet.devices import BufferPool, PooledBuffer
 from aionet.errors import ConnectionClosed, TransportUnavailable
 from aionet.transports.rdma import Completion, RDMAConnection, RDMATransport
 from aionet.transports.rdma_protocol import RdmaProtocol

@@ -229,13 +229,13 @@ async def test_slowloris_handshake_is_cut_off():
 
 
 def test_local_peer_detection():
-    from aionet.node import _is_local
+    from aionet.security import is_local_address
 
-    assert _is_local("tcp://127.0.0.1:5")
-    assert _is_local("tcp://127.8.9.1:5")
-    assert _is_local("inproc://x")
-    assert not _is_local("tcp://10.1.2.3:5")
-    assert not _is_local("garbage")
+    assert is_local_address("tcp://127.0.0.1:5")
+    assert is_local_address("tcp://127.8.9.1:5")
+    assert is_local_address("inproc://x")
+    assert not is_local_address("tcp://10.1.2.3:5")
+    assert not is_local_address("garbage")
 
 
 @pytest.mark.timeout(30)

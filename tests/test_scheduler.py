@@ -21,7 +21,7 @@ from aionet.config import Config
 from aionet.errors import ConfigError
 from aionet.scheduler import TaskCancelled, TaskFailed, TaskLost, TaskTimeout, Unschedulable
 from aionet.scheduler import owner as owner_mod
-from aionet.scheduler.tasks import CHANNEL, M_SUBMIT
+from aionet.scheduler.wire import CHANNEL, M_SUBMIT
 
 from . import tasks_fns
 from .conftest import wait_for

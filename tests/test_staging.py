@@ -10,10 +10,17 @@ import threading
 import numpy as np
 import pytest
 
-from aionet.buffers import BufferPool
-from aionet.devices import Devices, DeviceUnavailable
+from aionet.devices import (
+    BufferPool,
+    CachingAllocator,
+    Devices,
+    DeviceUnavailable,
+    HostTarget,
+    SimulatedDeviceBackend,
+    Stager,
+    is_device_array,
+)
 from aionet.errors import DecodeError, FrameTooLarge
-from aionet.staging import CachingAllocator, HostTarget, SimulatedDeviceBackend, Stager, is_device_array
 
 HAS_CUDA = Devices(use_nvml=False).cuda_available()
 

@@ -15,7 +15,8 @@ from aionet import Node, PeerUnavailable, TransportUnavailable
 from aionet.cli import main as cli
 from aionet.config import Config
 from aionet.errors import ConfigError, ConnectionClosed, TransportError
-from aionet.keys import KeygenError, generate, tls_backend
+from aionet.security import load_token
+from aionet.security.keys import KeygenError, generate, tls_backend
 from aionet.transports.registry import TransportRegistry
 from aionet.transports.tls import TLSTransport
 
@@ -227,7 +228,7 @@ def test_keys_command_writes_usable_material(tmp_path, backend):
     snippet = "\n".join(line for line in res.output.splitlines() if not line.startswith("#"))
     cfg = Config.from_dict(tomllib.loads(snippet), env={})
     assert cfg.security.tls_ca == str(d / "ca.pem")
-    assert cfg.load_token() == (d / "token").read_bytes().strip()
+    assert load_token(cfg.security) == (d / "token").read_bytes().strip()
     # the certificate verifies against the CA, for both roles and the requested names
     ctx = ssl.create_default_context(cafile=str(d / "ca.pem"))
     ctx.load_cert_chain(str(d / "node.pem"), str(d / "node.key"))

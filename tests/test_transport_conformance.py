@@ -60,7 +60,7 @@ class SchemeSpec:
 
 def _tls_options(scratch: Path) -> dict[str, Any]:
     """A test CA, certificate and key (made once per session); mutual TLS with verification."""
-    from aionet.keys import generate
+    from aionet.security.keys import generate
 
     d = scratch / "tls-keys"
     if not (d / "node.pem").exists():
@@ -73,7 +73,7 @@ def _tls_options(scratch: Path) -> dict[str, Any]:
 
 def _curve_options(scratch: Path) -> dict[str, Any]:
     """One CurveZMQ key pair for the session, shared by both ends (as `aionet keys` does)."""
-    from aionet.keys import curve_keypair
+    from aionet.security.keys import curve_keypair
 
     d = scratch / "curve-keys"
     if not (d / "curve.secret").exists():

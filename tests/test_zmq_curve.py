@@ -25,7 +25,7 @@ import aionet
 from aionet import Node
 from aionet.config import Config
 from aionet.errors import ConfigError, PeerUnavailable, TransportError, TransportUnavailable
-from aionet.keys import KeygenError, KeySet, curve_keypair, generate
+from aionet.security.keys import KeygenError, KeySet, curve_keypair, generate
 from aionet.transports.base import Connection
 from aionet.transports.zmq import PROTOCOL, ZMQTransport
 

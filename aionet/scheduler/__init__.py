@@ -4,9 +4,9 @@
 pure functions in :mod:`aionet.scheduler.policies`.
 """
 
-from .owner import normalize_resources
 from .policies import POLICIES, NodeView, RuntimeEstimator, TaskReq, choose, window_size
 from .service import Scheduler
+from .state import normalize_resources
 from .tasks import (
     TaskCancelled,
     TaskContext,

@@ -8,7 +8,11 @@ and placement runs in bounded batches on the loop so heartbeats never starve.
 
 Exactly-once: a record accepts the first completion of any attempt while it is placed; every
 later completion (an old attempt from a node wrongly presumed dead, a stolen copy) is dropped,
-so each future is resolved once.
+so each future is resolved once. A task's state (:class:`.state.TaskState`) changes only in
+:meth:`Owner._transition`, which checks the transition table.
+
+The owner decides; the service it is given (:class:`.host.SchedulerHost`) sends: specs leave
+through ``outbox`` and ``send_specs``, cancels and frees through ``_flush_ctrl``.
 """
 
 from __future__ import annotations
@@ -18,32 +22,24 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
-from ..config import parse_size
-from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
+from ..errors import PeerUnavailable, RemoteError, TaskError
 from .allow import is_never_run, never_run_reason
-from .policies import NodeView, RuntimeEstimator, TaskReq, choose, feasible, unsatisfiable_reason, window_size
+from .host import SchedulerHost
+from .policies import (
+    NodeView,
+    RuntimeEstimator,
+    TaskReq,
+    check_policy,
+    choose,
+    feasible,
+    unsatisfiable_reason,
+    window_size,
+)
+from .state import DEFAULT_RES, TASK_NEXT, TERMINAL, InvalidTransition, Rec, TaskState, normalize_resources
 from .tasks import (
-    DEP_AT,
-    DEP_VALUE,
-    EXECUTORS,
-    F_HAS_DEPREFS,
-    F_PINNED,
-    F_PREEMPTIBLE,
-    M_CANCEL,
-    M_FREE,
-    M_SUBMIT,
-    R_CKPT,
-    R_DEPLOST,
-    R_ERROR,
-    R_HELD,
-    R_MOVED,
-    R_REJECT,
-    R_TIMEOUT,
-    R_VALUE,
-    S_TID,
     TaskCancelled,
     TaskFailed,
     TaskLost,
@@ -53,127 +49,36 @@ from .tasks import (
     extract_refs,
     fn_path,
 )
+from .wire import (
+    DEP_AT,
+    DEP_VALUE,
+    EXECUTORS,
+    F_HAS_DEPREFS,
+    F_PINNED,
+    F_PREEMPTIBLE,
+    M_CANCEL,
+    M_FREE,
+    R_CKPT,
+    R_DEPLOST,
+    R_ERROR,
+    R_HELD,
+    R_MOVED,
+    R_REJECT,
+    R_TIMEOUT,
+    R_VALUE,
+)
 
-if TYPE_CHECKING:
-    from .service import Scheduler
+__all__ = ["Owner"]
 
-__all__ = ["Owner", "Rec", "normalize_resources"]
-
-WAITING, READY, PLACED, DONE, FAILED, CANCELLED = range(6)
-STATE_NAMES = ("waiting", "ready", "placed", "done", "failed", "cancelled")
-TERMINAL = (DONE, FAILED, CANCELLED)
-DEFAULT_RES: dict[str, float] = {"cpu": 1.0}
+WAITING, READY, PLACED, DONE, FAILED, CANCELLED = TaskState
 NO_PRIO = -(2**62)
 MAX_DEPLOST = 20
-
-
-def normalize_resources(resources: Mapping[str, Any] | None) -> dict[str, float]:
-    """``{"gpu": 1, "memory": "2GiB"}`` -> ``{"cpu": 1.0, "gpu": 1.0, "memory": 2147483648.0}``
-    (a task takes one cpu unless it says otherwise)."""
-    out = dict(DEFAULT_RES)
-    if not resources:
-        return out
-    for k, v in resources.items():
-        if not isinstance(k, str):
-            raise TypeError(f"resource names must be strings, not {k!r}")
-        if isinstance(v, str):
-            try:
-                val = float(parse_size(v))
-            except Exception:
-                raise ValueError(f"resource {k}: cannot read {v!r} as an amount") from None
-        elif isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"resource {k}: amount must be a number or a size string, not {v!r}")
-        else:
-            val = float(v)
-        if val < 0 or val != val:
-            raise ValueError(f"resource {k}: amount must be >= 0, not {v!r}")
-        out[k] = val
-    return out
-
-
-class Rec:
-    """One owned task."""
-
-    __slots__ = (
-        "affinity",
-        "args",
-        "attempt",
-        "ckpt",
-        "dependents",
-        "deplost",
-        "deps",
-        "est",
-        "exclude",
-        "exe",
-        "flags",
-        "fn",
-        "fut",
-        "has_value",
-        "holder",
-        "key",
-        "kwargs",
-        "name",
-        "nbytes",
-        "node",
-        "nrefs",
-        "pins",
-        "policy",
-        "prio",
-        "res",
-        "res_wire",
-        "retries",
-        "state",
-        "submitted",
-        "tid",
-        "timeout",
-        "value",
-        "waiting",
-    )
-
-    def __init__(self, tid: int, name: str, fn: str, fut: asyncio.Future[None]):
-        self.tid = tid
-        self.name = name
-        self.fn = fn
-        self.fut = fut
-        self.key: str | None = None
-        self.args: Any = None
-        self.kwargs: Any = None
-        self.flags = 0
-        self.prio = 0
-        self.res: dict[str, float] = DEFAULT_RES
-        self.res_wire: dict[str, float] | None = None
-        self.exe = 0
-        self.timeout: float | None = None
-        self.retries = 0
-        self.affinity: str | None = None
-        self.exclude: frozenset[str] = frozenset()
-        self.policy: str | None = None
-        self.deps: list[Rec] | None = None
-        self.waiting = 0
-        self.dependents: list[Rec] | None = None
-        self.pins = 0
-        self.nrefs = 0
-        self.state = WAITING
-        self.node: str | None = None
-        self.attempt = 0
-        self.has_value = False
-        self.value: Any = None
-        self.holder: str | None = None
-        self.nbytes = 0
-        self.est = 0.0
-        self.ckpt: Any = None
-        self.deplost = 0
-        self.submitted = 0.0
-
-    @property
-    def state_name(self) -> str:
-        return STATE_NAMES[self.state]
 
 
 class Owner:
     """Ownership table, placement and recovery for the tasks this node submits."""
 
-    def __init__(self, sched: Scheduler):
+    def __init__(self, sched: SchedulerHost):
         self.sched = sched
         self.name = sched.name
         cfg = sched.cfg
@@ -199,7 +104,7 @@ class Owner:
         self._retry_timer: asyncio.TimerHandle | None = None
         self.outbox: dict[str, list[Any]] = {}
         self._dirty: set[str] = set()
-        self._flushing: set[str] = set()
+        self._sending: set[str] = set()  # peers whose outbox the service is sending
         self._ctrl: dict[tuple[str, int], list[int]] = {}
         self._ctrl_pending = False
         self._thread = threading.get_ident()
@@ -214,6 +119,13 @@ class Owner:
             "moved": 0,
             "rejected": 0,
         }
+
+    @staticmethod
+    def _transition(rec: Rec, new: TaskState) -> None:
+        """The one place a task's state changes on its owner: checked against the table."""
+        if new not in TASK_NEXT[rec.state]:
+            raise InvalidTransition(rec.name, rec.state, new, "owner")
+        rec.state = new
 
     # ------------------------------------------------------------------ submitting
     def submit(
@@ -249,7 +161,7 @@ class Owner:
         except (KeyError, TypeError):
             raise ValueError(f"executor must be None, 'thread' or 'process', not {executor!r}") from None
         if policy is not None:
-            self.sched.check_policy(policy)
+            check_policy(policy)
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout!r}")
         prio = int(priority)
@@ -311,7 +223,8 @@ class Owner:
             else:
                 d.dependents.append(rec)
         if n:
-            rec.state = WAITING
+            if rec.state is not WAITING:
+                self._transition(rec, WAITING)
             rec.waiting = n
             return False
         return True
@@ -325,7 +238,8 @@ class Owner:
         return err
 
     def _make_ready(self, rec: Rec) -> None:
-        rec.state = READY
+        if rec.state is not READY:  # a re-queued record keeps its state
+            self._transition(rec, READY)
         heapq.heappush(self.ready, (-rec.prio, next(self._seq), rec))
         if not self._dispatch_pending:
             self._dispatch_pending = True
@@ -403,7 +317,7 @@ class Owner:
 
     def _place(self, rec: Rec, view: NodeView) -> None:
         name = view.name
-        rec.state = PLACED
+        self._transition(rec, PLACED)
         rec.node = name
         rec.attempt += 1
         pl = self.placed.get(name)
@@ -484,45 +398,20 @@ class Owner:
             if name == self.name:
                 box = self.outbox.pop(name, None)
                 if box:
-                    self.sched.worker.accept(self.name, box, local=True)
-            elif name not in self._flushing:
-                self._flushing.add(name)
-                self.sched.spawn(self._flush_remote(name), f"aionet-sched-submit-{name}")
+                    self.sched.accept_local(box)
+            elif name not in self._sending:
+                self._sending.add(name)  # until specs_sent(): the service drains outbox[name]
+                self.sched.send_specs(name)
 
-    async def _flush_remote(self, name: str) -> None:
-        try:
-            while True:
-                box = self.outbox.get(name)
-                if not box:
-                    return
-                self.outbox[name] = []
-                step = self.batch_size
-                for i in range(0, len(box), step):
-                    chunk = box[i : i + step]
-                    try:
-                        await self.sched.send(name, [M_SUBMIT, self.name, chunk])
-                    except SerializationError:
-                        await self._send_checked(name, chunk)
-                    except PeerUnavailable as exc:
-                        self.sched.node_down(name, graceful=False, reason=str(exc))
-                        return
-        finally:
-            self._flushing.discard(name)
+    def specs_sent(self, name: str) -> None:
+        """The service finished sending ``name``'s outbox (see :meth:`_flush`)."""
+        self._sending.discard(name)
 
-    async def _send_checked(self, name: str, chunk: list[Any]) -> None:
-        """A batch did not serialize: find the specs that do not, fail their tasks, send the rest."""
-        good = []
-        dumps = self.sched.node.serializer.dumps
-        for spec in chunk:
-            try:
-                dumps(spec)
-                good.append(spec)
-            except Exception as exc:
-                rec = self.recs.get(spec[S_TID])
-                if rec is not None and rec.state == PLACED:
-                    self._fail(rec, TaskError(f"task {rec.name}: cannot send its arguments: {exc}"))
-        if good:
-            await self.sched.send(name, [M_SUBMIT, self.name, good])
+    def spec_unsendable(self, tid: int, exc: BaseException) -> None:
+        """A placed task's spec does not serialize: fail the task (its batch-mates are sent)."""
+        rec = self.recs.get(tid)
+        if rec is not None and rec.state == PLACED:
+            self._fail(rec, TaskError(f"task {rec.name}: cannot send its arguments: {exc}"))
 
     def _send_ctrl(self, node: str, kind: int, tid: int) -> None:
         """Cancel/free messages, batched per loop iteration."""
@@ -542,8 +431,7 @@ class Owner:
         ctrl, self._ctrl = self._ctrl, {}
         for (node, kind), tids in ctrl.items():
             if node == self.name:
-                w = self.sched.worker
-                (w.cancel if kind == M_CANCEL else w.free)(self.name, tids)
+                self.sched.ctrl_local(kind, tids)
             else:
                 self.sched.spawn(self.sched.send_quiet(node, [kind, self.name, tids]), "aionet-sched-ctrl")
 
@@ -659,7 +547,7 @@ class Owner:
         if holder:
             self.sched.suspect(holder)
         rec.attempt -= 1  # not the task's fault: does not count as an attempt
-        rec.state = READY
+        self._transition(rec, READY)
         self.sched.loop.call_later(min(0.02 * rec.deplost, 0.5), self._requeue_if_ready, rec)
 
     def _requeue_if_ready(self, rec: Rec) -> None:
@@ -667,7 +555,7 @@ class Owner:
             self._make_ready(rec)
 
     def _done(self, rec: Rec) -> None:
-        rec.state = DONE
+        self._transition(rec, DONE)
         self.stats["completed"] += 1
         fut = rec.fut
         if not fut.done():
@@ -702,7 +590,7 @@ class Owner:
                 if r.node is not None:
                     self._send_ctrl(r.node, M_CANCEL, r.tid)
             cancelled = isinstance(e, TaskCancelled)
-            r.state = CANCELLED if cancelled else FAILED
+            self._transition(r, CANCELLED if cancelled else FAILED)
             self.stats["cancelled" if cancelled else "failed"] += 1
             fut = r.fut
             if not fut.done():
@@ -806,53 +694,10 @@ class Owner:
 
     def _rerun(self, rec: Rec, why: str) -> None:
         rec.holder = None
-        rec.state = READY
+        self._transition(rec, READY)
         rec.fut = self.sched.loop.create_future()
         self.recs[rec.tid] = rec
         self._retry(rec, why, count=True)
-
-    async def gather(self, refs: Iterable[TaskRef], return_exceptions: bool = False) -> list[Any]:
-        """Results of ``refs`` in order; the first failure raises unless ``return_exceptions``."""
-        recs = [r._rec for r in refs]
-        pending = [r.fut for r in recs if not r.fut.done()]
-        if pending:
-            loop = self.sched.loop
-            waiter: asyncio.Future[None] = loop.create_future()
-            left = len(pending)
-
-            def one_done(f: asyncio.Future[None]) -> None:
-                nonlocal left
-                left -= 1
-                if waiter.done():
-                    return
-                if left == 0 or (not return_exceptions and (f.cancelled() or f.exception() is not None)):
-                    waiter.set_result(None)
-
-            for f in pending:
-                f.add_done_callback(one_done)
-            try:
-                await waiter
-            finally:
-                for f in pending:
-                    f.remove_done_callback(one_done)
-        out: list[Any] = [None] * len(recs)
-        slow: list[int] = []
-        for i, rec in enumerate(recs):
-            if rec.has_value:
-                out[i] = rec.value
-                continue
-            fut = rec.fut
-            if fut.done() and not fut.cancelled() and fut.exception() is not None:
-                if not return_exceptions:
-                    raise fut.exception()  # type: ignore[misc]
-                out[i] = fut.exception()
-                continue
-            slow.append(i)
-        if slow:
-            got = await asyncio.gather(*(self.result(recs[i]) for i in slow), return_exceptions=return_exceptions)
-            for i, v in zip(slow, got, strict=True):
-                out[i] = v
-        return out
 
     # ------------------------------------------------------------------ membership
     def node_up(self, name: str, total: Mapping[str, float], run_tasks: bool) -> None:

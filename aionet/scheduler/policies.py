@@ -23,11 +23,14 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
+
 __all__ = [
     "POLICIES",
     "NodeView",
     "RuntimeEstimator",
     "TaskReq",
+    "check_policy",
     "choose",
     "feasible",
     "fits",
@@ -199,6 +202,12 @@ POLICIES: dict[str, Policy] = {
     "shortest-expected": shortest_expected,
     "locality": locality,
 }
+
+
+def check_policy(policy: str) -> None:
+    """ConfigError unless ``policy`` names one of :data:`POLICIES`."""
+    if policy not in POLICIES:
+        raise ConfigError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
 
 
 def choose(

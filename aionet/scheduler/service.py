@@ -23,12 +23,15 @@ import threading
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
-from ..errors import ConfigError, PeerUnavailable, RemoteError
+from ..devices import Devices
+from ..errors import ConfigError, PeerUnavailable, RemoteError, SerializationError
 from ..log import get_logger
 from .allow import normalize_allow
-from .owner import Owner, normalize_resources
-from .policies import POLICIES
-from .tasks import (
+from .owner import Owner
+from .policies import check_policy
+from .state import normalize_resources
+from .tasks import TaskRef
+from .wire import (
     CHANNEL,
     DEP_TYPE_NAME,
     M_CANCEL,
@@ -36,11 +39,11 @@ from .tasks import (
     M_LOAD,
     M_RESULTS,
     M_SUBMIT,
+    S_TID,
     SVC_FETCH,
     SVC_RESOURCES,
     SVC_STEAL,
     DepRef,
-    TaskRef,
 )
 from .worker import Worker
 
@@ -59,16 +62,13 @@ def _name(t: asyncio.Future[Any]) -> str:
     return t.get_name() if isinstance(t, asyncio.Task) else repr(t)
 
 
-def _count_gpus() -> int:
-    """GPUs to offer. Skips the (slow) CUDA probe when the host has no NVIDIA device files."""
-    if not glob.glob("/dev/nvidia[0-9]*"):
+def _count_gpus(devices: Devices | None) -> int:
+    """GPUs to offer (none without the node's ``devices``). Skips the (slow) CUDA probe when
+    the host has no NVIDIA device files."""
+    if devices is None or not glob.glob("/dev/nvidia[0-9]*"):
         return 0
     try:
-        from ..devices import gpu_count
-    except ImportError:
-        return 0
-    try:
-        return int(gpu_count())
+        return int(devices.gpu_count())
     except Exception:
         return 0
 
@@ -76,8 +76,9 @@ def _count_gpus() -> int:
 class Scheduler:
     """Tasks for one node: ``node.scheduler``. Users call ``node.submit/map/gather``."""
 
-    def __init__(self, node: Any):
+    def __init__(self, node: Any, *, devices: Devices | None = None):
         self.node = node
+        self._devices = devices  # the node's: how many GPUs to offer
         self.name: str = node.name
         self.cfg = node.config.scheduler
         self._validate()
@@ -123,10 +124,7 @@ class Scheduler:
             raise ConfigError(f"scheduler.resources: {exc}") from None
         normalize_allow(c.allow_modules)
 
-    @staticmethod
-    def check_policy(policy: str) -> None:
-        if policy not in POLICIES:
-            raise ConfigError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    check_policy = staticmethod(check_policy)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -160,7 +158,7 @@ class Scheduler:
         except Exception:
             pass
         if "gpu" not in declared:
-            total["gpu"] = float(await asyncio.to_thread(_count_gpus))
+            total["gpu"] = float(await asyncio.to_thread(_count_gpus, self._devices))
         total.update(declared)
         return total
 
@@ -281,10 +279,52 @@ class Scheduler:
             if key is not None:
                 options["key"] = f"{key}-{i}"
             refs.append(self.submit(fn, *args, **options))
-        return await self.owner.gather(refs, return_exceptions=return_exceptions)
+        return await self.gather(refs, return_exceptions=return_exceptions)
 
     async def gather(self, refs: Iterable[TaskRef], return_exceptions: bool = False) -> list[Any]:
-        return await self.owner.gather(refs, return_exceptions=return_exceptions)
+        """Results of ``refs`` in order; the first failure raises unless ``return_exceptions``.
+        One waiter for the whole batch (not one task per ref); only results held on other
+        nodes are fetched one by one."""
+        owner = self.owner
+        recs = [r._rec for r in refs]
+        pending = [r.fut for r in recs if not r.fut.done()]
+        if pending:
+            waiter: asyncio.Future[None] = self.loop.create_future()
+            left = len(pending)
+
+            def one_done(f: asyncio.Future[None]) -> None:
+                nonlocal left
+                left -= 1
+                if waiter.done():
+                    return
+                if left == 0 or (not return_exceptions and (f.cancelled() or f.exception() is not None)):
+                    waiter.set_result(None)
+
+            for f in pending:
+                f.add_done_callback(one_done)
+            try:
+                await waiter
+            finally:
+                for f in pending:
+                    f.remove_done_callback(one_done)
+        out: list[Any] = [None] * len(recs)
+        slow: list[int] = []
+        for i, rec in enumerate(recs):
+            if rec.has_value:
+                out[i] = rec.value
+                continue
+            fut = rec.fut
+            if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                if not return_exceptions:
+                    raise fut.exception()  # type: ignore[misc]
+                out[i] = fut.exception()
+                continue
+            slow.append(i)
+        if slow:
+            got = await asyncio.gather(*(owner.result(recs[i]) for i in slow), return_exceptions=return_exceptions)
+            for i, v in zip(slow, got, strict=True):
+                out[i] = v
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -333,6 +373,55 @@ class Scheduler:
         if not self._running:
             raise PeerUnavailable(f"{peer}: request abandoned, the local scheduler is stopped")
         raise PeerUnavailable(f"{peer}: node died ({death.result() if death.done() else 'unknown'})")
+
+    def dumps(self, obj: Any) -> Any:
+        return self.node.serializer.dumps(obj)
+
+    def send_specs(self, peer: str) -> None:
+        """Send what the owner placed on ``peer`` (``owner.outbox[peer]``), batched."""
+        self.spawn(self._send_specs(peer), f"aionet-sched-submit-{peer}")
+
+    async def _send_specs(self, peer: str) -> None:
+        owner = self.owner
+        try:
+            while True:
+                box = owner.outbox.get(peer)
+                if not box:
+                    return
+                owner.outbox[peer] = []
+                step = owner.batch_size
+                for i in range(0, len(box), step):
+                    chunk = box[i : i + step]
+                    try:
+                        await self.send(peer, [M_SUBMIT, self.name, chunk])
+                    except SerializationError:
+                        await self._send_checked(peer, chunk)
+                    except PeerUnavailable as exc:
+                        self.node_down(peer, graceful=False, reason=str(exc))
+                        return
+        finally:
+            owner.specs_sent(peer)
+
+    async def _send_checked(self, peer: str, chunk: list[Any]) -> None:
+        """A batch did not serialize: fail the tasks whose specs do not, send the rest."""
+        good = []
+        for spec in chunk:
+            try:
+                self.dumps(spec)
+                good.append(spec)
+            except Exception as exc:
+                self.owner.spec_unsendable(spec[S_TID], exc)
+        if good:
+            await self.send(peer, [M_SUBMIT, self.name, good])
+
+    def accept_local(self, specs: list[Any]) -> None:
+        self.worker.accept(self.name, specs, local=True)
+
+    def ctrl_local(self, kind: int, tids: list[int]) -> None:
+        (self.worker.cancel if kind == M_CANCEL else self.worker.free)(self.name, tids)
+
+    def results_local(self, items: list[Any]) -> None:
+        self.owner.on_results(self.name, items, None)
 
     async def fetch(self, holder: str, owner: str, tid: int) -> Any:
         if holder == self.name:

@@ -1,5 +1,5 @@
-"""What users touch: :class:`TaskRef`, :func:`task_context`, the task errors; plus the compact
-wire form of a task spec that the owner and the worker share.
+"""What users touch: :class:`TaskRef`, :func:`task_context`, the task errors; plus the helpers
+that name task functions and swap TaskRefs in arguments for placeholders.
 
 Functions are named by import path (``"pkg.mod:fn"``) and imported on the executing node, so a
 node only ever runs code it has installed. TaskRefs passed as arguments (also inside lists,
@@ -14,16 +14,12 @@ import importlib
 import inspect
 import traceback
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import TaskError
-
-if TYPE_CHECKING:
-    from .owner import Owner, Rec
+from .wire import DepRef
 
 __all__ = [
-    "DepRef",
     "TaskCancelled",
     "TaskContext",
     "TaskFailed",
@@ -126,6 +122,34 @@ def task_context() -> TaskContext:
 # ---------------------------------------------------------------------------- TaskRef
 
 
+class RefTarget(Protocol):
+    """What a :class:`TaskRef` reads of its task's record (``state.Rec``), named here so that
+    this module, which users import, depends on nothing above it."""
+
+    nrefs: int
+    has_value: bool
+    value: Any
+    fut: Any
+    name: str
+    key: str | None
+    fn: str
+    node: str | None
+    attempt: int
+
+    @property
+    def state_name(self) -> str: ...
+
+
+class RefOwner(Protocol):
+    """What a :class:`TaskRef` asks of the owner that issued it (``owner.Owner``)."""
+
+    async def result(self, rec: Any) -> Any: ...
+
+    def cancel(self, rec: Any) -> bool: ...
+
+    def ref_dropped(self, rec: Any) -> None: ...
+
+
 class TaskRef:
     """The handle ``node.submit`` returns: ``await ref`` gives the result (exactly once per
     completion, fetched from wherever the task ran). Pass it to another ``submit`` to make a
@@ -133,7 +157,7 @@ class TaskRef:
 
     __slots__ = ("__weakref__", "_owner", "_rec")
 
-    def __init__(self, owner: Owner, rec: Rec):
+    def __init__(self, owner: RefOwner, rec: RefTarget):
         self._owner = owner
         self._rec = rec
         rec.nrefs += 1
@@ -184,53 +208,7 @@ class TaskRef:
             pass
 
 
-# ---------------------------------------------------------------------------- wire format
-
-
-@dataclass(slots=True)
-class DepRef:
-    """Placeholder for the i-th dependency inside a task's arguments on the wire."""
-
-    i: int
-
-
-DEP_TYPE_NAME = "aionet.sched.Dep"
-
-# A task spec is a list (compact msgpack, no per-field names):
-S_TID, S_FN, S_ARGS, S_KWARGS, S_PRIO, S_RES, S_EXE, S_FLAGS, S_TIMEOUT, S_ATTEMPT, S_DEPS, S_CKPT, S_KEY = range(13)
-SPEC_LEN = 13
-F_PREEMPTIBLE = 1
-F_HAS_DEPREFS = 2  # args contain DepRef placeholders (saves walking args of plain tasks)
-F_PINNED = 4  # submitted with affinity: never stolen
-
-EXE_AUTO, EXE_THREAD, EXE_PROCESS = 0, 1, 2
-EXECUTORS = {None: EXE_AUTO, "auto": EXE_AUTO, "thread": EXE_THREAD, "process": EXE_PROCESS}
-
-# A dependency entry: [i, mode, data]; mode DEP_VALUE: data is the value; DEP_AT: data is
-# [holder node, owner's task id], fetched by the executing node from the holder.
-DEP_VALUE, DEP_AT = 0, 1
-
-# A result item: [tid, attempt, status, payload, runtime seconds, nbytes]
-R_VALUE = 0  # payload = the value
-R_HELD = 1  # value stays on the worker (large); payload None, nbytes its size
-R_ERROR = 2  # payload = [type, message, traceback]
-R_TIMEOUT = 3  # payload = message
-R_DEPLOST = 4  # payload = [holder, dep tid]: a dependency could not be fetched
-R_CKPT = 5  # payload = checkpoint state (not a completion)
-R_MOVED = 6  # payload = thief node name (not a completion): a queued task was stolen
-R_REJECT = 7  # payload = reason: this node cannot run the task (place it elsewhere)
-
-# Scheduler messages on the node mailbox channel CHANNEL: [kind, sender, ...]
-CHANNEL = "aionet.sched"
-M_SUBMIT = 1  # [1, owner, [spec, ...]]
-M_CANCEL = 2  # [2, owner, [tid, ...]]
-M_FREE = 3  # [3, owner, [tid, ...]]
-M_RESULTS = 4  # [4, worker, [item, ...], load]
-M_LOAD = 5  # [5, worker, load]
-
-SVC_RESOURCES = "aionet.sched.resources"
-SVC_FETCH = "aionet.sched.fetch"
-SVC_STEAL = "aionet.sched.steal"
+# ---------------------------------------------------------------------------- naming and arguments
 
 
 def fn_path(fn: Any) -> str:

@@ -2,15 +2,10 @@
 
 Tasks arrive in batches (one message carries many specs), wait in a priority queue until
 their resources are free, and run where their kind says: ``async def`` on the event loop,
-plain functions in a thread pool, ``executor="process"`` in a process pool. Completions are
-batched back to each owner (one message per owner per loop turn), large results stay here
-until their owner frees them, and idle workers steal queued tasks from busy ones.
-
-The thread pool is our own rather than ``run_in_executor``: a thread that finishes a task
-frees its resources and takes the next runnable sync task from the queue itself (under a
-lock; the resource pool still bounds concurrency), and only the first completion of a burst
-wakes the loop. Thousands of short sync tasks thus cost a few loop wake-ups, not one future,
-one thread hand-off and one wake-up each.
+plain functions in the thread pool of :mod:`.executor`, ``executor="process"`` in a process
+pool. Completions are batched back to each owner (one message per owner per loop turn), large
+results stay here until their owner frees them, and idle workers steal queued tasks from busy
+ones. An attempt's state (:class:`.state.JobState`) changes only in :meth:`Worker._transition`.
 """
 
 from __future__ import annotations
@@ -19,18 +14,27 @@ import asyncio
 import contextvars
 import functools
 import inspect
-import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
 from .allow import normalize_allow, refuse_name, refuse_object
+from .executor import ThreadRunner, process_entry, process_pool
+from .host import SchedulerHost
 from .policies import fits
 from .queue import Preemptible, ResourcePool, TaskQueue, pick_preemptions
+from .state import DEFAULT_RES, JOB_NEXT, InvalidTransition, Job, JobState
 from .tasks import (
     _CURRENT,
+    TaskContext,
+    error_fields,
+    estimate_nbytes,
+    resolve_fn,
+    substitute,
+)
+from .wire import (
     DEP_VALUE,
     EXE_PROCESS,
     EXE_THREAD,
@@ -45,24 +49,12 @@ from .tasks import (
     R_REJECT,
     R_TIMEOUT,
     R_VALUE,
-    SPEC_LEN,
     SVC_STEAL,
-    TaskContext,
-    error_fields,
-    estimate_nbytes,
-    import_fn,
-    resolve_fn,
-    substitute,
 )
-
-if TYPE_CHECKING:
-    from .service import Scheduler
 
 __all__ = ["Worker"]
 
-FETCHING, QUEUED, RUNNING, FINISHED = range(4)
-_DEFAULT_RES = {"cpu": 1.0}
-_MAX_THREADS = 512
+FETCHING, QUEUED, RUNNING, FINISHED = JobState
 _BACKFILL_SCAN = 32
 _BAD_FNS_KEPT = 256  # refused / unimportable function paths remembered
 
@@ -71,194 +63,10 @@ class _Refused(TaskError):
     """A task function this node does not allow (counted in stats["refused"])."""
 
 
-class Job:
-    """One task attempt on this node."""
-
-    __slots__ = (
-        "args",
-        "attempt",
-        "call",
-        "cancelled",
-        "ckpt",
-        "ctx",
-        "deps",
-        "exe",
-        "flags",
-        "fn",
-        "key",
-        "kwargs",
-        "local",
-        "name",
-        "owner",
-        "preempting",
-        "prio",
-        "queued",
-        "released",
-        "reported",
-        "res",
-        "seq",
-        "state",
-        "sync",
-        "t0",
-        "task",
-        "tid",
-        "timed_out",
-        "timeout",
-        "timer",
-    )
-
-    def __init__(self, owner: str, spec: list[Any], local: bool):
-        if type(spec) is not list or len(spec) != SPEC_LEN:
-            raise ValueError("malformed task spec")
-        (tid, fn, args, kwargs, prio, res, exe, flags, timeout, attempt, deps, ckpt, key) = spec
-        if not isinstance(fn, str) or not isinstance(tid, int):
-            raise ValueError("malformed task spec")
-        self.owner = owner
-        self.tid = tid
-        self.fn = fn
-        self.args = args if type(args) is list else list(args or ())
-        self.kwargs = kwargs or None
-        self.prio = int(prio)
-        self.res = {k: float(v) for k, v in res.items()} if res else _DEFAULT_RES
-        self.exe = int(exe)
-        self.flags = int(flags)
-        self.timeout = float(timeout) if timeout else None
-        self.attempt = int(attempt)
-        self.deps = deps or None
-        self.ckpt = ckpt
-        self.key = key
-        self.name = key if key is not None else f"{owner}:{tid}"
-        self.local = local
-        self.seq = -1
-        self.queued = False
-        self.state = FETCHING
-        self.t0 = 0.0
-        self.task: asyncio.Future[Any] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.ctx: TaskContext | None = None
-        self.preempting = False
-        self.cancelled = False
-        self.timed_out = False
-        self.reported = False
-        self.released = False
-        self.sync = False  # runs in a thread (a plain function, or executor="thread")
-        self.call: Callable[..., Any] | None = None
-
-    def spec(self) -> list[Any]:
-        """This (still queued, dependencies resolved) task as a spec for another node."""
-        res = None if self.res is _DEFAULT_RES else self.res
-        ckpt = self.ctx.restore() if self.ctx is not None else self.ckpt
-        return [
-            self.tid,
-            self.fn,
-            self.args,
-            self.kwargs,
-            self.prio,
-            res,
-            self.exe,
-            self.flags,
-            self.timeout,
-            self.attempt,
-            None,
-            ckpt,
-            self.key,
-        ]
-
-
-class _ThreadRunner:
-    """Threads running sync tasks; completions are handed to the loop in bursts."""
-
-    def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop, name: str):
-        self._worker = worker
-        self._loop = loop
-        self._name = name
-        self._q: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._done: list[Any] = []
-        self._lock = threading.Lock()
-        self._wake = False
-
-    def submit(self, job: Job, running: int) -> None:
-        """Run ``job`` (its resources are acquired); ``running`` sync tasks hold resources now,
-        so that many threads must exist for none of them to wait for a thread."""
-        if len(self._threads) < min(running, _MAX_THREADS):
-            t = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
-            self._threads.append(t)
-            t.start()
-        self._q.put(job)
-
-    def _run(self) -> None:
-        q = self._q
-        worker = self._worker
-        perf = time.perf_counter
-        while True:
-            job = q.get()
-            if job is None:
-                return
-            while job is not None:
-                if job.ctx is None:
-                    worker.make_context(job)
-                token = _CURRENT.set(job.ctx)
-                t0 = perf()
-                job.t0 = t0
-                try:
-                    fn = job.call
-                    kw = job.kwargs
-                    value = fn(*job.args, **kw) if kw else fn(*job.args)  # type: ignore[misc]
-                    if inspect.iscoroutine(value):  # async def forced into a thread: its own loop
-                        value = asyncio.run(value)
-                    ok = True
-                except BaseException as exc:  # the task's failure is its result; the thread lives on
-                    value = error_fields(exc)
-                    ok = False
-                finally:
-                    _CURRENT.reset(token)
-                dt = perf() - t0
-                nxt = worker.thread_finished(job)
-                with self._lock:
-                    self._done.append((job, ok, value, dt))
-                    wake = not self._wake
-                    self._wake = True
-                if wake:
-                    try:
-                        self._loop.call_soon_threadsafe(self._drain)
-                    except RuntimeError:  # loop closed: the node is gone
-                        return
-                job = nxt
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._done = self._done, []
-            self._wake = False
-        self._worker.threads_done(items)
-
-    def shutdown(self) -> None:
-        for _ in self._threads:
-            self._q.put(None)
-        self._threads.clear()
-
-
-def _process_entry(fn: str, args: list[Any], kwargs: dict[str, Any] | None, info: list[Any]) -> tuple[bool, Any, float]:
-    """Runs in a pool process: import by path, call, report (ok, value or error fields, seconds)."""
-    task_id, node, owner, attempt, ckpt = info
-    token = _CURRENT.set(TaskContext(task_id, node, owner, attempt, ckpt, None))
-    t0 = time.perf_counter()
-    try:
-        f, _is_async = import_fn(fn)
-        value = f(*args, **(kwargs or {}))
-        if inspect.iscoroutine(value):
-            value = asyncio.run(value)
-        return True, value, time.perf_counter() - t0
-    except BaseException as exc:
-        return False, error_fields(exc), time.perf_counter() - t0
-    finally:
-        _CURRENT.reset(token)
-
-
 class Worker:
     """Runs tasks handed to this node by owners (itself included)."""
 
-    def __init__(self, sched: Scheduler):
+    def __init__(self, sched: SchedulerHost):
         self.sched = sched
         self.name = sched.name
         cfg = sched.cfg
@@ -286,7 +94,7 @@ class Worker:
         self.outbox: dict[str, list[Any]] = {}
         self._flushing: set[str] = set()
         self._fetches: dict[tuple[str, int], asyncio.Future[Any]] = {}
-        self._threads: _ThreadRunner | None = None
+        self._threads: ThreadRunner | None = None
         self._ppool: Any = None
         self._pump_pending = False
         self._loop_thread = threading.get_ident()
@@ -306,10 +114,17 @@ class Worker:
             "results_held": 0,
         }
 
+    @staticmethod
+    def _transition(job: Job, new: JobState) -> None:
+        """The one place an attempt's state changes on this node: checked against the table."""
+        if new not in JOB_NEXT[job.state]:
+            raise InvalidTransition(job.name, job.state, new, "worker")
+        job.state = new
+
     def start(self, total: dict[str, float]) -> None:
         self.pool = ResourcePool(total)
         self._loop_thread = threading.get_ident()
-        self._threads = _ThreadRunner(self, self.sched.loop, f"aionet-task-{self.name}")
+        self._threads = ThreadRunner(self, self.sched.loop, f"aionet-task-{self.name}")
 
     # ------------------------------------------------------------------ arrivals
     def accept(self, owner: str, specs: list[Any], local: bool) -> None:
@@ -351,7 +166,7 @@ class Worker:
             job.call, is_async = entry
             job.sync = job.exe == EXE_THREAD or (job.exe != EXE_PROCESS and not is_async)
         with self._wlock:
-            job.state = QUEUED
+            self._transition(job, QUEUED)
             if job.seq < 0:
                 job.seq = self.queue.next_seq()
             self.queue.push(job)
@@ -468,7 +283,7 @@ class Worker:
                     continue
                 if self.preempting or (self.n_preemptible and self._try_preempt(job)):
                     break
-                if job.res is _DEFAULT_RES:
+                if job.res is DEFAULT_RES:
                     break  # a plain one-cpu task does not fit: nothing behind it can either
                 other = q.first_fitting(pool.free, _BACKFILL_SCAN)
                 if other is None:
@@ -482,7 +297,7 @@ class Worker:
     def _acquire_locked(self, job: Job) -> None:
         self.pool.acquire(job.res)
         self.n_running += 1
-        job.state = RUNNING
+        self._transition(job, RUNNING)
         if job.sync:
             self.sync_running += 1
 
@@ -571,13 +386,9 @@ class Worker:
 
     def _start_process(self, job: Job) -> None:
         if self._ppool is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            n = self.process_workers or int(max(self.pool.total.get("cpu", 1.0), 1.0))
-            self._ppool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+            self._ppool = process_pool(self.process_workers or int(max(self.pool.total.get("cpu", 1.0), 1.0)))
         info = [job.name, self.name, job.owner, job.attempt, job.ckpt]
-        fut = self.sched.loop.run_in_executor(self._ppool, _process_entry, job.fn, job.args, job.kwargs, info)
+        fut = self.sched.loop.run_in_executor(self._ppool, process_entry, job.fn, job.args, job.kwargs, info)
         job.task = fut
         fut.add_done_callback(functools.partial(self._process_done, job))
 
@@ -689,7 +500,7 @@ class Worker:
                 self._release_locked(job)
             elif job.state == QUEUED:
                 self.queue.remove(job)
-            job.state = FINISHED
+            self._transition(job, FINISHED)
         self._unregister(job)
 
     def _unregister(self, job: Job) -> None:
@@ -734,7 +545,7 @@ class Worker:
         self._flushing.discard(self.name)
         box = self.outbox.pop(self.name, None)
         if box:
-            self.sched.owner.on_results(self.name, box, None)
+            self.sched.results_local(box)
 
     async def _flush_remote(self, owner: str) -> None:
         try:
@@ -761,7 +572,7 @@ class Worker:
 
     def _sanitize(self, chunk: list[Any]) -> list[Any]:
         """Replace results that cannot be serialized by errors saying so."""
-        dumps = self.sched.node.serializer.dumps
+        dumps = self.sched.dumps
         out = []
         for item in chunk:
             try:
@@ -789,7 +600,7 @@ class Worker:
                 state = job.state
                 if state == QUEUED:
                     self.queue.remove(job)
-                    job.state = FINISHED
+                    self._transition(job, FINISHED)
             if state == QUEUED:
                 self._unregister(job)
             elif state == RUNNING:
@@ -835,7 +646,7 @@ class Worker:
             jobs = q.tail(n, ok)
             for j in jobs:
                 q.remove(j)
-                j.state = FINISHED
+                self._transition(j, FINISHED)
         out = []
         for j in jobs:
             spec = j.spec()

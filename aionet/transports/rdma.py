@@ -15,7 +15,7 @@ Design:
   RTR/RTS, then exchange a ready byte (so nobody sends before the peer's QP can receive). The
   side channel stays open: its EOF tells us the peer process died.
 * Receive buffers (``recv_buffers`` x ``segment_bytes``) come from a
-  :class:`~aionet.buffers.BufferPool` registered with the protection domain once, as are
+  :class:`~aionet.devices.buffers.BufferPool` registered with the protection domain once, as are
   send buffers; they are recycled, never registered per message.
 * Credit-based flow control (see the protocol module): a sender never posts more sends than
   the receiver has buffers, so RNR retries never happen.
@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from ..buffers import BufferPool, MemoryRegistrar, PooledBuffer
+from ..devices.buffers import BufferPool, MemoryRegistrar, PooledBuffer
 from ..errors import ConfigError, ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
 from ..log import get_logger
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport

@@ -1,8 +1,8 @@
 """TLS transport (``tls://host:port``): the TCP transport with TLS 1.3 from the ``ssl`` module.
 
 Everything about framing, batching, back-pressure and limits is :mod:`aionet.transports.tcp`;
-this module only supplies the SSL contexts through TCPTransport's ``_server_ssl`` /
-``_client_ssl`` hooks and reports the negotiated TLS session in ``extra_info``.
+this module only supplies the SSL contexts (built by :mod:`aionet.security.tls`) through
+TCPTransport's ``_server_ssl`` / ``_client_ssl`` hooks and reports the negotiated TLS session in ``extra_info``.
 
 Options (``[transport] tls = {...}``; the node fills ``cert``/``key``/``ca`` from
 ``security.tls_cert`` / ``tls_key`` / ``tls_ca`` and the table overrides them):
@@ -24,11 +24,11 @@ Only TLS 1.3 is offered or accepted.
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ConfigError, TransportUnavailable
+from ..security.tls import HOW_TO, check_tls13, make_context
 from .base import Address
 from .tcp import DEFAULT_OPTIONS as TCP_OPTIONS
 from .tcp import TCPConnection, TCPTransport
@@ -46,11 +46,6 @@ TLS_OPTIONS: dict[str, Any] = {
     # socket and sends nothing must not hold it open). A Node sets it to link.handshake_timeout.
     "handshake_timeout": 10.0,
 }
-
-_HOW_TO = (
-    "set security.tls_cert and security.tls_key (or [transport] tls = {cert = ..., key = ...}); "
-    "`aionet keys DIR` writes a test CA, certificate and key"
-)
 
 
 def _as_bool(name: str, value: Any) -> bool:
@@ -125,53 +120,20 @@ class TLSTransport(TCPTransport):
             ) from None
         if self._handshake_timeout <= 0:
             raise ConfigError("transport.tls.handshake_timeout must be positive")
-        self._server_ctx = self._make_context(server=True)
-        self._client_ctx = self._make_context(server=False)
+        self._server_ctx = make_context(self._cert, self._key, self._ca, server=True)
+        self._client_ctx = make_context(
+            self._cert, self._key, self._ca, server=False, check_hostname=self._check_hostname
+        )
 
     @classmethod
     def check_available(cls, options: dict[str, Any] | None = None) -> None:
         """Raise TransportUnavailable if Python's ssl lacks TLS 1.3 or, when ``options`` are
         given (the constructor passes its own), if no certificate and key are configured."""
-        if not getattr(ssl, "HAS_TLSv1_3", False):
-            raise TransportUnavailable(f"tls:// needs TLS 1.3; this Python's {ssl.OPENSSL_VERSION} lacks it")
+        check_tls13()
         if options is not None:
             missing = [k for k in ("cert", "key") if not options.get(k)]
             if missing:
-                raise TransportUnavailable(f"tls:// has no {' and no '.join(missing)} configured: {_HOW_TO}")
-
-    def _make_context(self, server: bool) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        try:
-            ctx.load_cert_chain(self._cert, self._key)
-        except FileNotFoundError:  # ssl does not say which file: name it
-            pairs = (("certificate", self._cert), ("key", self._key))
-            missing = ", ".join(f"{what} {p}" for what, p in pairs if not os.path.exists(p)) or self._cert
-            raise TransportUnavailable(
-                f"tls:// file not found: {missing}; `aionet keys DIR` writes a test CA, certificate and key"
-            ) from None
-        except (ssl.SSLError, OSError) as exc:
-            raise TransportUnavailable(
-                f"tls:// cannot load certificate {self._cert!r} with key {self._key!r}: {exc}"
-            ) from None
-        if self._ca:
-            try:
-                ctx.load_verify_locations(cafile=self._ca)
-            except FileNotFoundError:
-                raise TransportUnavailable(f"tls:// CA file not found: {self._ca}") from None
-            except (ssl.SSLError, OSError) as exc:
-                raise TransportUnavailable(f"tls:// cannot load CA file {self._ca!r}: {exc}") from None
-            ctx.verify_mode = ssl.CERT_REQUIRED
-            if not server:
-                ctx.check_hostname = self._check_hostname
-        elif server:
-            ctx.verify_mode = ssl.CERT_NONE
-        else:
-            if self._check_hostname:
-                raise ConfigError("transport.tls.check_hostname needs a CA (security.tls_ca) to verify against")
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+                raise TransportUnavailable(f"tls:// has no {' and no '.join(missing)} configured: {HOW_TO}")
 
     # ---------------------------------------------------------------- TCPTransport hooks
     def _server_ssl(self) -> ssl.SSLContext:

@@ -32,7 +32,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .log import get_logger
+from ..errors import DeviceUnavailable
+from ..log import get_logger
+from .discovery import Devices
 
 __all__ = [
     "DEFAULT_SIZE_CLASSES",
@@ -74,16 +76,15 @@ class PlainAllocator:
 class PinnedAllocator:
     """Page-locked memory from CuPy's pinned allocator (``cudaHostAlloc``).
 
-    Raises :class:`~aionet.devices.DeviceUnavailable` at construction when CUDA is unusable,
-    so a pool never silently pretends to be pinned.
+    Raises :class:`~aionet.errors.DeviceUnavailable` at construction when CUDA is unusable
+    (``devices`` says whether it is: the node's :class:`~aionet.devices.discovery.Devices`), so
+    a pool never silently pretends to be pinned.
     """
 
     pinned = True
 
-    def __init__(self) -> None:
-        from .devices import Devices, DeviceUnavailable
-
-        Devices(use_nvml=False).require_cuda("pinned host memory")
+    def __init__(self, devices: Devices) -> None:
+        devices.require_cuda("pinned host memory")
         try:
             import cupyx
         except ImportError as exc:  # cupy present but cupyx missing: a broken install
@@ -152,6 +153,9 @@ class BufferPool:
         pinned: True = page-locked via CuPy (raises DeviceUnavailable without CUDA),
             False = plain memory, None = pinned when CUDA is usable here.
         allocator: overrides ``pinned`` (tests, custom memory).
+        devices: where to ask whether CUDA works (a node passes its one
+            :class:`~aionet.devices.discovery.Devices`); without it a pinned or auto pool
+            probes for itself.
     """
 
     def __init__(
@@ -161,6 +165,7 @@ class BufferPool:
         max_bytes: int = DEFAULT_MAX_BYTES,
         pinned: bool | None = False,
         allocator: HostAllocator | None = None,
+        devices: Devices | None = None,
     ) -> None:
         classes = sorted({int(c) for c in size_classes})
         if not classes or classes[0] <= 0:
@@ -170,11 +175,11 @@ class BufferPool:
         self.size_classes: tuple[int, ...] = tuple(classes)
         self.max_bytes = int(max_bytes)
         if allocator is None:
-            if pinned is None:
-                from .devices import Devices
-
-                pinned = Devices(use_nvml=False).cuda_available()
-            allocator = PinnedAllocator() if pinned else PlainAllocator()
+            if pinned is None or pinned:
+                # standalone use (tests, benchmarks) probes CUDA itself; a node passes its own
+                devices = devices if devices is not None else Devices(use_nvml=False)
+                pinned = devices.cuda_available() if pinned is None else pinned
+            allocator = PinnedAllocator(devices) if pinned else PlainAllocator()
         self._alloc = allocator
         self._free: dict[int, list[PooledBuffer]] = {c: [] for c in classes}
         self._all: list[PooledBuffer] = []

@@ -1,6 +1,9 @@
 """``aionet demo``: three node processes on free loopback ports exchanging messages and a
-large numpy array, with a short readable summary. Also the ``--app aionet.demo:setup``
-services those processes run."""
+large numpy array, with a short readable summary. Also the ``--app aionet.cli.demo:setup``
+services those processes run.
+
+numpy and the Node are imported inside the functions that use them: ``aionet --help`` loads
+this module for the command's one-line help."""
 
 from __future__ import annotations
 
@@ -14,17 +17,22 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+import click
 
-from .config import Config
-from .node import Node
+from ..config import Config
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..node import Node
 
 
 # ---------------------------------------------------------------- services run by the nodes
 def setup(node: Node) -> None:
-    """Register the demo services on a node (``aionet serve --app aionet.demo:setup``)."""
+    """Register the demo services on a node (``aionet serve --app aionet.cli.demo:setup``)."""
+    import numpy as np
 
     @node.service("demo.sink")
     def sink(arr: Any) -> dict[str, Any]:
@@ -53,6 +61,8 @@ def setup(node: Node) -> None:
 
 
 def _checksum(flat: np.ndarray) -> float:
+    import numpy as np
+
     if flat.size == 0:
         return 0.0
     idx = np.linspace(0, flat.size - 1, num=min(flat.size, 1024)).astype(np.int64)
@@ -70,8 +80,8 @@ class DemoError(Exception):
 
 def check_transport(scheme: str) -> None:
     """DemoError naming the fix when ``scheme`` cannot carry the demo on this machine."""
-    from .errors import AionetError
-    from .transports.registry import TransportRegistry
+    from ..errors import AionetError
+    from ..transports.registry import TransportRegistry
 
     if scheme == "inproc":
         raise DemoError(
@@ -94,7 +104,7 @@ def _security(scheme: str, tmp: str) -> dict[str, str]:
     """``[security]`` for this demo's cluster: a fresh token, and throwaway TLS keys for tls://."""
     sec = {"token": secrets.token_hex(16)}
     if scheme == "tls":
-        from .keys import KeygenError, generate
+        from ..security.keys import KeygenError, generate
 
         try:
             ks = generate(os.path.join(tmp, "keys"))
@@ -126,7 +136,7 @@ async def _start(
 ) -> str:
     """Start one ``aionet serve`` (recorded in ``procs`` at once) and return its address."""
     args = [sys.executable, "-m", "aionet", "serve", "--name", name, "--listen", listen]
-    args += ["--app", "aionet.demo:setup", "--log-level", "warning"]
+    args += ["--app", "aionet.cli.demo:setup", "--log-level", "warning"]
     if join:
         args += ["--join", join]
     env = {**os.environ, **{f"AIONET_SECURITY_{k.upper()}": v for k, v in security.items()}}
@@ -259,9 +269,11 @@ async def _measure(
     startup: float,
     console: Any,
 ) -> bool:
+    import numpy as np
     from rich.table import Table
 
-    from .errors import AionetError
+    from ..errors import AionetError
+    from ..node import Node
 
     cfg = Config.from_dict({"security": security})
     listen = _listen_url(scheme, tmp, "demo-client")
@@ -328,6 +340,28 @@ async def _measure(
 
 def run_demo(size_mb: int = 64, scheme: str = "tcp", messages: int = 50_000, requests: int = 2000) -> int:
     """The exit code of ``aionet demo``; raises DemoError with a one-line reason."""
-    from .runner import run
+    from ..runner import run
 
     return run(_demo(size_mb, scheme.lower(), messages, requests))
+
+
+@click.command()
+@click.option("--size-mb", default=64, show_default=True, help="Size of the numpy array shipped between nodes.")
+@click.option(
+    "--transport", default="tcp", show_default=True, help="tcp, tls, zmq+tcp, zmq+ipc, ucx or rdma (what is installed)."
+)
+@click.option("--messages", default=50_000, show_default=True, help="One-way small messages to time.")
+@click.option("--requests", default=2000, show_default=True, help="Request/reply round trips to time.")
+def demo(size_mb: int, transport: str, messages: int, requests: int) -> None:
+    """Start three local node processes, exchange messages and a large array, print a summary.
+
+    SIGINT, SIGTERM or SIGHUP stop the node processes before the demo exits; temporary
+    files (zmq+ipc sockets, tls keys) are removed."""
+    from ..log import configure as configure_logging
+
+    configure_logging("warning")
+    try:
+        code = run_demo(size_mb=size_mb, scheme=transport, messages=messages, requests=requests)
+    except DemoError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)

@@ -21,12 +21,7 @@ from typing import Any
 
 import psutil
 
-from .log import get_logger
-
-try:  # written by another part of the project; a node must work without it
-    from .devices import Devices as _Devices
-except ImportError:  # pragma: no cover - depends on the checkout
-    _Devices = None  # type: ignore[assignment,misc]
+from ..log import get_logger
 
 log = get_logger("aionet.load")
 
@@ -153,8 +148,8 @@ class LoadSampler:
 
     ``lag_ms`` and ``stall_ms`` return the loop lag and recent worst stall measured elsewhere
     (the membership's lag task), so sampling never sleeps. ``devices`` is an object with
-    ``discover()`` (an :class:`aionet.devices.Devices`); by default one is created if that
-    module exists.
+    ``discover()`` (the node's :class:`aionet.devices.Devices`); without one, reports
+    carry no GPUs.
     """
 
     def __init__(
@@ -162,12 +157,10 @@ class LoadSampler:
         lag_ms: Callable[[], float] = lambda: 0.0,
         stall_ms: Callable[[], float] = lambda: 0.0,
         devices: Any = None,
-        *,
-        use_devices: bool = True,
     ):
         self._lag_ms = lag_ms
         self._stall_ms = stall_ms
-        self._devices = devices if devices is not None else (_Devices() if use_devices and _Devices else None)
+        self._devices = devices
         self._proc = psutil.Process(os.getpid())
         self._seq = 0
         self._gpus: tuple[GpuLoad, ...] = ()

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AionetError
+from ..errors import AionetError
 
 TOKEN_FILE = "token"
 CA_CERT = "ca.pem"

@@ -24,8 +24,8 @@ from typing import Any
 
 import psutil
 
-from .errors import DeviceUnavailable
-from .log import get_logger
+from ..errors import DeviceUnavailable
+from ..log import get_logger
 
 __all__ = ["DeviceUnavailable", "Devices", "GPUInfo", "cuda_available", "discover", "gpu_count"]
 

@@ -1,0 +1,792 @@
+"""The membership service: the one driver that performs effects (tasks, timers, sockets).
+
+The design is in the package docstring (:mod:`aionet.membership`). Everything hangs off one
+Node, used through its service hooks (control handlers, ``send_control``, connection events,
+``declare_dead``) plus a few internals for dialing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from ..devices import Devices
+from ..errors import AionetError, ConfigError, PeerUnavailable, ProtocolError
+from ..log import get_logger
+from .awareness import STALL_WARNING, Awareness
+from .detector import LagClock, PhiAccrualDetector
+from .events import MemberEvent, MemberEventStream, MembershipStats, Subscribers, member_view, self_view
+from .gossip import GossipQueue, LoadRelay, gossip_budget, load_entry
+from .load import LoadReport, LoadSampler
+from .probe import DialPolicy, Prober
+from .suspicion import CheckConfig, Forget, Notify, check
+from .table import (
+    ALIVE,
+    DEAD,
+    LEFT,
+    SUSPECT,
+    Disseminate,
+    Effect,
+    Emit,
+    KillLink,
+    LearnAddresses,
+    Member,
+    MemberTable,
+    Refuted,
+    Restarted,
+    StartVerify,
+    TableFull,
+    Update,
+    ring_predecessors,
+    ring_successors,
+)
+from .wire import (
+    GOSSIP,
+    HB,
+    HB_ACK,
+    MEMBERS_SERVICE,
+    PROBE_REQ,
+    PROBE_RSP,
+    SYNC_SERVICE,
+    parse_beat,
+    parse_gossip,
+    parse_load,
+    parse_load_entry,
+    parse_probe_req,
+    parse_probe_rsp,
+)
+
+REVIVE_EVERY = 2.0  # s between heartbeats to one random member believed dead
+SHOW_SUSPECT_AFTER = 0.1  # s: a suspicion a probe clears faster than this is not shown
+
+
+# ---------------------------------------------------------------------- the service
+class Membership:
+    """The membership and failure-detection service of one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        node: Any,
+        cfg: Any,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        load_sampler: LoadSampler | None = None,
+        devices: Devices | None = None,
+    ):
+        _validate(cfg)
+        self.node = node
+        self.cfg = cfg
+        self.name: str = node.name
+        self.log = get_logger("aionet.membership", node=node.name)
+        # lateness beyond an eighth of an interval is a stall of ours; routine scheduling jitter
+        # under load is not (the detectors' learned jitter covers it)
+        self.clock = LagClock(clock, slack=cfg.interval / 8)
+        self.incarnation = int(time.time() * 1000)
+        self.awareness = Awareness(self.clock)
+        self.load = load_sampler or LoadSampler(
+            lag_ms=lambda: self.clock.lag * 1000.0,
+            stall_ms=self.awareness.sample_stall_ms,
+            devices=devices,
+        )
+        self.stats = MembershipStats()
+        self.count_bytes = False
+        self.table = MemberTable()
+        self._members: dict[str, Member] = self.table.members  # the same dict, read everywhere
+        self._detectors: dict[str, PhiAccrualDetector] = {}
+        self._gossip = GossipQueue()
+        self._verifying: dict[str, asyncio.Task[None]] = {}
+        self._capped_logged = False
+        self._next_id = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._subscribers = Subscribers(self._spawn, self.log)
+        self._loads = LoadRelay()
+        self._dials = DialPolicy(self.name, cfg.interval)
+        self._next_revive = 0.0
+        self._notified: dict[str, float] = {}
+        self._running = False
+        self._leaving = False
+        self.prober = Prober(
+            node,
+            self.clock,
+            self._members,
+            send=self._send,
+            spawn=self._spawn,
+            addresses=self._my_addresses,
+            probe_timeout=cfg.probe_timeout,
+            stats=self.stats,
+            log=self.log,
+        )
+        node.add_control_handler(HB, self._on_hb)
+        node.add_control_handler(HB_ACK, self._on_ack)
+        node.add_control_handler(PROBE_REQ, self._on_probe_req)
+        node.add_control_handler(PROBE_RSP, self._on_probe_rsp)
+        node.add_control_handler(GOSSIP, self._on_gossip)
+        node.on_connection_event(self._on_conn_event)
+        node.add_service(SYNC_SERVICE, self._on_sync)
+        node.add_service(MEMBERS_SERVICE, lambda _arg: self.snapshot())
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, sync_timeout: float = 5.0) -> None:
+        """Start heartbeating; if the node is connected to seeds, fetch their member table."""
+        if self._running:
+            return
+        self._running = True
+        self._leaving = False
+        self.load.sample()
+        self._spawn(self._heartbeat_loop(), "aionet-heartbeat")
+        self._spawn(self._watch_loop(), "aionet-lag-watch")
+        # the node dialed its configured seeds before starting us: those are the connected peers
+        seeds = [n for n, p in self.node.peers().items() if p.get("connected")] if self.node.config.node.join else []
+        if seeds:
+            await self._sync(seeds, sync_timeout)
+
+    async def join(self, seeds: Iterable[str], timeout: float = 5.0) -> int:
+        """Join through seed URLs after start (``Node(join=...)`` does this for you); returns
+        how many members are known afterwards. Raises PeerUnavailable if no seed answers."""
+        names = []
+        errors = []
+        for url in seeds:
+            try:
+                names.append(await self.node.connect(url))
+            except (AionetError, OSError, TimeoutError) as exc:
+                errors.append(f"{url}: {exc}")
+        if not names or not await self._sync(names, timeout):
+            raise PeerUnavailable("could not join through any seed: " + "; ".join(errors or ["no answer"]))
+        return len(self._members) + 1
+
+    async def _sync(self, peers: list[str], timeout: float) -> bool:
+        arg = {"member": self._self_update().to_wire(), "load": self.load.last.to_wire()}
+        results = await asyncio.gather(
+            *(self.node.request(p, SYNC_SERVICE, arg, timeout=timeout) for p in peers), return_exceptions=True
+        )
+        ok = False
+        for peer, res in zip(peers, results, strict=True):
+            if isinstance(res, BaseException):
+                self.log.warning("member sync with seed failed", seed=peer, error=str(res) or type(res).__name__)
+                continue
+            try:
+                self._apply_table(res, source=peer)
+                ok = True
+            except (ProtocolError, TypeError, ValueError, KeyError) as exc:
+                self.log.warning("bad member table from seed", seed=peer, error=str(exc))
+        return ok
+
+    async def stop(self) -> None:
+        """Announce a graceful leave (not a failure) and stop the tasks."""
+        if not self._running:
+            return
+        self._leaving = True
+        env = [GOSSIP, [self._self_update().to_wire()], []]
+        for m in list(self._members.values()):
+            if m.state in (ALIVE, SUSPECT):
+                self._send(m.name, env)
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
+        await self.load.aclose()
+        self._subscribers.close()
+        self._running = False
+
+    def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        """Every task membership starts is owned here: cancelled and awaited by :meth:`stop`,
+        and its exception (a bug) is logged rather than left "never retrieved"."""
+        t = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(t)
+        t.add_done_callback(self._task_done)
+        return t
+
+    def _task_done(self, t: asyncio.Task[Any]) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            self.log.error("membership task failed", task=t.get_name(), error=repr(t.exception()))
+
+    # ------------------------------------------------------------------ public views
+    def members(self) -> dict[str, dict[str, Any]]:
+        """name -> state, address(es), incarnation, node id, load, devices, age; self included.
+
+        ``load`` is always a map: all zeros with ``reported`` False until the member's first
+        load report arrives (so callers can index it without a None check)."""
+        now = self.clock.real()
+        me = Update(self.name, self.node.node_id, self.incarnation, LEFT if self._leaving else ALIVE)
+        out = {self.name: self_view(me, self._my_addresses(), self.load.last)}
+        unknown = LoadReport.unknown()
+        for m in self._members.values():
+            out[m.name] = member_view(m, now, unknown)
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """What ``aionet status`` shows (served as ``aionet.members``)."""
+        return {"node": self.name, "time": time.time(), "members": self.members(), "stats": self.stats_dict()}
+
+    def stats_dict(self) -> dict[str, Any]:
+        d = dict(self.stats.__dict__)
+        d["targets"] = sorted(self._detectors)
+        d["loop_lag_ms"] = self.clock.lag * 1000.0
+        d["stalled_s"] = self.clock.stalled
+        return d
+
+    def state_of(self, name: str) -> str | None:
+        if name == self.name:
+            return (LEFT if self._leaving else ALIVE).value
+        m = self._members.get(name)
+        return m.shown_state.value if m else None
+
+    def on_member_change(self, fn: Callable[[MemberEvent], Any]) -> Callable[[], None]:
+        """Call ``fn(event)`` on every change (inline; a returned coroutine is scheduled).
+        Returns a function that unsubscribes."""
+        return self._subscribers.add(fn)
+
+    def events(self, maxsize: int = 10_000) -> MemberEventStream:
+        return self._subscribers.stream(maxsize)
+
+    async def wait_for(self, name: str, states: str | Iterable[str], timeout: float | None = None) -> str:
+        """Wait until ``name`` is shown in one of ``states``; returns that state."""
+        want = {states} if isinstance(states, str) else set(states)
+        async with self.events() as stream:
+            cur = self.state_of(name)
+            if cur in want:
+                return cur  # type: ignore[return-value]
+
+            async def watch() -> str:
+                async for ev in stream:
+                    st = self.state_of(name)
+                    if ev.name == name and st in want:
+                        return st  # type: ignore[return-value]
+                raise AionetError("membership stopped")
+
+            return await asyncio.wait_for(watch(), timeout)
+
+    # ------------------------------------------------------------------ tasks
+    async def _heartbeat_loop(self) -> None:
+        """Heartbeats on their own task, at a fixed rate (late wakes are not caught up)."""
+        interval = self.cfg.interval
+        real = self.clock.real
+        next_t = real()
+        last_load = next_t
+        while True:
+            now = real()
+            if now - last_load >= self.cfg.load_interval:
+                last_load = now
+                self.load.sample()
+            try:
+                self._send_heartbeats()
+            except Exception as exc:  # a bug here must not silence the node
+                self.log.error("heartbeat round failed", error=repr(exc))
+            next_t += interval
+            delay = next_t - real()
+            if delay < 0:
+                next_t, delay = real(), 0.0
+            await asyncio.sleep(delay)
+            self.clock.note(next_t)
+
+    async def _watch_loop(self) -> None:
+        """The tiny lag-measuring task; it also evaluates the detectors (cheap: fanout peers)."""
+        tick = min(0.05, self.cfg.interval / 4)
+        real = self.clock.real
+        while True:
+            expected = real() + tick
+            await asyncio.sleep(tick)
+            late = self.clock.note(expected)
+            if late > STALL_WARNING:
+                self.log.warning("event loop was blocked; not counting it against peers", seconds=round(late, 3))
+            try:
+                self._check()
+            except Exception as exc:
+                self.log.error("failure check failed", error=repr(exc))
+
+    def _check(self) -> None:
+        """Decide with :func:`suspicion.check`, then act (verifications start after the walk)."""
+        cfg = self.cfg
+        ccfg = CheckConfig(cfg.phi_threshold, cfg.interval, cfg.suspect_timeout, cfg.forget_after)
+        now, real_now = self.clock(), self.clock.real()
+        actions, max_phi = check(self._members, self._detectors, self._verifying, ccfg, now=now, real_now=real_now)
+        self.stats.max_phi = max(self.stats.max_phi, max_phi)
+        for a in actions:
+            m = self._members.get(a.name)
+            if isinstance(a, Forget):
+                self._forget(a.name)
+            elif m is None:
+                continue
+            elif isinstance(a, Notify):
+                self._notify(a.name, m)
+            else:
+                self._start_verify(m, a.reason)
+        self._revive_probe(real_now)
+
+    def _forget(self, name: str) -> None:
+        self.table.forget(name)
+        self._loads.forget(name)
+        self._dials.forget(name)
+        self._notified.pop(name, None)
+
+    def _revive_probe(self, now: float) -> None:
+        """Now and then heartbeat one member we think dead (not left): after a partition heals,
+        or for a node that was only frozen, this is how the two sides find each other again
+        (it answers, learns it was declared dead, and refutes)."""
+        if now < self._next_revive:
+            return
+        self._next_revive = now + REVIVE_EVERY
+        dead = [m for m in self._members.values() if m.state == DEAD and m.addresses]
+        if not dead:
+            return
+        m = random.choice(dead)
+        self._next_id += 1
+        env = [HB, self._next_id, self.incarnation, None, [self._self_update().to_wire()], []]
+        if not self._send(m.name, env) and self._dials.allow_addresses(m.addresses, now):
+            self._spawn(self._dial(m.name), f"aionet-member-revive-{m.name}")
+
+    # ------------------------------------------------------------------ heartbeats
+    def _live_names(self) -> list[str]:
+        return [n for n, m in self._members.items() if m.state in (ALIVE, SUSPECT)]
+
+    def _send_heartbeats(self) -> None:
+        live = self._live_names()
+        targets = ring_successors(live, self.name, self.cfg.fanout) if live else []
+        for t in list(self._detectors):
+            if t not in targets:
+                del self._detectors[t]
+        for t in targets:
+            det = self._detectors.get(t)
+            if det is None:
+                det = self._detectors[t] = self._new_detector()
+            self._next_id += 1
+            env = self._beat(HB, self._next_id, t)
+            if self._send(t, env):
+                if self._dials.connected(t) and det.elapsed() > self.cfg.interval:
+                    # first heartbeat after waiting for a connection: judge it from now on
+                    self._detectors[t] = self._new_detector()
+            else:
+                self._ensure_connected(t)
+
+    def _new_detector(self) -> PhiAccrualDetector:
+        return PhiAccrualDetector(
+            self.clock,
+            expected_interval=self.cfg.interval,
+            min_std=self.cfg.min_std,
+            acceptable_pause=self.cfg.acceptable_pause,
+        )
+
+    def _beat(self, kind: int, seq: int, peer: str) -> list[Any]:
+        """An HB or HB_ACK to ``peer``: our load report if it changed, gossip, others' loads."""
+        own = self._loads.own_for(peer, self.load.last)
+        n = len(self._members) + 1
+        updates = [u.to_wire() for u in self._gossip.take(self.cfg.max_piggyback, gossip_budget(n))]
+        loads = self._loads.others_for(peer, self._members, self.clock.real())
+        return [kind, seq, self.incarnation, own, updates, loads]
+
+    def _send(self, peer: str, env: list[Any]) -> bool:
+        ok = bool(self.node.send_control(peer, env))
+        if ok:
+            self.stats.sent_msgs += 1
+            if self.count_bytes:
+                self.stats.sent_bytes += sum(
+                    f.nbytes if isinstance(f, memoryview) else len(f) for f in self.node.serializer.dumps(env)
+                )
+        return ok
+
+    def _ensure_connected(self, name: str) -> None:
+        """Dial a member we must heartbeat, as :class:`DialPolicy` allows."""
+        m = self._members.get(name)
+        if self._running and self._dials.want(name, m.addresses if m else None, self.clock.real()):
+            self._spawn(self._dial(name), f"aionet-member-dial-{name}")
+
+    async def _dial(self, name: str) -> None:
+        node = self.node
+        try:
+            p = node._peers.get(name)
+            link = p.link if p is not None else None
+            if link is None or link.dead is not None:
+                await node._link_to(name)
+            elif link.current is None:
+                await node._dial_peer(name)
+        except Exception as exc:  # unreachable: the detector will notice
+            self.log.debug("dial to member failed", peer=name, error=str(exc))
+
+    # ------------------------------------------------------------------ receiving
+    def _on_hb(self, peer: str, env: list[Any]) -> None:
+        self.stats.recv_msgs += 1
+        seq, inc, load, updates, loads = parse_beat(env)
+        if self._leaving:  # keep answering while we drain, with our goodbye attached
+            self._send(peer, [HB_ACK, seq, self.incarnation, None, [self._self_update().to_wire()], []])
+            return
+        self._heard_from(peer, inc, load)
+        self._apply_wire(updates, loads, peer)
+        self._send(peer, self._beat(HB_ACK, seq, peer))
+
+    def _on_ack(self, peer: str, env: list[Any]) -> None:
+        self.stats.recv_msgs += 1
+        _seq, inc, load, updates, loads = parse_beat(env)
+        if self._leaving:
+            return
+        det = self._detectors.get(peer)
+        m = self._members.get(peer)
+        if det is not None and m is not None and m.node_id == self._peer_node_id(peer):
+            det.heartbeat()
+        self._heard_from(peer, inc, load)
+        self._apply_wire(updates, loads, peer)
+
+    def _on_gossip(self, peer: str, env: list[Any]) -> None:
+        self.stats.recv_msgs += 1
+        updates, loads = parse_gossip(env)
+        if not self._leaving:
+            self._apply_wire(updates, loads, peer)
+
+    def _peer_node_id(self, name: str) -> str:
+        p = self.node._peers.get(name)
+        link = p.link if p is not None else None
+        return link.peer_node_id if link is not None else ""
+
+    def _heard_from(self, peer: str, inc: int, load: LoadReport | None) -> None:
+        """A member spoke to us directly: proof of life, and maybe news about its incarnation."""
+        m = self._members.get(peer)
+        nid = self._peer_node_id(peer)
+        if m is None or (nid and nid != m.node_id):
+            if not nid:
+                return
+            addrs = tuple(self.node.known_peers().get(peer, ()) or (m.addresses if m else ()))
+            if not self._apply(Update(peer, nid, inc, ALIVE, addrs), source=peer, reason="heard from it"):
+                return
+            m = self._members[peer]
+        elif inc > m.incarnation:
+            self._apply(Update(peer, m.node_id, inc, ALIVE, tuple(m.addresses)), source=peer, reason="refuted")
+        elif m.state != ALIVE:
+            self._notify(peer, m)  # it does not know it is suspected (or declared dead): tell it
+        if m.state in (DEAD, LEFT):
+            return
+        if load is not None:
+            m.load, m.load_time = load, self.clock.real()
+        self._evidence(peer)
+
+    def _apply_wire(self, updates: list[Any], loads: list[Any], source: str, spread: bool = True) -> None:
+        for w in updates:
+            self._apply(Update.from_wire(w), source=source, spread=spread)
+        now = self.clock.real()
+        for w in loads:
+            name, nid, age_ms, rep = parse_load_entry(w)
+            m = self._members.get(name)
+            if m is None or m.node_id != nid or m.state != ALIVE:
+                continue
+            made = now - max(age_ms, 0) / 1000.0
+            if m.load_time is None or made > m.load_time:
+                m.load = parse_load(rep)
+                m.load_time = made
+
+    def _apply_table(self, table: Any, source: str) -> None:
+        if not isinstance(table, dict) or not isinstance(table.get("members"), list):
+            raise ProtocolError("member table is not a map with a member list")
+        loads = table.get("loads", [])
+        self._apply_wire(table["members"], loads if isinstance(loads, list) else [], source, spread=False)
+
+    def _on_probe_req(self, peer: str, env: list[Any]) -> None:
+        self.stats.recv_msgs += 1
+        pid, target, node_id, timeout = parse_probe_req(env)
+        if self._running and not self._leaving:
+            self.prober.serve(peer, pid, target, node_id, timeout)
+
+    def _on_probe_rsp(self, peer: str, env: list[Any]) -> None:
+        self.stats.recv_msgs += 1
+        self.prober.answered(peer, *parse_probe_rsp(env))
+
+    # the prober's internals, where tests reach in (and replace ``_probe_url``)
+    @property
+    def _served(self) -> dict[str, dict[str, int]]:
+        return self.prober.served
+
+    @property
+    def _exchanges(self) -> dict[str, asyncio.Task[tuple[str, str, str]]]:
+        return self.prober._exchanges
+
+    @property
+    def _direct_probe(self) -> Callable[[str, str, list[str], float], Awaitable[str]]:
+        return self.prober._direct_probe
+
+    @property
+    def _probe_url(self) -> Callable[[str, str, str, float], Awaitable[str]]:
+        return self.prober._probe_url
+
+    @_probe_url.setter
+    def _probe_url(self, fn: Callable[[str, str, str, float], Awaitable[str]]) -> None:
+        self.prober._probe_url = fn  # type: ignore[method-assign]
+
+    def _on_sync(self, arg: Any) -> dict[str, Any]:
+        """A joiner's first contact: take its record, hand back the whole table."""
+        if not isinstance(arg, dict):
+            raise ProtocolError("sync argument is not a map")
+        u = Update.from_wire(arg.get("member"))
+        if u.name != self.name:
+            self._apply(u, reason="joined")
+            m = self._members.get(u.name)
+            if m is not None and m.node_id == u.node_id and arg.get("load") is not None:
+                try:
+                    m.load, m.load_time = LoadReport.from_wire(arg["load"]), self.clock.real()
+                except (TypeError, ValueError, KeyError):
+                    pass
+        now = self.clock.real()
+        members = [self._self_update().to_wire()] + [m.update().to_wire() for m in self._members.values()]
+        loads = [
+            load_entry(m, now)
+            for m in self._members.values()
+            if m.load is not None and m.load_time is not None and m.state == ALIVE
+        ]
+        loads.append([self.name, self.node.node_id, 0, self.load.last.to_wire()])
+        return {"members": members, "loads": loads}
+
+    # ------------------------------------------------------------------ state changes
+    def _self_update(self) -> Update:
+        return Update(
+            self.name,
+            self.node.node_id,
+            self.incarnation,
+            LEFT if self._leaving else ALIVE,
+            tuple(self._my_addresses()),
+        )
+
+    def _my_addresses(self) -> list[str]:
+        adv = self.node.config.node.advertise
+        if adv:
+            return [adv]
+        try:
+            return list(self.node.addresses)
+        except AionetError:
+            return []
+
+    def _apply(self, u: Update, source: str | None = None, reason: str = "", spread: bool = True) -> bool:
+        """Merge one update into the table and perform what the merge decided (events, dead
+        links, spreading the news unless ``spread`` is off: a seed's table is news to us only).
+        True if it changed."""
+        if u.name == self.name:
+            self._about_me(u, source)
+            return False
+        changed, effects = self.table.merge(
+            u,
+            now=self.clock.real(),
+            adj_now=self.clock(),
+            source=source,
+            reason=reason,
+            spread=spread,
+            verify_after=self.cfg.probe_timeout,
+        )
+        self._perform(effects)
+        return changed
+
+    def _perform(self, effects: list[Effect]) -> None:
+        """Carry out the merge's decisions, in order."""
+        for e in effects:
+            if isinstance(e, Emit):
+                ev = MemberEvent(e.name, e.kind, e.state, e.previous, e.incarnation, e.node_id, e.reason)
+                self._subscribers.emit(ev)
+            elif isinstance(e, Disseminate):
+                self._disseminate(e.update, e.source)
+            elif isinstance(e, LearnAddresses):
+                self.node._learn_peers({e.name: list(e.addresses)}, hearsay=False)
+            elif isinstance(e, KillLink):
+                nid = self._peer_node_id(e.name)
+                if not nid or nid == e.node_id:  # not a link to another process of that name
+                    self.node.declare_dead(e.name, e.reason)
+            elif isinstance(e, StartVerify):
+                m = self._members.get(e.name)
+                if m is not None:
+                    self._start_verify(m, e.reason)
+            elif isinstance(e, Restarted):
+                self._detectors.pop(e.name, None)
+                self._loads.forget(e.name)
+                t = self._verifying.get(e.name)
+                if t is not None:
+                    t.cancel()
+            elif isinstance(e, Refuted):
+                self.prober.wake(e.name, alive=True)
+            elif isinstance(e, TableFull):
+                if not self._capped_logged:
+                    self._capped_logged = True
+                    limit = self.table.max_members
+                    self.log.warning(
+                        "member table full; ignoring updates about new names", limit=limit, source=e.source
+                    )
+
+    def _about_me(self, u: Update, source: str | None) -> None:
+        if self._leaving or not self._running:
+            return
+        if u.node_id != self.node.node_id:
+            if u.incarnation >= self.incarnation and u.state in (ALIVE, SUSPECT):
+                self.incarnation = u.incarnation + 1  # an older process of my name: outrank it
+                self._announce_self(source)
+            return
+        if u.state != ALIVE and u.incarnation >= self.incarnation:
+            self.incarnation = u.incarnation + 1
+            self.stats.refutations += 1
+            self.log.info("refuting", claimed=u.state, told_by=source, incarnation=self.incarnation)
+            self._announce_self(source)
+        elif u.incarnation > self.incarnation:
+            self.incarnation = u.incarnation
+
+    def _announce_self(self, also: str | None) -> None:
+        u = self._self_update()
+        self._gossip.push(u)
+        env = [GOSSIP, [u.to_wire()], []]
+        for n in set(self._neighbours()) | ({also} if also else set()):
+            self._send(n, env)
+
+    def _neighbours(self) -> list[str]:
+        live = self._live_names()
+        if not live:
+            return []
+        k = self.cfg.fanout
+        return list(dict.fromkeys(ring_successors(live, self.name, k) + ring_predecessors(live, self.name, k)))
+
+    def _disseminate(self, u: Update, source: str | None) -> None:
+        """Queue for piggybacking, and push once right away to our ring neighbours."""
+        self._gossip.push(u)
+        if not self._running:
+            return
+        env = [GOSSIP, [u.to_wire()], []]
+        targets = set(self._neighbours())
+        if u.state in (SUSPECT, DEAD):
+            targets.add(u.name)  # let it refute if it can still hear us
+        else:
+            targets.discard(u.name)
+        targets.discard(source or "")
+        for n in targets:
+            self._send(n, env)
+
+    def _notify(self, peer: str, m: Member) -> None:
+        now = self.clock.real()
+        if self._notified.get(peer, -math.inf) + self.cfg.interval > now:
+            return
+        self._notified[peer] = now
+        self._send(peer, [GOSSIP, [m.update().to_wire()], []])
+
+    def _emit_member(self, m: Member, kind: str, previous: str | None, reason: str) -> None:
+        state = m.shown_state.value
+        self._subscribers.emit(MemberEvent(m.name, kind, state, previous, m.incarnation, m.node_id, reason))
+
+    # ------------------------------------------------------------------ suspicion and verification
+    def _on_conn_event(self, peer: str, event: str, details: dict[str, Any]) -> None:
+        if not self._running or self._leaving:
+            return
+        m = self._members.get(peer)
+        if m is None:
+            return
+        if event == "connected":
+            if details.get("node_id") == m.node_id and m.state in (ALIVE, SUSPECT):
+                self._evidence(peer)
+            return
+        if m.state in (DEAD, LEFT):
+            return
+        nid = self._peer_node_id(peer)
+        if nid and nid != m.node_id:
+            return  # about another process with this name
+        if event == "left":
+            self._apply(Update(peer, m.node_id, m.incarnation, LEFT, tuple(m.addresses)), reason="said goodbye")
+        elif event == "lost":
+            p = self.node._peers.get(peer)
+            if p is not None and p.link is not None and p.link.current is not None:
+                return  # another connection to it is still up
+            why = details.get("reason", "connection lost")
+            reset = bool(details.get("reset"))
+            self._start_verify(m, f"{why}{' (reset)' if reset else ''}", show_now=reset)
+        elif event == "dead":
+            self._start_verify(m, f"link failed: {details.get('reason', '')}")
+
+    def _evidence(self, name: str) -> None:
+        m = self._members.get(name)
+        if m is None:
+            return
+        m.last_seen = self.clock.real()
+        self.prober.wake(name, alive=True)
+        if m.suspected and name not in self._verifying:
+            self._clear_suspicion(m, "proof of life")
+
+    def _clear_suspicion(self, m: Member, why: str) -> None:
+        if m.suspected:
+            prev = m.shown_state
+            m.suspected = ""
+            if m.shown_state != prev:
+                self._emit_member(m, m.shown_state.value, prev.value, why)
+
+    def _start_verify(self, m: Member, reason: str, show_now: bool = False) -> None:
+        """Verify a suspicion. It is shown (state suspect, an event) at once when ``show_now``,
+        else only if the first probe does not answer quickly: a peer whose data connection is
+        merely back-pressured answers a fresh probe in milliseconds and should not flap."""
+        if m.name in self._verifying or not self._running or self._leaving or m.state in (DEAD, LEFT):
+            return
+        self.stats.suspicions += 1
+        if show_now:
+            self._show_suspect(m.name, m.node_id, reason)
+        task = self._spawn(self._verify(m.name, m.node_id, reason, show_now), f"aionet-verify-{m.name}")
+        self._verifying[m.name] = task
+
+        def done(t: asyncio.Task[None], name: str = m.name) -> None:
+            if self._verifying.get(name) is t:
+                del self._verifying[name]
+
+        task.add_done_callback(done)
+
+    def _show_suspect(self, name: str, node_id: str, reason: str) -> None:
+        m = self._members.get(name)
+        if m is not None and m.node_id == node_id and not m.suspected and m.state == ALIVE:
+            m.suspected = reason
+            self._emit_member(m, SUSPECT.value, ALIVE.value, reason)
+
+    async def _verify(self, name: str, node_id: str, reason: str, shown: bool) -> None:
+        show = None
+        if not shown:
+            delay = min(SHOW_SUSPECT_AFTER, self.cfg.probe_timeout / 2)
+            show = asyncio.get_running_loop().call_later(delay, self._show_suspect, name, node_id, reason)
+        try:
+            await self._verify_rounds(name, node_id, reason)
+        finally:
+            if show is not None:
+                show.cancel()
+
+    async def _verify_rounds(self, name: str, node_id: str, reason: str) -> None:
+        started = self.clock()
+        while True:
+            m = self._members.get(name)
+            if m is None or m.node_id != node_id or m.state in (DEAD, LEFT):
+                return
+            timeout = self.awareness.probe_timeout(self.cfg.probe_timeout, m.load.max_stall_ms if m.load else 0.0)
+            t0 = self.clock()
+            outcome = await self.prober.probe_round(m, timeout, self.cfg.indirect_probes)
+            self.log.debug(
+                "probe round",
+                member=name,
+                outcome=outcome or "unknown",
+                timeout=round(timeout, 3),
+                took=round(self.clock() - t0, 3),
+            )
+            m = self._members.get(name)
+            if m is None or m.node_id != node_id or m.state in (DEAD, LEFT):
+                return
+            if outcome == ALIVE:
+                m.verified_at = self.clock()
+                self._clear_suspicion(m, "answered a probe")
+                if m.state == SUSPECT:
+                    self._notify(name, m)
+                return
+            if outcome == DEAD or self.clock() - started >= self.cfg.suspect_timeout:
+                self.stats.deaths_declared += 1
+                self._apply(Update(name, node_id, m.incarnation, DEAD, tuple(m.addresses)), reason=reason)
+                return
+            if m.state == ALIVE:  # nobody could confirm either way: gossip the suspicion, let it refute
+                self._apply(Update(name, node_id, m.incarnation, SUSPECT, tuple(m.addresses)), reason=reason)
+            await asyncio.sleep(self.cfg.interval)
+
+
+def _validate(cfg: Any) -> None:
+    for key in ("interval", "min_std", "probe_timeout", "suspect_timeout", "load_interval"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"heartbeat.{key} must be positive")
+    if cfg.acceptable_pause < 0 or cfg.phi_threshold <= 0 or cfg.forget_after < 0:
+        raise ConfigError("heartbeat.acceptable_pause/forget_after must be >= 0 and phi_threshold > 0")
+    for key in ("fanout", "indirect_probes", "max_piggyback"):
+        if getattr(cfg, key) < 0 or (key == "fanout" and cfg.fanout < 1):
+            raise ConfigError(f"heartbeat.{key} must be {'at least 1' if key == 'fanout' else 'non-negative'}")
+
+
+__all__ = ["Membership"]

@@ -1,0 +1,65 @@
+"""What the owner and the worker ask of the service that drives them.
+
+``service.Scheduler`` implements :class:`SchedulerHost`; the owner and the worker see only
+this, so they import nothing above them (the service imports them, never the reverse) and
+tests can drive them with a fake host: no node, no sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["SchedulerHost"]
+
+
+class SchedulerHost(Protocol):
+    """Effects and facts the owner and worker need (``service.Scheduler`` provides them)."""
+
+    name: str
+    cfg: Any  # config.SchedulerConfig
+    loop: asyncio.AbstractEventLoop
+    log: Any  # a structlog logger
+
+    # ---- running things
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, log_errors: bool = True) -> asyncio.Task[Any] | None:
+        """Start an owned task (None once the scheduler stopped)."""
+
+    # ---- messages
+    async def send(self, peer: str, msg: list[Any]) -> None: ...
+
+    async def send_quiet(self, peer: str, msg: list[Any]) -> None: ...
+
+    def send_specs(self, peer: str) -> None:
+        """Send ``owner.outbox[peer]`` (the owner's placements), then call ``owner.specs_sent``."""
+
+    def dumps(self, obj: Any) -> Any:
+        """Serialize as a message would be (raises what the node's serializer raises)."""
+
+    async def fetch(self, holder: str, owner: str, tid: int) -> Any: ...
+
+    async def request_unless_dead(self, peer: str, service: str, obj: Any, timeout: float | None = None) -> Any: ...
+
+    def broadcast_load(self, load: list[Any]) -> None: ...
+
+    # ---- this node's other half (owner <-> worker, without a message)
+    def accept_local(self, specs: list[Any]) -> None:
+        """Specs the local owner placed here, for the local worker."""
+
+    def ctrl_local(self, kind: int, tids: list[int]) -> None:
+        """Cancel / free requests of the local owner, for the local worker."""
+
+    def results_local(self, items: list[Any]) -> None:
+        """Results of the local worker, for the local owner."""
+
+    # ---- liveness
+    def info_pending(self) -> bool: ...
+
+    def is_alive(self, name: str) -> bool: ...
+
+    def suspect(self, peer: str) -> None: ...
+
+    def node_down(self, peer: str, graceful: bool, reason: str) -> None: ...
