@@ -1,5 +1,7 @@
 """aionet: an asyncio message-passing runtime for heterogeneous clusters."""
 
+from ._version import __version__
+from .config import Config
 from .errors import (
     AionetError,
     ConfigError,
@@ -14,10 +16,6 @@ from .errors import (
     TransportError,
     TransportUnavailable,
 )
-
-__version__ = "0.1.0"
-
-from .config import Config
 from .node import Node
 from .runner import run
 from .scheduler import TaskRef, task_context

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .errors import AionetError, ConfigError
 from .log import configure as configure_logging
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .codecs import handshake
 from .codecs.serialize import DecodeDeferred, Serializer
 from .config import Config
