@@ -44,6 +44,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from .buffers import BufferPool, PooledBuffer
+from .codecs.envelope import ERR, REP, REQ, SEND, XFER
 from .codecs.serialize import DEVICE_FRAMES, DEVICE_INLINE, DEVICE_STAGED, DecodeDeferred, Serializer
 from .config import BuffersSection, LimitsSection
 from .errors import (
@@ -53,7 +54,6 @@ from .errors import (
     ProtocolError,
     SerializationError,
 )
-from .router import ERR, REP, REQ, SEND, XFER
 from .staging import ChunkStream, Receiver, Stager, is_device_array
 
 __all__ = ["DeviceTransfers", "StagingRequired", "TransferFailed", "TransferPending"]

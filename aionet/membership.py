@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codecs import handshake
+from .codecs.envelope import GOSSIP, HB, HB_ACK, PROBE_REQ, PROBE_RSP
 from .errors import AionetError, ConfigError, PeerUnavailable, ProtocolError, TransportError
 from .failure import LagClock, PhiAccrualDetector
 from .load import LoadReport, LoadSampler
@@ -56,13 +57,6 @@ from .transports.base import Address
 ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
 STATES = (ALIVE, SUSPECT, DEAD, LEFT)  # wire code = index; also the precedence order
 _RANK = {s: i for i, s in enumerate(STATES)}
-
-# control envelope kinds (unsequenced, best effort; see Node.add_control_handler)
-HB = 11  # [HB, seq, incarnation, load|None, updates, loads]
-HB_ACK = 12  # [HB_ACK, seq, incarnation, load|None, updates, loads]
-PROBE_REQ = 13  # [PROBE_REQ, probe_id, target, target_node_id, timeout_s]
-PROBE_RSP = 14  # [PROBE_RSP, probe_id, result]  1 alive, 0 no proof of life, -1 could not try
-GOSSIP = 15  # [GOSSIP, updates, loads]
 
 SYNC_SERVICE = "aionet.membership.sync"  # joiner -> seed: my record; reply: the member table
 MEMBERS_SERVICE = "aionet.members"  # the members() view, for `aionet status`

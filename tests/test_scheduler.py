@@ -17,11 +17,12 @@ import pytest
 
 import aionet
 from aionet import Node, TaskError
+from aionet.codecs.envelope import M_SUBMIT
 from aionet.config import Config
 from aionet.errors import ConfigError
 from aionet.scheduler import TaskCancelled, TaskFailed, TaskLost, TaskTimeout, Unschedulable
 from aionet.scheduler import owner as owner_mod
-from aionet.scheduler.tasks import CHANNEL, M_SUBMIT
+from aionet.scheduler.tasks import CHANNEL
 
 from . import tasks_fns
 from .conftest import wait_for

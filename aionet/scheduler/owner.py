@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..codecs.envelope import M_CANCEL, M_FREE, M_SUBMIT
 from ..config import parse_size
 from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
 from .allow import is_never_run, never_run_reason
@@ -32,9 +33,6 @@ from .tasks import (
     F_HAS_DEPREFS,
     F_PINNED,
     F_PREEMPTIBLE,
-    M_CANCEL,
-    M_FREE,
-    M_SUBMIT,
     R_CKPT,
     R_DEPLOST,
     R_ERROR,

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
+from ..codecs.envelope import M_CANCEL, M_FREE, M_LOAD, M_RESULTS, M_SUBMIT
 from ..errors import ConfigError, PeerUnavailable, RemoteError
 from ..log import get_logger
 from .allow import normalize_allow
@@ -31,11 +32,6 @@ from .policies import POLICIES
 from .tasks import (
     CHANNEL,
     DEP_TYPE_NAME,
-    M_CANCEL,
-    M_FREE,
-    M_LOAD,
-    M_RESULTS,
-    M_SUBMIT,
     SVC_FETCH,
     SVC_RESOURCES,
     SVC_STEAL,

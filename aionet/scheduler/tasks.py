@@ -222,11 +222,7 @@ R_REJECT = 7  # payload = reason: this node cannot run the task (place it elsewh
 
 # Scheduler messages on the node mailbox channel CHANNEL: [kind, sender, ...]
 CHANNEL = "aionet.sched"
-M_SUBMIT = 1  # [1, owner, [spec, ...]]
-M_CANCEL = 2  # [2, owner, [tid, ...]]
-M_FREE = 3  # [3, owner, [tid, ...]]
-M_RESULTS = 4  # [4, worker, [item, ...], load]
-M_LOAD = 5  # [5, worker, load]
+# their kinds (M_SUBMIT, ...): codecs/envelope.py
 
 SVC_RESOURCES = "aionet.sched.resources"
 SVC_FETCH = "aionet.sched.fetch"

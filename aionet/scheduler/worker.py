@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..codecs.envelope import M_RESULTS
 from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
 from .allow import normalize_allow, refuse_name, refuse_object
 from .policies import fits
@@ -36,7 +37,6 @@ from .tasks import (
     EXE_THREAD,
     F_PINNED,
     F_PREEMPTIBLE,
-    M_RESULTS,
     R_CKPT,
     R_DEPLOST,
     R_ERROR,
