@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
+from .codecs.envelope import ERR, REP, REQ, SEND, XFER
 from .codecs.serialize import DEVICE_FRAMES, DEVICE_INLINE, DEVICE_STAGED, DecodeDeferred, Serializer
 from .config import BuffersSection, LimitsSection
 from .devices import BufferPool, ChunkStream, Devices, PooledBuffer, Receiver, Stager, is_device_array
@@ -53,7 +54,6 @@ from .errors import (
     ProtocolError,
     SerializationError,
 )
-from .router import ERR, REP, REQ, SEND, XFER
 
 __all__ = ["DeviceTransfers", "StagingRequired", "TransferFailed", "TransferPending"]
 

@@ -23,13 +23,12 @@ from typing import Any
 
 import msgpack
 
+from .codecs.envelope import ACK
 from .config import LimitsSection
 from .errors import ConnectionClosed, FrameTooLarge, PeerUnavailable, ProtocolError, SerializationError, TooManyFrames
 from .link_state import LinkState
 from .transports.base import Connection
 
-ACK = 7  # [ACK, recv_seq]                    unsequenced
-SEQUENCED_MAX = 6  # envelope kinds 1..6 (and 8, XFER) are sequenced: [kind, seq, ack, *fields]
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
@@ -495,10 +494,6 @@ class Link:
         }
 
 
-def is_sequenced(kind: int) -> bool:
-    return 1 <= kind <= SEQUENCED_MAX or kind == 8  # 8: XFER, a staged device array chunk (router.py)
-
-
 async def close_conn(conn: Connection) -> None:
     try:
         await asyncio.wait_for(conn.close(), 2.0)
@@ -506,4 +501,4 @@ async def close_conn(conn: Connection) -> None:
         conn.abort()
 
 
-__all__ = ["ACK", "BIG_MESSAGE", "Link", "SerializationError", "is_sequenced", "nbytes_of"]
+__all__ = ["BIG_MESSAGE", "Link", "SerializationError", "nbytes_of"]

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .codecs import handshake
+from .codecs.envelope import ACK, BYE, CONTROL_MIN, ERR, PEERS, REP, REQ, SEND, XFER
 from .codecs.serialize import DecodeDeferred, Serializer
 from .config import Config
 from .device_transfer import DeviceTransfers, StagingRequired
@@ -27,11 +28,11 @@ from .errors import (
     ProtocolError,
     TransportError,
 )
-from .link import ACK, SIZE_LIMITS, Link, close_conn, nbytes_of
+from .link import SIZE_LIMITS, Link, close_conn, nbytes_of
 from .log import apply_level as apply_log_level
 from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
-from .router import BYE, ERR, PEERS, REP, REQ, SEND, XFER, Mailbox, Router
+from .router import Mailbox, Router
 from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
 from .security import is_local_address, is_local_host, is_loopback_host, load_token
 from .transports.base import Address, Connection, Listener
@@ -507,7 +508,7 @@ class Node:
     def add_control_handler(self, kind: int, fn: Callable[[str, list[Any]], None]) -> None:
         """Handle unsequenced control envelopes ``[kind, ...]`` (kind >= 11) from peers,
         e.g. heartbeats: ``fn(peer_name, envelope)`` runs inline on the reader; keep it quick."""
-        if kind < 11 or kind in self._control_handlers:
+        if kind < CONTROL_MIN or kind in self._control_handlers:
             raise ValueError(f"control kind {kind} is reserved or taken")
         self._control_handlers[kind] = fn
 

@@ -13,20 +13,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .codecs.envelope import ERR, REP
 from .errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
 
-# Envelope kinds (element 0 of every application message header). Kinds 1..6 and 8 are
-# sequenced by the link: [kind, seq, ack, *fields] with the fields below. Kind 7 is the link's
-# ACK (link.py, unsequenced); kinds >= 11 are unsequenced control envelopes (Node.add_control_handler).
-SEND = 1  # channel, payload
-REQ = 2  # req_id, service, payload
-REP = 3  # req_id, payload
-ERR = 4  # req_id, remote_type, message, traceback
-PEERS = 5  # {name: [addresses]}
-BYE = 6  # (none)  graceful leave
-XFER = 8  # transfer_id, chunk index (-1 = abort), staging header (chunk 0) | None, chunk bytes
-#           one chunk of a staged device array, sent ahead of the message that refers to it
-#           (aionet/device_transfer.py)
+# envelope kinds and their layouts: codecs/envelope.py
 
 Handler = Callable[[Any], Any]
 PRUNE_MAILBOXES_FROM = 1024  # idle mailboxes are forgotten once a node has this many

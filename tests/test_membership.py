@@ -631,7 +631,7 @@ async def _attacker_and_victim():
 
 
 def _send_peers(evil, table):
-    from aionet.router import PEERS
+    from aionet.codecs.envelope import PEERS
 
     return evil._peers["victim"].link.send(PEERS, [table])
 
@@ -640,7 +640,7 @@ async def test_peers_and_probe_requests_do_not_make_a_node_dial_an_address_for_t
     """Issue 11: a PEERS message naming any address plus ten 30-byte PROBE_REQs made a node open
     1,561 connections to that address. Now: PROBE_REQ about a name that is not a member is
     answered "could not try" without dialing anything."""
-    from aionet.membership import PROBE_REQ
+    from aionet.codecs.envelope import PROBE_REQ
 
     victim, evil = await _attacker_and_victim()
     try:
@@ -662,7 +662,8 @@ async def test_probe_requests_about_members_share_one_spaced_out_probe(hang):
     """Even for members (a hostile peer can gossip made-up members), many PROBE_REQs cause one
     probe at a time per member, with backing-off retries, at most MAX_SERVED_PROBES members at
     once, and no more than one connection per PROBE_REUSE s to any one address."""
-    from aionet.membership import ALIVE, GOSSIP, MAX_SERVED_PROBES, PROBE_REQ, PROBE_REUSE
+    from aionet.codecs.envelope import GOSSIP, PROBE_REQ
+    from aionet.membership import ALIVE, MAX_SERVED_PROBES, PROBE_REUSE
     from aionet.node import DIAL_GAP
 
     victim, evil = await _attacker_and_victim()

@@ -35,13 +35,9 @@ from typing import Any
 import msgpack
 
 from ..errors import DecodeError, HandshakeError, UnsupportedVersion
+from .envelope import CONFIRM, HELLO, REJECT, RESUME, WELCOME  # noqa: F401  (callers build State(RESUME))
 
 PROTOCOL_VERSION = 2  # 2: cluster state moved from HELLO to WELCOME/RESUME (after the proofs)
-HELLO = 0
-REJECT = 9
-CONFIRM = 10
-WELCOME = 11
-RESUME = 12
 MAX_PEERS = 4096  # entries in one handshake's peer table (msgpack map bound below)
 MAX_HANDSHAKE_BYTES = 1 << 20
 NONCE_BYTES = 16

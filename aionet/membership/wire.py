@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+# control envelope kinds (unsequenced, best effort; see Node.add_control_handler)
+# kinds (defined once, in codecs/envelope.py):
+#   [HB, seq, incarnation, load|None, updates, loads]; [HB_ACK, ...same]
+#   [PROBE_REQ, probe_id, target, target_node_id, timeout_s]
+#   [PROBE_RSP, probe_id, result]  1 alive, 0 no proof of life, -1 could not try
+#   [GOSSIP, updates, loads]
+from ..codecs.envelope import GOSSIP, HB, HB_ACK, PROBE_REQ, PROBE_RSP
 from ..errors import ProtocolError
 from .load import LoadReport
 
-# control envelope kinds (unsequenced, best effort; see Node.add_control_handler)
-HB = 11  # [HB, seq, incarnation, load|None, updates, loads]
-HB_ACK = 12  # [HB_ACK, seq, incarnation, load|None, updates, loads]
-PROBE_REQ = 13  # [PROBE_REQ, probe_id, target, target_node_id, timeout_s]
-PROBE_RSP = 14  # [PROBE_RSP, probe_id, result]  1 alive, 0 no proof of life, -1 could not try
-GOSSIP = 15  # [GOSSIP, updates, loads]
 # updates: [Update.to_wire(), ...]; loads: [[name, node_id, age_ms, LoadReport.to_wire()], ...]
 
 SYNC_SERVICE = "aionet.membership.sync"  # joiner -> seed: my record; reply: the member table

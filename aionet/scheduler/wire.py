@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..codecs.envelope import M_CANCEL, M_FREE, M_LOAD, M_RESULTS, M_SUBMIT  # noqa: F401  (re-exported for the scheduler)
+
 
 @dataclass(slots=True)
 class DepRef:
@@ -44,11 +46,9 @@ R_REJECT = 7  # payload = reason: this node cannot run the task (place it elsewh
 
 # Scheduler messages on the node mailbox channel CHANNEL: [kind, sender, ...]
 CHANNEL = "aionet.sched"
-M_SUBMIT = 1  # [1, owner, [spec, ...]]
-M_CANCEL = 2  # [2, owner, [tid, ...]]
-M_FREE = 3  # [3, owner, [tid, ...]]
-M_RESULTS = 4  # [4, worker, [item, ...], load]
-M_LOAD = 5  # [5, worker, load]
+# message kinds (defined once, in codecs/envelope.py): [M_SUBMIT, owner, [spec, ...]],
+# [M_CANCEL, owner, [tid, ...]], [M_FREE, owner, [tid, ...]], [M_RESULTS, worker, [item, ...], load],
+# [M_LOAD, worker, load]
 
 SVC_RESOURCES = "aionet.sched.resources"
 SVC_FETCH = "aionet.sched.fetch"

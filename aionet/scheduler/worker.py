@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..codecs.envelope import M_RESULTS
 from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
 from .allow import normalize_allow, refuse_name, refuse_object
 from .executor import ThreadRunner, process_entry, process_pool
@@ -40,7 +41,6 @@ from .wire import (
     EXE_THREAD,
     F_PINNED,
     F_PREEMPTIBLE,
-    M_RESULTS,
     R_CKPT,
     R_DEPLOST,
     R_ERROR,
