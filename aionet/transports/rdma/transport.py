@@ -3,7 +3,7 @@
 **Not run on RDMA hardware here.** This machine's kernel has no RDMA support, so the verbs
 calls below were written against the pyverbs API and never executed against a device; what
 *is* tested on the CPU is everything above the verbs: the protocol
-(:mod:`~aionet.transports.rdma_protocol`: credits, segmentation, reassembly, back-pressure) and
+(:mod:`~aionet.transports.rdma.protocol`: credits, segmentation, reassembly, back-pressure) and
 this module's event-driven driver (:class:`RDMAConnection`) against an in-memory verbs double
 (``tests/test_rdma.py``). Without a device, ``check_available``, ``listen`` and ``connect``
 raise ``TransportUnavailable("no RDMA device: ...")``.
@@ -46,11 +46,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from ..devices.buffers import BufferPool, MemoryRegistrar, PooledBuffer
-from ..errors import ConfigError, ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
-from ..log import get_logger
-from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
-from .rdma_protocol import RdmaProtocol
+from ...devices.buffers import BufferPool, MemoryRegistrar, PooledBuffer
+from ...errors import ConfigError, ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
+from ...log import get_logger
+from ..base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+from .protocol import RdmaProtocol
 
 __all__ = ["Completion", "RDMAConnection", "RDMAListener", "RDMATransport", "VerbsQP", "load_pyverbs"]
 
