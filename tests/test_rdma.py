@@ -20,7 +20,7 @@ import pytest
 from aionet.devices import BufferPool, PooledBuffer
 from aionet.errors import ConnectionClosed, TransportUnavailable
 from aionet.transports.rdma import Completion, RDMAConnection, RDMATransport
-from aionet.transports.rdma_protocol import RdmaProtocol
+from aionet.transports.rdma.protocol import RdmaProtocol
 
 
 class Registrar:
@@ -289,7 +289,7 @@ async def test_real_device_round_trip():
 def test_transport_registers_and_uses_a_shared_pool(monkeypatch):
     """use_pool: the node's staging pool becomes the RDMA pool and gets registered with the
     device, so one set of (pinned) buffers serves staging and RDMA."""
-    import aionet.transports.rdma as rdma
+    import aionet.transports.rdma.transport as rdma
 
     class FakeDevice:
         def __init__(self, name, port_num, gid_index):

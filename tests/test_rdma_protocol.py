@@ -13,7 +13,7 @@ import struct
 import pytest
 
 from aionet.errors import DecodeError, FrameTooLarge, ProtocolError, TooManyFrames
-from aionet.transports.rdma_protocol import SEG_HEADER, RdmaProtocol, SegmentFlags
+from aionet.transports.rdma.protocol import SEG_HEADER, RdmaProtocol, SegmentFlags
 
 
 class RNRError(AssertionError):

@@ -30,17 +30,23 @@ import collections
 import itertools
 import weakref
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
-from ..config import parse_size
-from ..errors import ConfigError, ConnectionClosed, TransportError
+from ..errors import ConnectionClosed, TransportError
 from ..log import get_logger
 from .base import Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+from .options import Option, integer, parse_options, positive, size
 
 log = get_logger("aionet.transports.inproc")
 
 _AUTO_NAMES = ("", "0", "*")
-_OPTIONS = {"max_queued_bytes": 64 * 2**20, "max_queued_messages": 65536}
+SCHEMA: MappingProxyType[str, Option] = MappingProxyType(
+    {
+        "max_queued_bytes": Option(64 * 2**20, size, positive, "must be positive"),
+        "max_queued_messages": Option(65536, integer, positive, "must be positive"),
+    }
+)
 
 
 class _Namespace:
@@ -281,16 +287,9 @@ class InprocTransport(Transport):
 
     def __init__(self, options: dict[str, Any] | None = None, limits: Any = None) -> None:
         super().__init__(options, limits)
-        unknown = sorted(set(self.options) - set(_OPTIONS))
-        if unknown:
-            raise ConfigError(f"unknown transport.inproc option(s) {', '.join(unknown)}; valid: {', '.join(_OPTIONS)}")
-        try:
-            self._max_bytes = parse_size(self.options.get("max_queued_bytes", _OPTIONS["max_queued_bytes"]))
-            self._max_msgs = int(self.options.get("max_queued_messages", _OPTIONS["max_queued_messages"]))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"transport.inproc: {exc}") from None
-        if self._max_bytes <= 0 or self._max_msgs <= 0:
-            raise ConfigError("transport.inproc: max_queued_bytes and max_queued_messages must be positive")
+        opts = parse_options("inproc", SCHEMA, self.options)
+        self._max_bytes: int = opts["max_queued_bytes"]
+        self._max_msgs: int = opts["max_queued_messages"]
         self._listeners: set[InprocListener] = set()
         self._conns: weakref.WeakSet[InprocConnection] = weakref.WeakSet()
 

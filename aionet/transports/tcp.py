@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, as_frame, encode_prefix
 from ..errors import (
-    ConfigError,
     ConnectionClosed,
     ConnectTimeout,
     FrameTooLarge,
@@ -50,6 +49,7 @@ from ..errors import (
 )
 from ..log import get_logger
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+from .options import Option, boolean, integer, non_negative, number, parse_options
 
 if TYPE_CHECKING:
     import ssl
@@ -85,25 +85,19 @@ TRIM_AFTER = 2.0
 _PACK1 = ONE_FRAME_PREFIX.pack  # (HEAD, 1, length) -> the 16-byte prefix of a 1-frame message
 
 
+#: The declared schema: bools are booleans, every other option a non-negative number of its default's type.
+SCHEMA: MappingProxyType[str, Option] = MappingProxyType(
+    {
+        key: Option(default, boolean)
+        if isinstance(default, bool)
+        else Option(default, integer if isinstance(default, int) else number, non_negative, "must not be negative")
+        for key, default in DEFAULT_OPTIONS.items()
+    }
+)
+
+
 def _options(raw: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(raw) - set(DEFAULT_OPTIONS))
-    if unknown:
-        raise ConfigError(f"unknown transport.tcp option(s) {', '.join(unknown)}; valid: {', '.join(DEFAULT_OPTIONS)}")
-    opts = dict(DEFAULT_OPTIONS)
-    for key, value in raw.items():
-        default = DEFAULT_OPTIONS[key]
-        try:
-            if isinstance(default, bool):
-                if isinstance(value, str):
-                    value = value.strip().lower() in ("1", "true", "yes", "on")
-                opts[key] = bool(value)
-            else:
-                opts[key] = type(default)(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"transport.tcp.{key} must be a {type(default).__name__}, not {value!r}") from None
-        if not isinstance(default, bool) and opts[key] < 0:
-            raise ConfigError(f"transport.tcp.{key} must not be negative")
-    return opts
+    return parse_options("tcp", SCHEMA, raw)
 
 
 def _url(sockaddr: Any) -> str:

@@ -25,41 +25,31 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import ConfigError, TransportUnavailable
+from ..errors import TransportUnavailable
 from ..security.tls import HOW_TO, check_tls13, make_context
 from .base import Address
-from .tcp import DEFAULT_OPTIONS as TCP_OPTIONS
+from .options import Option, boolean, number, parse_options, positive, string
+from .tcp import SCHEMA as TCP_SCHEMA
 from .tcp import TCPConnection, TCPTransport
 
 if TYPE_CHECKING:
     from ..config import LimitsSection
 
-#: TLS-specific option name -> default; every TCP option is accepted as well.
-TLS_OPTIONS: dict[str, Any] = {
-    "cert": "",
-    "key": "",
-    "ca": "",
-    "check_hostname": False,
-    # Seconds a TLS handshake may take before the connection is dropped (a peer that opens a
-    # socket and sends nothing must not hold it open). A Node sets it to link.handshake_timeout.
-    "handshake_timeout": 10.0,
-}
-
-
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    raise ConfigError(f"transport.tls.{name} must be a boolean, not {value!r}")
-
-
-def _as_str(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"transport.tls.{name} must be a string, not {value!r}")
-    return value
+#: TLS-specific options; every TCP option is accepted as well.
+TLS_SCHEMA: MappingProxyType[str, Option] = MappingProxyType(
+    {
+        "cert": Option("", string),
+        "key": Option("", string),
+        "ca": Option("", string),
+        "check_hostname": Option(False, boolean),
+        # Seconds a TLS handshake may take before the connection is dropped (a peer that opens a
+        # socket and sends nothing must not hold it open). A Node sets it to link.handshake_timeout.
+        "handshake_timeout": Option(10.0, number, positive, "must be positive"),
+    }
+)
 
 
 class TLSConnection(TCPConnection):
@@ -96,30 +86,15 @@ class TLSTransport(TCPTransport):
     schemes: ClassVar[tuple[str, ...]] = ("tls",)
 
     def __init__(self, options: dict[str, Any] | None = None, limits: LimitsSection | None = None):
-        raw = dict(options or {})
-        unknown = sorted(set(raw) - set(TLS_OPTIONS) - set(TCP_OPTIONS))
-        if unknown:
-            raise ConfigError(
-                f"unknown transport.tls option(s) {', '.join(unknown)}; "
-                f"valid: {', '.join([*TLS_OPTIONS, *TCP_OPTIONS])}"
-            )
-        tls = {k: raw.pop(k) for k in list(raw) if k in TLS_OPTIONS}
-        super().__init__(raw, limits)
-        self.tls_options: dict[str, Any] = {**TLS_OPTIONS, **tls}
+        opts = parse_options("tls", {**TCP_SCHEMA, **TLS_SCHEMA}, options)
+        super().__init__({k: v for k, v in opts.items() if k in TCP_SCHEMA}, limits)
+        self.tls_options: dict[str, Any] = {k: v for k, v in opts.items() if k in TLS_SCHEMA}
         self.check_available(self.tls_options)
-        opts = self.tls_options
-        self._cert = _as_str("cert", opts["cert"])
-        self._key = _as_str("key", opts["key"])
-        self._ca = _as_str("ca", opts["ca"])
-        self._check_hostname = _as_bool("check_hostname", opts["check_hostname"])
-        try:
-            self._handshake_timeout = float(opts["handshake_timeout"])
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"transport.tls.handshake_timeout must be a number, not {opts['handshake_timeout']!r}"
-            ) from None
-        if self._handshake_timeout <= 0:
-            raise ConfigError("transport.tls.handshake_timeout must be positive")
+        self._cert = opts["cert"]
+        self._key = opts["key"]
+        self._ca = opts["ca"]
+        self._check_hostname = opts["check_hostname"]
+        self._handshake_timeout = opts["handshake_timeout"]
         self._server_ctx = make_context(self._cert, self._key, self._ca, server=True)
         self._client_ctx = make_context(
             self._cert, self._key, self._ca, server=False, check_hostname=self._check_hostname

@@ -49,11 +49,13 @@ import sys
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import ConnectionClosed, TransportError, TransportUnavailable
 from ..log import get_logger
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+from .options import Option, boolean, parse_options, positive, size, string, table
 
 __all__ = ["UCXConnection", "UCXListener", "UCXTransport"]
 
@@ -505,6 +507,17 @@ class UCXListener(Listener):
             await asyncio.sleep(0)
 
 
+#: ``[transport] ucx = {...}``; see UCXTransport.
+SCHEMA: MappingProxyType[str, Option] = MappingProxyType(
+    {
+        "tls": Option("", string),  # UCX_TLS, e.g. "tcp"
+        "ucx_options": Option(MappingProxyType({}), table),  # extra UCX settings without the UCX_ prefix
+        "max_queued_bytes": Option(64 << 20, size, positive, "must be positive"),
+        "probe": Option(True, boolean),
+    }
+)
+
+
 class UCXTransport(Transport):
     """``ucx://host:port``. Options: ``tls`` (UCX_TLS, e.g. ``"tcp"``), ``ucx_options``
     (extra UCX settings without the ``UCX_`` prefix), ``max_queued_bytes`` (64 MiB),
@@ -515,9 +528,10 @@ class UCXTransport(Transport):
 
     def __init__(self, options: dict[str, Any] | None = None, limits: Any = None) -> None:
         super().__init__(options, limits)
+        self.options = parse_options("ucx", SCHEMA, self.options)
         self._ucxx: Any = None
-        self._max_queued = int(self.options.get("max_queued_bytes", 64 << 20))
-        self._probe = bool(self.options.get("probe", True))
+        self._max_queued: int = self.options["max_queued_bytes"]
+        self._probe: bool = self.options["probe"]
         self._conns: weakref.WeakSet[UCXConnection] = weakref.WeakSet()
         self._listeners: set[UCXListener] = set()
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -1,6 +1,6 @@
 """Sans-I/O protocol of the ``rdma://`` transport: credits, segmentation, reassembly.
 
-No verbs, no sockets, no asyncio: the driver (:mod:`aionet.transports.rdma`) hands this
+No verbs, no sockets, no asyncio: the driver (:mod:`aionet.transports.rdma.transport`) hands this
 object filled receive buffers and asks it to fill send buffers; everything that decides *what*
 goes on the wire lives here so it is tested on the CPU.
 
@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import DecodeError, FrameTooLarge, ProtocolError, TooManyFrames
+from ...errors import DecodeError, FrameTooLarge, ProtocolError, TooManyFrames
 
 __all__ = ["SEG_HEADER", "RdmaProtocol", "SegmentFlags"]
 

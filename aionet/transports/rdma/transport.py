@@ -3,7 +3,7 @@
 **Not run on RDMA hardware here.** This machine's kernel has no RDMA support, so the verbs
 calls below were written against the pyverbs API and never executed against a device; what
 *is* tested on the CPU is everything above the verbs: the protocol
-(:mod:`~aionet.transports.rdma_protocol`: credits, segmentation, reassembly, back-pressure) and
+(:mod:`~aionet.transports.rdma.protocol`: credits, segmentation, reassembly, back-pressure) and
 this module's event-driven driver (:class:`RDMAConnection`) against an in-memory verbs double
 (``tests/test_rdma.py``). Without a device, ``check_available``, ``listen`` and ``connect``
 raise ``TransportUnavailable("no RDMA device: ...")``.
@@ -44,13 +44,15 @@ import sys
 import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
-from ..devices.buffers import BufferPool, MemoryRegistrar, PooledBuffer
-from ..errors import ConfigError, ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
-from ..log import get_logger
-from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
-from .rdma_protocol import RdmaProtocol
+from ...devices.buffers import BufferPool, MemoryRegistrar, PooledBuffer
+from ...errors import ConfigError, ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
+from ...log import get_logger
+from ..base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+from ..options import Option, integer, non_negative, number, parse_options, positive, size, string
+from .protocol import RdmaProtocol
 
 __all__ = ["Completion", "RDMAConnection", "RDMAListener", "RDMATransport", "VerbsQP", "load_pyverbs"]
 
@@ -602,29 +604,48 @@ class RDMAListener(Listener):
             await self._server.wait_closed()
 
 
+_POSITIVE = "must be positive"
+
+#: ``[transport] rdma = {...}``; see RDMATransport.
+SCHEMA: MappingProxyType[str, Option] = MappingProxyType(
+    {
+        "device": Option("", string),
+        "port_num": Option(1, integer, positive, _POSITIVE),
+        "gid_index": Option(0, integer, non_negative, "must not be negative"),
+        "recv_buffers": Option(64, integer, positive, _POSITIVE),
+        "segment_bytes": Option(64 << 10, size, positive, _POSITIVE),
+        "max_send_wr": Option(64, integer, positive, _POSITIVE),
+        "pool_bytes": Option(64 << 20, size, positive, _POSITIVE),
+        "recv_queue_bytes": Option(64 << 20, size, positive, _POSITIVE),
+        "idle_poll_ms": Option(5.0, number, non_negative, "must not be negative"),
+        "handshake_timeout": Option(5.0, number, positive, _POSITIVE),
+    }
+)
+
+
 class RDMATransport(Transport):
     """``rdma://host:port`` (the port is the TCP side channel used for connection setup).
 
     Options (``[transport] rdma = {...}``): ``device`` (default: first), ``port_num`` (1),
     ``gid_index`` (0; RoCE v2 usually needs the index of the IPv4-mapped GID), ``recv_buffers``
     (64), ``segment_bytes`` (65536), ``max_send_wr`` (64), ``pool_bytes`` (64 MiB),
-    ``recv_queue_bytes`` (64 MiB), ``idle_poll_ms`` (5).
+    ``recv_queue_bytes`` (64 MiB), ``idle_poll_ms`` (5), ``handshake_timeout`` (5 s).
     """
 
     schemes = ("rdma",)
 
     def __init__(self, options: dict[str, Any] | None = None, limits: Any = None) -> None:
         super().__init__(options, limits)
-        o = self.options
-        self._device_name = str(o.get("device", ""))
-        self._port_num = int(o.get("port_num", 1))
-        self._gid_index = int(o.get("gid_index", 0))
-        self._recv_buffers = int(o.get("recv_buffers", 64))
-        self._segment = int(o.get("segment_bytes", 64 << 10))
-        self._max_send_wr = int(o.get("max_send_wr", 64))
-        self._pool_bytes = int(o.get("pool_bytes", 64 << 20))
-        self._recv_queue = int(o.get("recv_queue_bytes", 64 << 20))
-        self._idle_poll_ms = float(o.get("idle_poll_ms", 5.0))
+        o = self.options = parse_options("rdma", SCHEMA, self.options)
+        self._device_name: str = o["device"]
+        self._port_num: int = o["port_num"]
+        self._gid_index: int = o["gid_index"]
+        self._recv_buffers: int = o["recv_buffers"]
+        self._segment: int = o["segment_bytes"]
+        self._max_send_wr: int = o["max_send_wr"]
+        self._pool_bytes: int = o["pool_bytes"]
+        self._recv_queue: int = o["recv_queue_bytes"]
+        self._idle_poll_ms: float = o["idle_poll_ms"]
         self._dev: _Device | None = None
         self._pool: BufferPool | None = None
         self._shared_pool: BufferPool | None = None
@@ -724,7 +745,7 @@ class RDMATransport(Transport):
     async def listen(self, url: str, handler: ConnectionHandler) -> Listener:
         addr = Address.parse(url)
         self._ensure_device()
-        timeout = float(self.options.get("handshake_timeout", 5.0))
+        timeout: float = self.options["handshake_timeout"]
 
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             peer = writer.get_extra_info("peername")
