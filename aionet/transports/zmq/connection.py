@@ -22,7 +22,6 @@ from .wire import BYE, DATA, EMPTY, MALFORMED, WELCOME
 
 if TYPE_CHECKING:
     from .options import Options
-    from .transport import ZMQTransport
 
 log = get_logger("aionet.transports.zmq")
 
@@ -388,7 +387,7 @@ class ZConnection(Connection):
 class DealerConnection(Pump, ZConnection):
     """A dialed connection: its own DEALER socket, never reconnecting."""
 
-    def __init__(self, transport: ZMQTransport, sock: zmq.Socket, url: str, loop: asyncio.AbstractEventLoop):
+    def __init__(self, transport: Any, sock: zmq.Socket, url: str, loop: asyncio.AbstractEventLoop):
         self._transport = transport
         self._handshake: asyncio.Future[None] = loop.create_future()
         Pump.__init__(self, sock, loop, transport._opts, transport.limits)

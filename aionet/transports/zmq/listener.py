@@ -7,7 +7,7 @@ import collections
 import contextlib
 import os
 import socket as _socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
@@ -19,9 +19,6 @@ from .connection import ZConnection
 from .endpoint import IpcFile
 from .pump import EVENT_NAMES, MON_EVENTS, MORE, NOBLOCK, PROTOCOL_ERRORS, Monitor, Pump, bsend, zmq_error
 from .wire import BYE, EMPTY, HELLO, MALFORMED
-
-if TYPE_CHECKING:
-    from .transport import ZMQTransport
 
 log = get_logger("aionet.transports.zmq")
 
@@ -92,7 +89,7 @@ class RouterListener(Pump, Listener):
 
     def __init__(
         self,
-        transport: ZMQTransport,
+        transport: Any,
         sock: zmq.Socket,
         address: str,
         handler: ConnectionHandler,

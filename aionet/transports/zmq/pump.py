@@ -8,16 +8,13 @@ import contextlib
 import os
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 from zmq.backend import Socket as _BackendSocket
 
 from ...errors import ConnectionClosed, TransportError
 from .wire import Decoded, MessageReader
-
-if TYPE_CHECKING:
-    from .options import Options
 
 NOBLOCK = zmq.NOBLOCK
 MORE = zmq.NOBLOCK | zmq.SNDMORE
@@ -60,7 +57,7 @@ class Receiver:
     Frames are received with ``copy=False``: ``Frame.more`` is cheaper than asking the socket
     for RCVMORE, and each frame can become ``bytes`` (small) or a memoryview (large)."""
 
-    def __init__(self, sock: zmq.Socket, opts: Options, limits: Any) -> None:
+    def __init__(self, sock: zmq.Socket, opts: Any, limits: Any) -> None:
         self.recv = sock.recv
         self.zc_min = opts.zc_min
         self.reader = MessageReader(limits.max_frames, limits.max_message_bytes)
@@ -131,7 +128,7 @@ class Pump:
     operation (ours or a sender's) the socket's ``EVENTS`` is re-checked before going idle.
     """
 
-    def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop, opts: Options, limits: Any) -> None:
+    def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop, opts: Any, limits: Any) -> None:
         self._sock = sock
         self._loop = loop
         self._opts = opts
