@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aionet.errors import ProtocolError
-from aionet.link_state import LinkState
+from aionet.core.link_state import LinkState
 
 
 def test_in_order_dup_and_gap():

@@ -19,10 +19,10 @@ from aionet import Node
 from aionet.codecs import handshake
 from aionet.codecs.serialize import Serializer
 from aionet.config import Config
-from aionet.device_transfer import StagingRequired
+from aionet.core.device_transfer import StagingRequired
 from aionet.devices import Devices, SimulatedDeviceBackend
 from aionet.errors import ConfigError, DeviceUnavailable, RemoteError, SerializationError
-from aionet.router import XFER
+from aionet.core.router import XFER
 from aionet.testing import FaultProxy
 
 from .conftest import listen_url, wait_for

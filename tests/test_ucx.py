@@ -291,7 +291,7 @@ async def test_loopback_listener_serves_loopback_only():
 async def test_wildcard_listener_labels_peers_by_their_proven_address():
     """A peer is labelled local only when UCX reports a loopback address for it: through a
     routable address it is not local, so a node without a token refuses it."""
-    from aionet.node import _is_local
+    from aionet.security import is_local_address as _is_local
 
     other = _routable_ipv4()
     if other is None:

@@ -43,10 +43,10 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
-from .codecs.serialize import DEVICE_FRAMES, DEVICE_INLINE, DEVICE_STAGED, DecodeDeferred, Serializer
-from .config import BuffersSection, LimitsSection
-from .devices import BufferPool, ChunkStream, Devices, PooledBuffer, Receiver, Stager, is_device_array
-from .errors import (
+from ..codecs.serialize import DEVICE_FRAMES, DEVICE_INLINE, DEVICE_STAGED, DecodeDeferred, Serializer
+from ..config import BuffersSection, LimitsSection
+from ..devices import BufferPool, ChunkStream, Devices, PooledBuffer, Receiver, Stager, is_device_array
+from ..errors import (
     DecodeError,
     FrameTooLarge,
     PeerUnavailable,

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
+from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
 
 # Envelope kinds (element 0 of every application message header). Kinds 1..6 and 8 are
 # sequenced by the link: [kind, seq, ack, *fields] with the fields below. Kind 7 is the link's
@@ -26,7 +26,7 @@ PEERS = 5  # {name: [addresses]}
 BYE = 6  # (none)  graceful leave
 XFER = 8  # transfer_id, chunk index (-1 = abort), staging header (chunk 0) | None, chunk bytes
 #           one chunk of a staged device array, sent ahead of the message that refers to it
-#           (aionet/device_transfer.py)
+#           (aionet/core/device_transfer.py)
 
 Handler = Callable[[Any], Any]
 PRUNE_MAILBOXES_FROM = 1024  # idle mailboxes are forgotten once a node has this many
