@@ -131,7 +131,7 @@ class SchedulerSection:
 
 @dataclass
 class BuffersSection:
-    """Pinned staging buffers for device arrays (see aionet/device_transfer.py). Sizes accept
+    """Pinned staging buffers for device arrays (see aionet/core/device_transfer.py). Sizes accept
     ``"256MiB"``-style strings; :meth:`normalize` turns them into ints."""
 
     max_bytes: int | str = 256 * 2**20  # bound on the staging pool (in use + idle)

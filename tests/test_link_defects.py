@@ -274,7 +274,7 @@ async def test_rejection_heuristic_ignores_long_lived_connections():
     drop now and then (long-lived ones) never fails the link."""
     import logging
 
-    from aionet.link import MAX_REPLAY_FAILURES, Link
+    from aionet.core.link import MAX_REPLAY_FAILURES, Link
 
     link = Link(
         "p",

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aionet.core.link_state import LinkState
 from aionet.errors import ProtocolError
-from aionet.link_state import LinkState
 
 
 def test_in_order_dup_and_gap():

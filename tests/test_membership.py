@@ -74,7 +74,7 @@ class Cluster:
         async def gone(*_a, **_k):
             raise PeerUnavailable("crashed")
 
-        node._dial = gone  # a dead process dials nobody
+        node._connector.dial = gone  # a dead process dials nobody
         for p in node._peers.values():
             if p.link is not None:
                 p.link.left = True  # stops its reconnect loop
@@ -663,8 +663,8 @@ async def test_probe_requests_about_members_share_one_spaced_out_probe(hang):
     probe at a time per member, with backing-off retries, at most MAX_SERVED_PROBES members at
     once, and no more than one connection per PROBE_REUSE s to any one address."""
     from aionet.codecs.envelope import GOSSIP, PROBE_REQ
+    from aionet.core.connect import DIAL_GAP
     from aionet.membership import ALIVE, MAX_SERVED_PROBES, PROBE_REUSE
-    from aionet.node import DIAL_GAP
 
     victim, evil = await _attacker_and_victim()
     try:
@@ -695,7 +695,7 @@ async def test_probe_requests_about_members_share_one_spaced_out_probe(hang):
 async def test_peer_tables_from_peers_are_bounded():
     """Issue 11: 300,007 made-up peers in PEERS cost 111 MiB. A PEERS message is read up to
     MAX_PEERS_PER_MESSAGE entries and names learned from others stop at MAX_HEARSAY_PEERS."""
-    from aionet.node import MAX_HEARSAY_PEERS, MAX_PEERS_PER_MESSAGE
+    from aionet.core.peers import MAX_HEARSAY_PEERS, MAX_PEERS_PER_MESSAGE
 
     victim, evil = await _attacker_and_victim()
     try:

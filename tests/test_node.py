@@ -258,7 +258,7 @@ async def test_large_reply_from_sync_handler_does_not_stall_the_connection(pair)
 
 
 async def test_mailbox_byte_bound_unit():
-    from aionet.router import Mailbox
+    from aionet.core.router import Mailbox
 
     mb = Mailbox(maxsize=100, maxbytes=1000)
     assert mb.put_nowait(("a", 1), 600)

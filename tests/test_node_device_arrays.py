@@ -20,7 +20,7 @@ from aionet.codecs import handshake
 from aionet.codecs.envelope import XFER
 from aionet.codecs.serialize import Serializer
 from aionet.config import Config
-from aionet.device_transfer import StagingRequired
+from aionet.core.device_transfer import StagingRequired
 from aionet.devices import Devices, SimulatedDeviceBackend
 from aionet.errors import ConfigError, DeviceUnavailable, RemoteError, SerializationError
 from aionet.testing import FaultProxy

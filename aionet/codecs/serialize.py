@@ -26,7 +26,7 @@ What round-trips, and what it costs on the receiver:
 * anything else only with ``allow_pickle=True`` (pickle protocol 5, large buffers still out of
   band). With pickle off, a pickle record from the network is rejected without unpickling.
 * device arrays (CuPy, ``__cuda_array_interface__``, CUDA DLPack) when a :class:`DeviceHook`
-  is installed (the node installs one, see ``aionet/device_transfer.py``): unknown types are
+  is installed (the node installs one, see ``aionet/core/device_transfer.py``): unknown types are
   offered to the hook *after* every other check fails, so plain messages never pay for it.
 
 Subclasses of ``int``/``float``/``str``/``bytes``/``list``/``dict``/``tuple`` (enums with a

@@ -365,7 +365,7 @@ class Prober:
                 return ("hung", "", "")
             reply = handshake.parse(receiving.result())
             token = node._token
-            # the acceptor signs (its nonce order, acceptor name, dialer name): see Node._accept_handshake
+            # the acceptor signs (its nonce order, acceptor name, dialer name): see core.connect
             if token and not handshake.verify(
                 handshake.mac(token, b"A", nonce, reply.nonce, reply.name, node.name), reply.mac
             ):

@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .codecs.envelope import ERR, REP
-from .errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
+from ..codecs.envelope import ERR, REP
+from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
 
 # envelope kinds and their layouts: codecs/envelope.py
 

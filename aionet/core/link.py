@@ -7,7 +7,7 @@ unacknowledged messages are replayed in order before anything new; the receiver 
 duplicates. A link that stays disconnected for ``give_up_after`` seconds, or whose peer is
 declared dead, fails: blocked senders and pending requests get PeerUnavailable.
 
-The bookkeeping itself is :class:`aionet.link_state.LinkState` (sans-I/O); this module
+The bookkeeping itself is :class:`aionet.core.link_state.LinkState` (sans-I/O); this module
 adds the asyncio side: waiting for space, ack timers, replay and reconnect.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import msgpack
 
-from .codecs.envelope import ACK
-from .config import LimitsSection
-from .errors import ConnectionClosed, FrameTooLarge, PeerUnavailable, ProtocolError, SerializationError, TooManyFrames
+from ..codecs.envelope import ACK
+from ..config import LimitsSection
+from ..errors import ConnectionClosed, FrameTooLarge, PeerUnavailable, ProtocolError, SerializationError, TooManyFrames
+from ..transports.base import Connection
 from .link_state import LinkState
-from .transports.base import Connection
 
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
 _PLAIN = frozenset({int, float, bool, type(None)})

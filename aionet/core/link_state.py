@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 
 class LinkState:
