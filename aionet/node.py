@@ -19,7 +19,6 @@ from .config import Config
 from .core.connect import Connector
 from .core.device_transfer import DeviceTransfers, StagingRequired
 from .core.dispatch import Dispatcher
-from .core.link import Link
 from .core.peers import Peer, PeerDirectory
 from .core.router import Router
 from .devices import Devices
@@ -133,7 +132,7 @@ class Node:
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, self._info_service)
         # membership (issue 5): gossip, heartbeats, failure detection, load reports
-        self.membership = Membership(self, cfg.heartbeat, devices=self.devices)
+        self.membership = Membership(self, cfg.heartbeat, peers=self._connector, devices=self.devices)
         # tasks (issue 6): this node's ownership table and executor
         self.scheduler = Scheduler(self, devices=self.devices)
         self._directory.member_state = self.membership.state_of
@@ -419,18 +418,9 @@ class Node:
         t.add_done_callback(self._tasks.discard)
         return t
 
-    # used by membership until it takes the narrow interfaces of aionet/core/ports.py
-    async def _link_to(self, name: str) -> Link:
-        return await self._connector.link_to(name)
-
-    async def _dial_peer(self, name: str) -> None:
-        await self._connector.dial_peer(name)
-
+    # kept for tests and tools that inspect a node (services use aionet/core/ports.py)
     def _transport(self, url: str) -> Any:
         return self._connector.transport(url)
-
-    def _learn_peers(self, table: dict[str, list[str]], hearsay: bool = True) -> None:
-        self._directory.learn(table, hearsay)
 
     def _peer(self, name: str) -> Peer:
         return self._directory.peer(name)

@@ -127,6 +127,41 @@ class Connector:
         self._shed_count = 0
         self._shed_logged = 0.0
 
+    # ------------------------------------------------------------------ ports.PeerConnectivity
+    @property
+    def token(self) -> bytes | None:
+        """The cluster token (a probe checks that its answerer proves it)."""
+        return self._token
+
+    def known_peers(self) -> dict[str, list[str]]:
+        return self._peers.known()
+
+    def connected(self, name: str) -> bool:
+        """Whether a connection to ``name`` is up now."""
+        return self._peers.live_link(name) is not None
+
+    def peer_node_id(self, name: str) -> str:
+        """The node id ``name``'s link was handshaken with ("" when none)."""
+        p = self._peers.get(name)
+        link = p.link if p is not None else None
+        return link.peer_node_id if link is not None else ""
+
+    async def ensure_link(self, name: str) -> None:
+        """Dial ``name`` unless a connection is up: a fresh link when there is none (or it
+        died), a redial of the existing link when it is only disconnected."""
+        p = self._peers.get(name)
+        link = p.link if p is not None else None
+        if link is None or link.dead is not None:
+            await self.link_to(name)
+        elif link.current is None:
+            await self.dial_peer(name)
+
+    def learn_peers(self, table: dict[str, list[str]], hearsay: bool = True) -> None:
+        self._peers.learn(table, hearsay)
+
+    def declare_dead(self, peer: str, reason: str) -> None:
+        self._peers.declare_dead(peer, reason)
+
     def _advertised(self) -> list[str]:
         adv = self.config.node.advertise
         return [adv] if adv else self._addresses()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..codecs import handshake
+from ..core.ports import Messaging, PeerConnectivity
 from ..errors import AionetError, TransportError
 from ..transports.base import Address
 from .detector import LagClock
@@ -108,7 +109,8 @@ class Prober:
 
     def __init__(
         self,
-        node: Any,
+        node: Messaging,
+        peers: PeerConnectivity,
         clock: LagClock,
         members: dict[str, Member],
         *,
@@ -120,6 +122,7 @@ class Prober:
         log: Any,
     ) -> None:
         self.node = node
+        self.peers = peers
         self.clock = clock
         self._members = members
         self._send = send
@@ -219,8 +222,7 @@ class Prober:
         random.shuffle(cands)
         connected = []
         for n in cands:
-            p = self.node._peers.get(n)
-            if p is not None and p.link is not None and p.link.current is not None and p.link.dead is None:
+            if self.peers.connected(n):
                 connected.append(n)
         return connected[:k]
 
@@ -334,7 +336,7 @@ class Prober:
         unretrieved exception and the connection is closed."""
         node = self.node
         try:
-            transport = node._transport(url)
+            transport = self.peers.transport(url)
         except AionetError:
             return ("unreachable", "", "")
         connecting = asyncio.ensure_future(transport.connect(url, timeout=None))
@@ -364,7 +366,7 @@ class Prober:
             if not await self.wait_until(receiving, deadline):
                 return ("hung", "", "")
             reply = handshake.parse(receiving.result())
-            token = node._token
+            token = self.peers.token
             # the acceptor signs (its nonce order, acceptor name, dialer name): see core.connect
             if token and not handshake.verify(
                 handshake.mac(token, b"A", nonce, reply.nonce, reply.name, node.name), reply.mac

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from ..core.ports import PeerConnectivity, ServiceHost
 from ..devices import Devices
 from ..errors import AionetError, ConfigError, PeerUnavailable, ProtocolError
 from ..log import get_logger
@@ -70,15 +71,17 @@ class Membership:
 
     def __init__(
         self,
-        node: Any,
+        node: ServiceHost,
         cfg: Any,
         *,
+        peers: PeerConnectivity,
         clock: Callable[[], float] = time.monotonic,
         load_sampler: LoadSampler | None = None,
         devices: Devices | None = None,
     ):
         _validate(cfg)
         self.node = node
+        self.peers = peers
         self.cfg = cfg
         self.name: str = node.name
         self.log = get_logger("aionet.membership", node=node.name)
@@ -111,6 +114,7 @@ class Membership:
         self._leaving = False
         self.prober = Prober(
             node,
+            peers,
             self.clock,
             self._members,
             send=self._send,
@@ -397,14 +401,8 @@ class Membership:
             self._spawn(self._dial(name), f"aionet-member-dial-{name}")
 
     async def _dial(self, name: str) -> None:
-        node = self.node
         try:
-            p = node._peers.get(name)
-            link = p.link if p is not None else None
-            if link is None or link.dead is not None:
-                await node._link_to(name)
-            elif link.current is None:
-                await node._dial_peer(name)
+            await self.peers.ensure_link(name)
         except Exception as exc:  # unreachable: the detector will notice
             self.log.debug("dial to member failed", peer=name, error=str(exc))
 
@@ -438,9 +436,7 @@ class Membership:
             self._apply_wire(updates, loads, peer)
 
     def _peer_node_id(self, name: str) -> str:
-        p = self.node._peers.get(name)
-        link = p.link if p is not None else None
-        return link.peer_node_id if link is not None else ""
+        return self.peers.peer_node_id(name)
 
     def _heard_from(self, peer: str, inc: int, load: LoadReport | None) -> None:
         """A member spoke to us directly: proof of life, and maybe news about its incarnation."""
@@ -584,7 +580,7 @@ class Membership:
             elif isinstance(e, Disseminate):
                 self._disseminate(e.update, e.source)
             elif isinstance(e, LearnAddresses):
-                self.node._learn_peers({e.name: list(e.addresses)}, hearsay=False)
+                self.peers.learn_peers({e.name: list(e.addresses)}, hearsay=False)
             elif isinstance(e, KillLink):
                 nid = self._peer_node_id(e.name)
                 if not nid or nid == e.node_id:  # not a link to another process of that name
@@ -684,8 +680,7 @@ class Membership:
         if event == "left":
             self._apply(Update(peer, m.node_id, m.incarnation, LEFT, tuple(m.addresses)), reason="said goodbye")
         elif event == "lost":
-            p = self.node._peers.get(peer)
-            if p is not None and p.link is not None and p.link.current is not None:
+            if self.peers.connected(peer):
                 return  # another connection to it is still up
             why = details.get("reason", "connection lost")
             reset = bool(details.get("reset"))

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
+from ..core.ports import ServiceHost
 from ..devices import Devices
 from ..errors import ConfigError, PeerUnavailable, RemoteError, SerializationError
 from ..log import get_logger
@@ -76,7 +77,7 @@ def _count_gpus(devices: Devices | None) -> int:
 class Scheduler:
     """Tasks for one node: ``node.scheduler``. Users call ``node.submit/map/gather``."""
 
-    def __init__(self, node: Any, *, devices: Devices | None = None):
+    def __init__(self, node: ServiceHost, *, devices: Devices | None = None):
         self.node = node
         self._devices = devices  # the node's: how many GPUs to offer
         self.name: str = node.name

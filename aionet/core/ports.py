@@ -1,0 +1,100 @@
+"""The narrow interfaces services get from the core, instead of the Node.
+
+Services (membership, scheduler, later collectives and cache) depend on these Protocols only:
+what they may do is written here, and a test can hand them a fake. ``node.py`` wires the
+concrete objects (the Node for messaging and the control channel, the core's
+:class:`~aionet.core.connect.Connector` for peer connectivity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+ControlHandler = Callable[[str, list[Any]], None]
+ConnListener = Callable[[str, str, dict[str, Any]], None]
+
+
+class Messaging(Protocol):
+    """Reliable, ordered messages and request/reply to named peers."""
+
+    name: str
+    node_id: str
+
+    async def send(self, peer: str, channel: str, obj: Any) -> None: ...
+
+    async def request(self, peer: str, service: str, obj: Any = None, timeout: float | None = None) -> Any: ...
+
+    async def recv_batch(self, channel: str, limit: int = 65536) -> list[Any]: ...
+
+    def add_service(self, name: str, fn: Callable[..., Any]) -> None: ...
+
+    def register_type(self, cls: type, name: str | None = None) -> type: ...
+
+
+class ControlChannel(Protocol):
+    """Unsequenced, best-effort control envelopes (heartbeats, probes) and connection events."""
+
+    def add_control_handler(self, kind: int, fn: ControlHandler) -> None: ...
+
+    def send_control(self, peer: str, envelope: list[Any]) -> bool: ...
+
+    def on_connection_event(self, fn: ConnListener) -> None: ...
+
+
+class PeerConnectivity(Protocol):
+    """Who this node can reach, and reaching them (membership's dials and probes)."""
+
+    @property
+    def token(self) -> bytes | None: ...
+
+    def known_peers(self) -> dict[str, list[str]]: ...
+
+    def connected(self, name: str) -> bool: ...
+
+    def peer_node_id(self, name: str) -> str: ...
+
+    async def ensure_link(self, name: str) -> None: ...
+
+    def learn_peers(self, table: dict[str, list[str]], hearsay: bool = True) -> None: ...
+
+    def declare_dead(self, peer: str, reason: str) -> None: ...
+
+    def transport(self, url: str) -> Any: ...
+
+
+class ServiceHost(Messaging, ControlChannel, Protocol):
+    """What a service gets from the node it runs on besides :class:`PeerConnectivity`: messaging,
+    the control channel, and read-only facts (config, addresses, peers heard of). Membership
+    also reports verdicts (``declare_dead``) and dials seeds by URL (``connect``)."""
+
+    config: Any
+    serializer: Any
+
+    @property
+    def addresses(self) -> list[str]: ...
+
+    def peers(self) -> dict[str, dict[str, Any]]: ...
+
+    def known_peers(self) -> dict[str, list[str]]: ...
+
+    def members(self) -> dict[str, dict[str, Any]]: ...
+
+    def on_member_change(self, fn: Callable[[Any], Any]) -> Callable[[], None]: ...
+
+    def declare_dead(self, peer: str, reason: str) -> None: ...
+
+    async def connect(self, url: str) -> str: ...
+
+
+class Spawner(Protocol):
+    """Start a task someone owns and awaits."""
+
+    def __call__(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
+
+
+class Clock(Protocol):
+    """Monotonic seconds (injected so pure state and tests can feed time)."""
+
+    def __call__(self) -> float: ...
