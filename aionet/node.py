@@ -70,7 +70,7 @@ class Node:
         # what compute this node has: the node's one Devices, handed to everything that asks
         # (device transfers, membership's load reports, the scheduler's resources, aionet.info)
         self.devices = Devices()
-        # device arrays in messages (aionet/device_transfer.py); ``device_backend`` overrides the
+        # device arrays in messages (aionet/core/device_transfer.py); ``device_backend`` overrides the
         # array backend (tests and benchmarks pass aionet.devices.SimulatedDeviceBackend())
         self._device = DeviceTransfers(
             buffers=cfg.buffers,
