@@ -23,9 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aionet.codecs.compression as compression
-import aionet.codecs.serialize as S
+import aionet.codecs.extensions as S
 from aionet import Node
-from aionet.codecs.serialize import Serializer, check_descr_bounds
+from aionet.codecs.dtypes import MAX_DTYPE_DEPTH, check_descr_bounds
+from aionet.codecs.serialize import Serializer
 from aionet.config import Config, LimitsSection
 from aionet.errors import ConfigError, DecodeError, FrameTooLarge, ProtocolError, SerializationError
 
@@ -252,7 +253,7 @@ def test_dtype_with_500k_fields_is_rejected_quickly() -> None:
         # 6 MB of msgpack are still unpacked (linear, like any header that size) before the
         # walk stops at the field limit; numpy never sees it (before: seconds).
         ([[f"g{i}", [[f"f{j}", "<u1"] for j in range(1000)]] for i in range(500)], True, 1.0),
-        (_nested(S.MAX_DTYPE_DEPTH + 1), True, 0.1),  # too deep
+        (_nested(MAX_DTYPE_DEPTH + 1), True, 0.1),  # too deep
         # a subarray whose itemsize overflows (numpy refuses it), or has too many dimensions
         ([["a", "<f8", [2**31 - 1, 2**31 - 1, 2**31 - 1]]], False, 0.1),
         ([["a", "<f8", [1] * 40]], True, 0.1),

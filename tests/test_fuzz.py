@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 
 from aionet import Node, PeerUnavailable
 from aionet.codecs import handshake
+from aionet.codecs.extensions import EXT_BUFFER, EXT_NDARRAY, EXT_TUPLE
 from aionet.codecs.framing import MAGIC, VERSION, FrameDecoder, encode
-from aionet.codecs.serialize import EXT_BUFFER, EXT_NDARRAY, EXT_TUPLE, Serializer
+from aionet.codecs.serialize import Serializer
 from aionet.config import Config, LimitsSection
 from aionet.errors import DecodeError, ProtocolError
 

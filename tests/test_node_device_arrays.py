@@ -341,7 +341,7 @@ HOSTILE = {
 def aionet_ext_staged(ser: Serializer, xid: int):
     from msgpack import ExtType, packb
 
-    from aionet.codecs.serialize import DEVICE_STAGED, EXT_DEVICE
+    from aionet.codecs.extensions import DEVICE_STAGED, EXT_DEVICE
 
     return ExtType(EXT_DEVICE, packb([DEVICE_STAGED, None, xid]))
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from aionet.codecs import serialize as S
+from aionet.codecs import extensions as S
 from aionet.codecs.serialize import Serializer
 from aionet.config import Config, LimitsSection
 from aionet.errors import DecodeError, FrameTooLarge, ProtocolError, SerializationError, TooManyFrames

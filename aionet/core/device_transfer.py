@@ -44,7 +44,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from ..codecs.envelope import ERR, REP, REQ, SEND, XFER
-from ..codecs.serialize import DEVICE_FRAMES, DEVICE_INLINE, DEVICE_STAGED, DecodeDeferred, Serializer
+from ..codecs.extensions import DEVICE_FRAMES, DEVICE_INLINE, DEVICE_STAGED, DecodeDeferred
+from ..codecs.serialize import Serializer
 from ..config import BuffersSection, LimitsSection
 from ..devices import BufferPool, ChunkStream, Devices, PooledBuffer, Receiver, Stager, is_device_array
 from ..errors import (

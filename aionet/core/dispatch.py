@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..codecs.envelope import ACK, BYE, ERR, PEERS, REP, REQ, SEND, XFER
-from ..codecs.serialize import DecodeDeferred, Serializer
+from ..codecs.extensions import DecodeDeferred
+from ..codecs.serialize import Serializer
 from ..errors import AionetError, ConnectionClosed, PeerUnavailable, ProtocolError
 from .device_transfer import DeviceTransfers, StagingRequired
 from .link import Link, nbytes_of

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs.serialize import check_descr_bounds
+from ..codecs.dtypes import check_descr_bounds
 from ..errors import DecodeError, DeviceUnavailable, FrameTooLarge, SerializationError
 from ..log import get_logger
 from .backends import (
