@@ -13,12 +13,13 @@ zero-copy in-process transports, which hand the very same buffer objects to the 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
-from ..errors import TransportUnavailable
+from ..errors import AionetError, TransportUnavailable
 
 if TYPE_CHECKING:
     from ..config import LimitsSection
@@ -26,6 +27,32 @@ if TYPE_CHECKING:
 Buffer = bytes | bytearray | memoryview
 Message = list[Buffer]
 ConnectionHandler = Callable[["Connection"], Awaitable[None]]
+#: library exception type(s) -> a function building aionet's error from the caught one
+ErrorMapping = Mapping[type[Exception] | tuple[type[Exception], ...], Callable[[Any], BaseException]]
+
+
+@contextlib.contextmanager
+def map_errors(mapping: ErrorMapping) -> Iterator[None]:
+    """Translate library exceptions (``OSError``, ``zmq.ZMQError``, ucxx errors...) into
+    aionet's error types at the transport boundary, so callers catch only aionet errors.
+
+    The first key (a type or a tuple of types) that the exception is an instance of wins, so
+    list subclasses before their bases (``TimeoutError`` before ``OSError``). Its value gets
+    the exception and returns the error to raise, chained with ``from``; an exception no key
+    matches, and any aionet error, passes through untouched::
+
+        with map_errors({OSError: lambda e: TransportError(f"cannot connect to {url}: {e}")}):
+            await loop.create_connection(...)
+    """
+    try:
+        yield
+    except AionetError:
+        raise  # already ours (TransportError is a ConnectionError: an OSError key would re-wrap it)
+    except Exception as exc:
+        for kinds, make in mapping.items():
+            if isinstance(exc, kinds):
+                raise make(exc) from exc
+        raise
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from ..errors import (
     TransportUnavailable,
 )
 from ..log import get_logger
-from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
 from .options import Option, boolean, integer, non_negative, number, parse_options
 
 if TYPE_CHECKING:
@@ -710,13 +710,11 @@ class TCPTransport(Transport):
         addr = self._check_url(url)
         loop = asyncio.get_running_loop()
         host = addr.host or "0.0.0.0"
-        try:
+        with map_errors({OSError: lambda e: TransportError(f"cannot resolve {host!r} for {url}: {e}")}):
             # Bind exactly one address: with port 0 and a name resolving to several addresses
             # each socket would get a different port.
             infos = await loop.getaddrinfo(host, addr.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
             bind_host = infos[0][4][0]
-        except OSError as exc:
-            raise TransportError(f"cannot resolve {host!r} for {url}: {exc}") from exc
         tasks: set[asyncio.Task[None]] = set()
 
         def start(conn: TCPConnection) -> None:
@@ -724,7 +722,7 @@ class TCPTransport(Transport):
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-        try:
+        with map_errors({OSError: lambda e: TransportError(f"cannot listen on {url}: {e.strerror or e}")}):
             server = await loop.create_server(
                 lambda: self._connection(loop, start),
                 bind_host,
@@ -732,8 +730,6 @@ class TCPTransport(Transport):
                 backlog=self._opts["backlog"],
                 **self._ssl_kwargs(self._server_ssl()),
             )
-        except OSError as exc:
-            raise TransportError(f"cannot listen on {url}: {exc.strerror or exc}") from exc
         port = server.sockets[0].getsockname()[1]
         listener = TCPListener(server, Address(addr.scheme, host, port, "").url(), tasks)
         log.debug("listening", address=listener.address)
@@ -743,7 +739,12 @@ class TCPTransport(Transport):
         addr = self._check_url(url)
         loop = asyncio.get_running_loop()
         conn = self._connection(loop)
-        try:
+        with map_errors(
+            {
+                TimeoutError: lambda e: ConnectTimeout(f"connect to {url} timed out after {timeout}s"),
+                OSError: lambda e: TransportError(f"cannot connect to {url}: {e.strerror or e}"),
+            }
+        ):
             async with asyncio.timeout(timeout):
                 await loop.create_connection(
                     lambda: conn,
@@ -751,10 +752,6 @@ class TCPTransport(Transport):
                     addr.port,
                     **self._ssl_kwargs(self._client_ssl(addr)),
                 )
-        except TimeoutError:
-            raise ConnectTimeout(f"connect to {url} timed out after {timeout}s") from None
-        except OSError as exc:
-            raise TransportError(f"cannot connect to {url}: {exc.strerror or exc}") from exc
         return conn
 
 

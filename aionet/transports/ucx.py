@@ -54,7 +54,7 @@ from typing import Any
 
 from ..errors import ConnectionClosed, TransportError, TransportUnavailable
 from ..log import get_logger
-from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
 from .options import Option, boolean, parse_options, positive, size, string, table
 
 __all__ = ["UCXConnection", "UCXListener", "UCXTransport"]
@@ -481,10 +481,8 @@ async def _host_ips(loop: asyncio.AbstractEventLoop, host: str, url: str) -> set
     with contextlib.suppress(ValueError):
         ip = ipaddress.ip_address(host)
         return {str(getattr(ip, "ipv4_mapped", None) or ip)}
-    try:
+    with map_errors({OSError: lambda e: TransportError(f"ucx: cannot listen on {url}: cannot resolve {host!r}: {e}")}):
         infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise TransportError(f"ucx: cannot listen on {url}: cannot resolve {host!r}: {exc}") from exc
     return {str(info[4][0]).split("%", 1)[0] for info in infos}
 
 
@@ -608,10 +606,8 @@ class UCXTransport(Transport):
             conn = self._wrap(ep, bound, peer)
             self._own(loop.create_task(handler(conn)))  # return at once: ucxx tracks this callback
 
-        try:
+        with map_errors({Exception: lambda e: TransportError(f"ucx: cannot listen on {url}: {e}")}):  # ucxx errors
             lst = ucxx.create_listener(on_endpoint, port=addr.port or 0)
-        except Exception as exc:
-            raise TransportError(f"ucx: cannot listen on {url}: {exc}") from exc
         host = addr.host if addr.host not in ("", "0.0.0.0", "::") else lst.ip
         bound = Address("ucx", host, int(lst.port), "").url()
         listener = UCXListener(self, lst, bound)
@@ -634,7 +630,8 @@ class UCXTransport(Transport):
             raise TransportError(f"ucx: URL needs host and port: {url!r}")
         ucxx = self._ensure()
         timeout = float(timeout if timeout is not None else 5.0)
-        try:
+        # OSError, TimeoutError and ucxx's own errors alike
+        with map_errors({Exception: lambda e: TransportError(f"ucx: cannot connect to {url}: {e!r}")}):
             async with asyncio.timeout(timeout):
                 if self._probe:  # UCX would only notice a dead address at the handshake timeout
                     _r, w = await asyncio.open_connection(addr.host, addr.port)
@@ -642,10 +639,6 @@ class UCXTransport(Transport):
                     with contextlib.suppress(OSError):
                         await w.wait_closed()
                 ep = await ucxx.create_endpoint(addr.host, addr.port, connect_timeout=timeout)
-        except (TimeoutError, OSError) as exc:
-            raise TransportError(f"ucx: cannot connect to {url}: {exc!r}") from exc
-        except Exception as exc:  # ucxx errors
-            raise TransportError(f"ucx: cannot connect to {url}: {exc!r}") from exc
         return self._wrap(ep, "ucx://local", url)
 
     async def aclose(self) -> None:

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple, Protocol
 from ...devices.buffers import BufferPool, MemoryRegistrar, PooledBuffer
 from ...errors import ConfigError, ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
 from ...log import get_logger
-from ..base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport
+from ..base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
 from ..options import Option, integer, non_negative, number, parse_options, positive, size, string
 from .protocol import RdmaProtocol
 
@@ -756,10 +756,8 @@ class RDMATransport(Transport):
                 return
             await handler(conn)
 
-        try:
+        with map_errors({OSError: lambda e: TransportError(f"cannot listen on {url}: {e}")}):
             server = await asyncio.start_server(on_client, addr.host or "0.0.0.0", addr.port or 0)
-        except OSError as exc:
-            raise TransportError(f"cannot listen on {url}: {exc}") from exc
         port = server.sockets[0].getsockname()[1]
         return RDMAListener(server, Address("rdma", addr.host, port, "").url())
 
@@ -767,11 +765,9 @@ class RDMATransport(Transport):
         addr = Address.parse(url)
         self._ensure_device()
         timeout = timeout if timeout is not None else 5.0
-        try:
+        with map_errors({OSError: lambda e: TransportError(f"cannot connect to {url}: {e!r}")}):  # timeouts too
             async with asyncio.timeout(timeout):
                 reader, writer = await asyncio.open_connection(addr.host, addr.port)
-        except (OSError, TimeoutError) as exc:
-            raise TransportError(f"cannot connect to {url}: {exc!r}") from exc
         local = writer.get_extra_info("sockname")
         return await self._setup(reader, writer, f"rdma://{local[0]}:{local[1]}", url, timeout)
 

@@ -16,8 +16,9 @@ from typing import Any
 import zmq
 from zmq.utils import z85 as _z85
 
-from ...errors import ConfigError, TransportUnavailable
+from ...errors import ConfigError, TransportError, TransportUnavailable
 from ...log import get_logger
+from ..base import map_errors
 from .pump import NOBLOCK, zmq_error
 from .wire import EMPTY
 
@@ -183,10 +184,11 @@ class ZapHandler:
         self._sock = ctx.socket(zmq.ROUTER)
         self._sock.linger = 0
         try:
-            self._sock.bind(ZAP_ENDPOINT)
-        except zmq.ZMQError as exc:
+            with map_errors({zmq.ZMQError: lambda e: zmq_error(e, "cannot start the CurveZMQ authenticator")}):
+                self._sock.bind(ZAP_ENDPOINT)
+        except TransportError:
             self._sock.close(0)
-            raise zmq_error(exc, "cannot start the CurveZMQ authenticator") from exc
+            raise
         self._allowed = allowed
         self._loop = loop
         self._fd = self._sock.getsockopt(zmq.FD)

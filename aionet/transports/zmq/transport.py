@@ -10,7 +10,7 @@ import zmq
 
 from ...errors import TransportError, TransportUnavailable
 from ...log import get_logger
-from ..base import Connection, ConnectionHandler, Listener, Transport
+from ..base import Connection, ConnectionHandler, Listener, Transport, map_errors
 from .connection import DealerConnection
 from .curve import ZAP_DOMAIN, ZapHandler
 from .endpoint import IpcFile, ipc_in_use, zmq_endpoint
@@ -101,11 +101,12 @@ class ZMQTransport(Transport):
         sock = self._socket(zmq.ROUTER, ipv6=endpoint.startswith("tcp://["), server=True)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
-            sock.bind(endpoint)
-            bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        except zmq.ZMQError as exc:
+            with map_errors({zmq.ZMQError: lambda e: zmq_error(e, f"cannot listen on {url}")}):
+                sock.bind(endpoint)
+                bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except TransportError:
             sock.close(0)
-            raise zmq_error(exc, f"cannot listen on {url}") from exc
+            raise
         address = f"zmq+{bound}"
         listener = RouterListener(self, sock, address, handler, asyncio.get_running_loop())
         if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
@@ -124,10 +125,11 @@ class ZMQTransport(Transport):
         conn = DealerConnection(self, sock, url, asyncio.get_running_loop())
         self._dialers.add(conn)
         try:
-            sock.connect(endpoint)
-        except zmq.ZMQError as exc:
+            with map_errors({zmq.ZMQError: lambda e: zmq_error(e, f"cannot connect to {url}")}):
+                sock.connect(endpoint)
+        except TransportError:
             conn.abort()
-            raise zmq_error(exc, f"cannot connect to {url}") from exc
+            raise
         await conn._connect(timeout)
         return conn
 
