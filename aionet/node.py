@@ -132,7 +132,15 @@ class Node:
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, self._info_service)
         # membership (issue 5): gossip, heartbeats, failure detection, load reports
-        self.membership = Membership(self, cfg.heartbeat, peers=self._connector, devices=self.devices)
+        self.membership = Membership(
+            cfg.heartbeat,
+            messaging=self,
+            control=self,
+            peers=self._connector,
+            join=bool(cfg.node.join),
+            dumps=self.serializer.dumps,
+            devices=self.devices,
+        )
         # tasks (issue 6): this node's ownership table and executor
         self.scheduler = Scheduler(self, devices=self.devices)
         self._directory.member_state = self.membership.state_of

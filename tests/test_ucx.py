@@ -1,4 +1,4 @@
-"""ucx:// specifics (the contract itself is tests/test_transport_conformance.py): idle
+"""ucx:// specifics (the contract itself is aionet.testing.transports): idle
 connections do not spin, the process-wide ucxx context is shared and reset between event
 loops, the FIN makes close orderly, and missing pieces are clear errors."""
 

@@ -162,6 +162,13 @@ class Connector:
     def declare_dead(self, peer: str, reason: str) -> None:
         self._peers.declare_dead(peer, reason)
 
+    def advertised(self) -> list[str]:
+        return self._advertised()
+
+    async def connect(self, url: str) -> str:
+        """Dial a seed by URL; the answering node's name (membership's join)."""
+        return (await self.dial(url)).peer
+
     def _advertised(self) -> list[str]:
         adv = self.config.node.advertise
         return [adv] if adv else self._addresses()

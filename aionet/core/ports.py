@@ -9,6 +9,7 @@ concrete objects (the Node for messaging and the control channel, the core's
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -63,11 +64,19 @@ class PeerConnectivity(Protocol):
 
     def transport(self, url: str) -> Any: ...
 
+    def advertised(self) -> list[str]:
+        """Where peers should dial this node (``node.advertise``, else the bound listen URLs)."""
+        ...
+
+    async def connect(self, url: str) -> str:
+        """Dial a seed by URL; the name of the node that answered."""
+        ...
+
 
 class ServiceHost(Messaging, ControlChannel, Protocol):
-    """What a service gets from the node it runs on besides :class:`PeerConnectivity`: messaging,
-    the control channel, and read-only facts (config, addresses, peers heard of). Membership
-    also reports verdicts (``declare_dead``) and dials seeds by URL (``connect``)."""
+    """What the scheduler still gets from the node it runs on: messaging, the control channel,
+    and read-only facts (config, addresses, peers heard of, members). Membership gets the
+    narrower ports one by one."""
 
     config: Any
     serializer: Any
@@ -95,6 +104,16 @@ class Spawner(Protocol):
 
 
 class Clock(Protocol):
-    """Monotonic seconds (injected so pure state and tests can feed time)."""
+    """Monotonic seconds (injected so pure state and tests can feed time:
+    :class:`aionet.testing.FakeClock`)."""
 
     def __call__(self) -> float: ...
+
+
+def loop_time() -> float:
+    """The default :class:`Clock`: the running event loop's monotonic time, so timers and
+    ``call_later`` agree (``time.monotonic`` outside a loop, which is what asyncio's is)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()

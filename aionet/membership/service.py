@@ -1,8 +1,8 @@
 """The membership service: the one driver that performs effects (tasks, timers, sockets).
 
-The design is in the package docstring (:mod:`aionet.membership`). Everything hangs off one
-Node, used through its service hooks (control handlers, ``send_control``, connection events,
-``declare_dead``) plus a few internals for dialing.
+The design is in the package docstring (:mod:`aionet.membership`). The service never sees the
+Node: it gets the narrow ports of :mod:`aionet.core.ports` (messaging, the control channel,
+peer connectivity, a clock), so a test can hand it fakes and feed it time.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from ..core.ports import PeerConnectivity, ServiceHost
+from ..core.ports import Clock, ControlChannel, Messaging, PeerConnectivity, loop_time
 from ..devices import Devices
 from ..errors import AionetError, ConfigError, PeerUnavailable, ProtocolError
 from ..log import get_logger
@@ -71,23 +71,35 @@ class Membership:
 
     def __init__(
         self,
-        node: ServiceHost,
         cfg: Any,
         *,
+        messaging: Messaging,
+        control: ControlChannel,
         peers: PeerConnectivity,
-        clock: Callable[[], float] = time.monotonic,
+        join: bool = False,
+        clock: Clock | None = None,
+        dumps: Callable[[Any], list[Any]] | None = None,
         load_sampler: LoadSampler | None = None,
         devices: Devices | None = None,
     ):
+        """``cfg`` is the ``[heartbeat]`` section. ``join``: the node dialed configured seeds
+        before :meth:`start` (their member tables are fetched then). ``clock``: monotonic
+        seconds for every timer and record (default: the running loop's clock; tests pass an
+        :class:`aionet.testing.FakeClock`). ``dumps`` serializes an envelope, only to count
+        bytes when ``count_bytes`` is set."""
         _validate(cfg)
-        self.node = node
+        self.messaging = messaging
+        self.control = control
         self.peers = peers
         self.cfg = cfg
-        self.name: str = node.name
-        self.log = get_logger("aionet.membership", node=node.name)
+        self._join = join
+        self._dumps = dumps
+        self.name: str = messaging.name
+        self.node_id: str = messaging.node_id
+        self.log = get_logger("aionet.membership", node=self.name)
         # lateness beyond an eighth of an interval is a stall of ours; routine scheduling jitter
         # under load is not (the detectors' learned jitter covers it)
-        self.clock = LagClock(clock, slack=cfg.interval / 8)
+        self.clock = LagClock(clock or loop_time, slack=cfg.interval / 8)
         self.incarnation = int(time.time() * 1000)
         self.awareness = Awareness(self.clock)
         self.load = load_sampler or LoadSampler(
@@ -113,7 +125,7 @@ class Membership:
         self._running = False
         self._leaving = False
         self.prober = Prober(
-            node,
+            messaging,
             peers,
             self.clock,
             self._members,
@@ -124,14 +136,14 @@ class Membership:
             stats=self.stats,
             log=self.log,
         )
-        node.add_control_handler(HB, self._on_hb)
-        node.add_control_handler(HB_ACK, self._on_ack)
-        node.add_control_handler(PROBE_REQ, self._on_probe_req)
-        node.add_control_handler(PROBE_RSP, self._on_probe_rsp)
-        node.add_control_handler(GOSSIP, self._on_gossip)
-        node.on_connection_event(self._on_conn_event)
-        node.add_service(SYNC_SERVICE, self._on_sync)
-        node.add_service(MEMBERS_SERVICE, lambda _arg: self.snapshot())
+        control.add_control_handler(HB, self._on_hb)
+        control.add_control_handler(HB_ACK, self._on_ack)
+        control.add_control_handler(PROBE_REQ, self._on_probe_req)
+        control.add_control_handler(PROBE_RSP, self._on_probe_rsp)
+        control.add_control_handler(GOSSIP, self._on_gossip)
+        control.on_connection_event(self._on_conn_event)
+        messaging.add_service(SYNC_SERVICE, self._on_sync)
+        messaging.add_service(MEMBERS_SERVICE, lambda _arg: self.snapshot())
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, sync_timeout: float = 5.0) -> None:
@@ -144,7 +156,7 @@ class Membership:
         self._spawn(self._heartbeat_loop(), "aionet-heartbeat")
         self._spawn(self._watch_loop(), "aionet-lag-watch")
         # the node dialed its configured seeds before starting us: those are the connected peers
-        seeds = [n for n, p in self.node.peers().items() if p.get("connected")] if self.node.config.node.join else []
+        seeds = [n for n in self.peers.known_peers() if self.peers.connected(n)] if self._join else []
         if seeds:
             await self._sync(seeds, sync_timeout)
 
@@ -155,7 +167,7 @@ class Membership:
         errors = []
         for url in seeds:
             try:
-                names.append(await self.node.connect(url))
+                names.append(await self.peers.connect(url))
             except (AionetError, OSError, TimeoutError) as exc:
                 errors.append(f"{url}: {exc}")
         if not names or not await self._sync(names, timeout):
@@ -165,7 +177,7 @@ class Membership:
     async def _sync(self, peers: list[str], timeout: float) -> bool:
         arg = {"member": self._self_update().to_wire(), "load": self.load.last.to_wire()}
         results = await asyncio.gather(
-            *(self.node.request(p, SYNC_SERVICE, arg, timeout=timeout) for p in peers), return_exceptions=True
+            *(self.messaging.request(p, SYNC_SERVICE, arg, timeout=timeout) for p in peers), return_exceptions=True
         )
         ok = False
         for peer, res in zip(peers, results, strict=True):
@@ -217,7 +229,7 @@ class Membership:
         ``load`` is always a map: all zeros with ``reported`` False until the member's first
         load report arrives (so callers can index it without a None check)."""
         now = self.clock.real()
-        me = Update(self.name, self.node.node_id, self.incarnation, LEFT if self._leaving else ALIVE)
+        me = Update(self.name, self.node_id, self.incarnation, LEFT if self._leaving else ALIVE)
         out = {self.name: self_view(me, self._my_addresses(), self.load.last)}
         unknown = LoadReport.unknown()
         for m in self._members.values():
@@ -385,12 +397,12 @@ class Membership:
         return [kind, seq, self.incarnation, own, updates, loads]
 
     def _send(self, peer: str, env: list[Any]) -> bool:
-        ok = bool(self.node.send_control(peer, env))
+        ok = bool(self.control.send_control(peer, env))
         if ok:
             self.stats.sent_msgs += 1
-            if self.count_bytes:
+            if self.count_bytes and self._dumps is not None:
                 self.stats.sent_bytes += sum(
-                    f.nbytes if isinstance(f, memoryview) else len(f) for f in self.node.serializer.dumps(env)
+                    f.nbytes if isinstance(f, memoryview) else len(f) for f in self._dumps(env)
                 )
         return ok
 
@@ -445,7 +457,7 @@ class Membership:
         if m is None or (nid and nid != m.node_id):
             if not nid:
                 return
-            addrs = tuple(self.node.known_peers().get(peer, ()) or (m.addresses if m else ()))
+            addrs = tuple(self.peers.known_peers().get(peer, ()) or (m.addresses if m else ()))
             if not self._apply(Update(peer, nid, inc, ALIVE, addrs), source=peer, reason="heard from it"):
                 return
             m = self._members[peer]
@@ -530,27 +542,21 @@ class Membership:
             for m in self._members.values()
             if m.load is not None and m.load_time is not None and m.state == ALIVE
         ]
-        loads.append([self.name, self.node.node_id, 0, self.load.last.to_wire()])
+        loads.append([self.name, self.node_id, 0, self.load.last.to_wire()])
         return {"members": members, "loads": loads}
 
     # ------------------------------------------------------------------ state changes
     def _self_update(self) -> Update:
         return Update(
             self.name,
-            self.node.node_id,
+            self.node_id,
             self.incarnation,
             LEFT if self._leaving else ALIVE,
             tuple(self._my_addresses()),
         )
 
     def _my_addresses(self) -> list[str]:
-        adv = self.node.config.node.advertise
-        if adv:
-            return [adv]
-        try:
-            return list(self.node.addresses)
-        except AionetError:
-            return []
+        return self.peers.advertised()
 
     def _apply(self, u: Update, source: str | None = None, reason: str = "", spread: bool = True) -> bool:
         """Merge one update into the table and perform what the merge decided (events, dead
@@ -584,7 +590,7 @@ class Membership:
             elif isinstance(e, KillLink):
                 nid = self._peer_node_id(e.name)
                 if not nid or nid == e.node_id:  # not a link to another process of that name
-                    self.node.declare_dead(e.name, e.reason)
+                    self.peers.declare_dead(e.name, e.reason)
             elif isinstance(e, StartVerify):
                 m = self._members.get(e.name)
                 if m is not None:
@@ -608,7 +614,7 @@ class Membership:
     def _about_me(self, u: Update, source: str | None) -> None:
         if self._leaving or not self._running:
             return
-        if u.node_id != self.node.node_id:
+        if u.node_id != self.node_id:
             if u.incarnation >= self.incarnation and u.state in (ALIVE, SUSPECT):
                 self.incarnation = u.incarnation + 1  # an older process of my name: outrank it
                 self._announce_self(source)

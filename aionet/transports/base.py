@@ -1,7 +1,7 @@
 """The transport contract: move *messages*, each a list of frames, between two endpoints.
 
 A transport knows frames, never envelopes, peers or services. Every transport implements
-the three classes below and passes ``tests/test_transport_conformance.py``.
+the three classes below and passes the conformance suite ``aionet.testing.transports``.
 
 Buffer ownership: ``await Connection.send(frames)`` returns once the transport no longer
 needs the caller's buffers (they were copied or written to the kernel), except for

@@ -1,8 +1,8 @@
 """A transport peer in its own process, so the conformance suite can SIGKILL it.
 
-    python tests/transport_peer.py connect URL [OPTIONS_JSON]
+    python -m aionet.testing._transport_peer connect URL [OPTIONS_JSON]
         connect to URL, send [b"hello"], print "ready", then echo every message back.
-    python tests/transport_peer.py listen URL [OPTIONS_JSON]
+    python -m aionet.testing._transport_peer listen URL [OPTIONS_JSON]
         listen on URL, print "ready <address>", echo every message on every connection.
 
 It only uses the public transport contract and the registry, so it works for any scheme.
