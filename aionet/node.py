@@ -142,7 +142,15 @@ class Node:
             devices=self.devices,
         )
         # tasks (issue 6): this node's ownership table and executor
-        self.scheduler = Scheduler(self, devices=self.devices)
+        self.scheduler = Scheduler(
+            cfg.scheduler,
+            messaging=self,
+            control=self,
+            members=self.membership,
+            dumps=self.serializer.dumps,
+            load_fields=self.membership.load,
+            devices=self.devices,
+        )
         self._directory.member_state = self.membership.state_of
 
     # ------------------------------------------------------------------ construction

@@ -70,6 +70,7 @@ class SchedKind(IntEnum):
     FREE = 3  # [FREE, owner, [tid, ...]]
     RESULTS = 4  # [RESULTS, worker, [item, ...], load]
     LOAD = 5  # [LOAD, worker, load]
+    RECONCILE = 6  # [RECONCILE, owner, [[tid, attempt], ...], ask_back]: after a refuted or rejoined death
 
 
 # plain-int copies for the hot path (see the module docstring)
@@ -98,6 +99,7 @@ M_CANCEL: Final[int] = SchedKind.CANCEL.value
 M_FREE: Final[int] = SchedKind.FREE.value
 M_RESULTS: Final[int] = SchedKind.RESULTS.value
 M_LOAD: Final[int] = SchedKind.LOAD.value
+M_RECONCILE: Final[int] = SchedKind.RECONCILE.value
 
 SEQUENCED: Final[frozenset[int]] = frozenset({SEND, REQ, REP, ERR, PEERS, BYE, XFER})
 CONTROL_MIN: Final[int] = HB  # kinds from here on are control kinds (Node.add_control_handler)
@@ -121,6 +123,7 @@ __all__ = [
     "M_CANCEL",
     "M_FREE",
     "M_LOAD",
+    "M_RECONCILE",
     "M_RESULTS",
     "M_SUBMIT",
     "PEERS",

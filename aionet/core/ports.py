@@ -97,6 +97,34 @@ class ServiceHost(Messaging, ControlChannel, Protocol):
     async def connect(self, url: str) -> str: ...
 
 
+class MemberEventInfo(Protocol):
+    """What a membership event tells a subscriber (``membership.MemberEvent`` has these)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...  # joined, alive, suspect, dead, left, restarted
+
+    @property
+    def state(self) -> str: ...  # alive, suspect, dead, left
+
+    @property
+    def incarnation(self) -> int: ...
+
+
+class MemberEvents(Protocol):
+    """Membership verdicts for services: the only way a service learns who is alive."""
+
+    def on_member_change(self, fn: Callable[[MemberEventInfo], Any]) -> Callable[[], None]: ...
+
+
+class LoadFields(Protocol):
+    """Extra small fields in this node's load reports (``members()``, ``aionet status``)."""
+
+    def add_field(self, name: str, fn: Callable[[], Any]) -> None: ...
+
+
 class Spawner(Protocol):
     """Start a task someone owns and awaits."""
 

@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import asyncio
 
+    from .instructions import Instruction, WorkerInstruction
+    from .state import Rec
+
 __all__ = ["SchedulerHost"]
 
 
@@ -33,25 +36,28 @@ class SchedulerHost(Protocol):
 
     async def send_quiet(self, peer: str, msg: list[Any]) -> None: ...
 
-    def send_specs(self, peer: str) -> None:
-        """Send ``owner.outbox[peer]`` (the owner's placements), then call ``owner.specs_sent``."""
-
     def dumps(self, obj: Any) -> Any:
         """Serialize as a message would be (raises what the node's serializer raises)."""
 
     async def fetch(self, holder: str, owner: str, tid: int) -> Any: ...
 
+    async def await_result(self, rec: Rec) -> Any:
+        """A task's value once it is done (fetched from its holder if large and elsewhere)."""
+
     async def request_unless_dead(self, peer: str, service: str, obj: Any, timeout: float | None = None) -> Any: ...
 
     def broadcast_load(self, load: list[Any]) -> None: ...
 
-    # ---- this node's other half (owner <-> worker, without a message)
-    def accept_local(self, specs: list[Any]) -> None:
-        """Specs the local owner placed here, for the local worker."""
+    def perform(self, instructions: list[Instruction]) -> None:
+        """Carry out what the owner decided (see :mod:`.instructions`)."""
 
-    def ctrl_local(self, kind: int, tids: list[int]) -> None:
-        """Cancel / free requests of the local owner, for the local worker."""
+    def perform_worker(self, instructions: list[WorkerInstruction]) -> None:
+        """Carry out what the worker decided (see :mod:`.instructions`)."""
 
+    def clock(self) -> float:
+        """Monotonic seconds (submission times, placement waits)."""
+
+    # ---- this node's other half (worker -> owner, without a message)
     def results_local(self, items: list[Any]) -> None:
         """Results of the local worker, for the local owner."""
 
@@ -59,7 +65,3 @@ class SchedulerHost(Protocol):
     def info_pending(self) -> bool: ...
 
     def is_alive(self, name: str) -> bool: ...
-
-    def suspect(self, peer: str) -> None: ...
-
-    def node_down(self, peer: str, graceful: bool, reason: str) -> None: ...

@@ -11,8 +11,11 @@ later completion (an old attempt from a node wrongly presumed dead, a stolen cop
 so each future is resolved once. A task's state (:class:`.state.TaskState`) changes only in
 :meth:`Owner._transition`, which checks the transition table.
 
-The owner decides; the service it is given (:class:`.host.SchedulerHost`) sends: specs leave
-through ``outbox`` and ``send_specs``, cancels and frees through ``_flush_ctrl``.
+The owner decides, the service (:class:`.host.SchedulerHost`) does the I/O: the stimuli
+(``on_results``, ``node_dead``, ``announce``) return :mod:`.instructions`; user entry points
+and the owner's loop callbacks hand theirs to ``sched.perform``. After a wrong death verdict the
+owner announces what it believes runs on the peer; the worker answers ``R_LOST`` for what it
+dropped, and the owner resubmits that under the retry rules (the first completion still wins).
 """
 
 from __future__ import annotations
@@ -21,13 +24,23 @@ import asyncio
 import heapq
 import itertools
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import PeerUnavailable, RemoteError, TaskError
+from ..errors import TaskError
 from .allow import is_never_run, never_run_reason
 from .host import SchedulerHost
+from .instructions import (
+    AcceptLocal,
+    Announce,
+    FailFuture,
+    Instruction,
+    Resolve,
+    Resubmit,
+    SendCtrl,
+    SendSpecs,
+    Suspect,
+)
 from .policies import (
     NodeView,
     RuntimeEstimator,
@@ -62,6 +75,7 @@ from .wire import (
     R_DEPLOST,
     R_ERROR,
     R_HELD,
+    R_LOST,
     R_MOVED,
     R_REJECT,
     R_TIMEOUT,
@@ -107,6 +121,7 @@ class Owner:
         self._sending: set[str] = set()  # peers whose outbox the service is sending
         self._ctrl: dict[tuple[str, int], list[int]] = {}
         self._ctrl_pending = False
+        self._out: list[Instruction] = []  # decided, not yet performed (see _take)
         self._thread = threading.get_ident()
         self.closed = False
         self.stats = {
@@ -118,6 +133,7 @@ class Owner:
             "duplicates_dropped": 0,
             "moved": 0,
             "rejected": 0,
+            "reconciled_lost": 0,
         }
 
     @staticmethod
@@ -126,6 +142,19 @@ class Owner:
         if new not in TASK_NEXT[rec.state]:
             raise InvalidTransition(rec.name, rec.state, new, "owner")
         rec.state = new
+
+    def _take(self) -> list[Instruction]:
+        """The instructions decided so far (batched cancels and frees last), for the service."""
+        if self._ctrl:
+            ctrl, self._ctrl = self._ctrl, {}
+            self._out.extend(SendCtrl(node, kind, tuple(tids)) for (node, kind), tids in ctrl.items())
+        out, self._out = self._out, []
+        return out
+
+    def _perform(self) -> None:
+        """Hand what was decided to the service (for entry points that return nothing)."""
+        if self._out or self._ctrl:
+            self.sched.perform(self._take())
 
     # ------------------------------------------------------------------ submitting
     def submit(
@@ -177,7 +206,7 @@ class Owner:
         rec.retries = self.default_retries if retries is None else int(retries)
         rec.affinity = affinity
         rec.policy = policy
-        rec.submitted = time.monotonic()
+        rec.submitted = self.sched.clock()
         found: dict[int, tuple[int, TaskRef]] = {}
         rec.args = extract_refs(list(args), found) if args else []
         rec.kwargs = extract_refs(kwargs, found) if kwargs else None
@@ -204,6 +233,7 @@ class Owner:
         else:
             rec.flags = flags
             self._make_ready(rec)
+        self._perform()  # a dependency that already failed failed this task too
         return ref
 
     def _deps_ready(self, rec: Rec) -> bool:
@@ -229,11 +259,13 @@ class Owner:
             return False
         return True
 
-    def _dep_error(self, rec: Rec, dep: Rec) -> TaskError:
+    def _dep_error(self, rec: Rec, dep: Rec, cause: BaseException | None = None) -> TaskError:
         why = "was cancelled" if dep.state == CANCELLED else "failed"
         cls = TaskCancelled if dep.state == CANCELLED else TaskError
         err = cls(f"task {rec.name} not run: its dependency {dep.name} ({dep.fn}) {why}")
-        if dep.fut.done() and not dep.fut.cancelled():
+        if cause is not None:
+            err.__cause__ = cause
+        elif dep.fut.done() and not dep.fut.cancelled():
             err.__cause__ = dep.fut.exception()
         return err
 
@@ -274,7 +306,7 @@ class Owner:
         budget = self.batch_size
         deferred: list[tuple[int, int, Rec]] = []
         retry_later = False
-        now = time.monotonic()
+        now = self.sched.clock()
         while heap and budget > 0:
             rec = heap[0][2]
             if rec.state != READY:
@@ -310,6 +342,7 @@ class Owner:
         elif retry_later and self._retry_timer is None:
             self._retry_timer = self.sched.loop.call_later(0.05, self._retry_dispatch)
         self._flush()
+        self._perform()
 
     def _retry_dispatch(self) -> None:
         self._retry_timer = None
@@ -398,10 +431,10 @@ class Owner:
             if name == self.name:
                 box = self.outbox.pop(name, None)
                 if box:
-                    self.sched.accept_local(box)
+                    self._out.append(AcceptLocal(box))
             elif name not in self._sending:
                 self._sending.add(name)  # until specs_sent(): the service drains outbox[name]
-                self.sched.send_specs(name)
+                self._out.append(SendSpecs(name))
 
     def specs_sent(self, name: str) -> None:
         """The service finished sending ``name``'s outbox (see :meth:`_flush`)."""
@@ -412,6 +445,7 @@ class Owner:
         rec = self.recs.get(tid)
         if rec is not None and rec.state == PLACED:
             self._fail(rec, TaskError(f"task {rec.name}: cannot send its arguments: {exc}"))
+            self._perform()
 
     def _send_ctrl(self, node: str, kind: int, tid: int) -> None:
         """Cancel/free messages, batched per loop iteration."""
@@ -428,15 +462,11 @@ class Owner:
 
     def _flush_ctrl(self) -> None:
         self._ctrl_pending = False
-        ctrl, self._ctrl = self._ctrl, {}
-        for (node, kind), tids in ctrl.items():
-            if node == self.name:
-                self.sched.ctrl_local(kind, tids)
-            else:
-                self.sched.spawn(self.sched.send_quiet(node, [kind, self.name, tids]), "aionet-sched-ctrl")
+        self._perform()
 
     # ------------------------------------------------------------------ results
-    def on_results(self, worker: str, items: list[Any], load: Any) -> None:
+    def on_results(self, worker: str, items: list[Any], load: Any) -> list[Instruction]:
+        """Results, checkpoints, moves and answers from ``worker``: what to do about them."""
         view = self.views.get(worker)
         if view is not None and load:
             self._apply_load(view, load, mine=True)
@@ -453,7 +483,7 @@ class Owner:
                 elif status == R_HELD:
                     self._send_ctrl(worker, M_FREE, tid)  # a late duplicate: let the worker drop it
                     stats["duplicates_dropped"] += 1
-                elif status != R_MOVED:
+                elif status != R_MOVED and status != R_LOST:
                     stats["duplicates_dropped"] += 1
                 continue
             if status == R_CKPT:
@@ -462,6 +492,13 @@ class Owner:
             if status == R_MOVED:
                 if rec.node == worker:
                     self._move(rec, payload)
+                continue
+            if status == R_LOST:  # the worker does not have this attempt (it took us for dead)
+                if rec.node == worker and rec.attempt == _attempt:
+                    stats["reconciled_lost"] += 1
+                    self._unplace(rec)
+                    rec.node = None  # nothing to cancel there
+                    self._retry(rec, f"node {worker} lost it ({payload})", count=True)
                 continue
             where = rec.node
             self._unplace(rec)
@@ -501,6 +538,7 @@ class Owner:
                 view.slots, est.node_mean(worker), queue_time=self.queue_time, max_per_slot=self.max_per_slot
             )
         self.schedule_dispatch()
+        return self._take()
 
     def _apply_load(self, view: NodeView, load: Any, mine: bool) -> None:
         try:
@@ -545,7 +583,7 @@ class Owner:
             self._fail(rec, TaskLost(f"task {rec.name}: dependency on {holder} could not be fetched"))
             return
         if holder:
-            self.sched.suspect(holder)
+            self._out.append(Suspect(holder))
         rec.attempt -= 1  # not the task's fault: does not count as an attempt
         self._transition(rec, READY)
         self.sched.loop.call_later(min(0.02 * rec.deplost, 0.5), self._requeue_if_ready, rec)
@@ -559,7 +597,7 @@ class Owner:
         self.stats["completed"] += 1
         fut = rec.fut
         if not fut.done():
-            fut.set_result(None)
+            self._out.append(Resolve(fut))
         deps = rec.dependents
         if deps is not None:
             rec.dependents = None
@@ -594,8 +632,7 @@ class Owner:
             self.stats["cancelled" if cancelled else "failed"] += 1
             fut = r.fut
             if not fut.done():
-                fut.set_exception(e)
-                fut.exception()  # retrieved: a ref nobody awaits must not log "never retrieved"
+                self._out.append(FailFuture(fut, e))
             self.recs.pop(r.tid, None)
             r.args = r.kwargs = r.ckpt = None
             self._release_deps(r)
@@ -606,7 +643,7 @@ class Owner:
                 r.dependents = None
                 for d in deps:
                     if d.state == WAITING:
-                        stack.append((d, self._dep_error(d, r)))
+                        stack.append((d, self._dep_error(d, r, e)))
 
     def _release_deps(self, rec: Rec) -> None:
         deps = rec.deps
@@ -645,45 +682,15 @@ class Owner:
         if rec.state in TERMINAL:
             return False
         self._fail(rec, TaskCancelled(f"task {rec.name} ({rec.fn}) was cancelled"))
+        self._perform()
         return True
 
     # ------------------------------------------------------------------ awaiting
     async def result(self, rec: Rec) -> Any:
-        """The value of ``rec``: wait for completion, then fetch it from its holder if it is
-        large and lives elsewhere. A holder that dies meanwhile makes the owner re-run the
-        task (lineage) and this waits for the new result."""
-        tries = 0
-        while True:
-            fut = rec.fut
-            await fut
-            if rec.has_value:
-                return rec.value
-            holder = rec.holder
-            if holder is None:
-                if rec.fut is fut:
-                    raise TaskLost(f"task {rec.name}: its result is no longer available")
-                continue
-            try:
-                value = await self.sched.fetch(holder, self.name, rec.tid)
-            except (PeerUnavailable, RemoteError, TimeoutError) as exc:
-                tries += 1
-                if self.closed:
-                    raise TaskLost(f"task {rec.name}: its result is on {holder}, and the local node stopped") from exc
-                if rec.fut is fut and rec.holder == holder:
-                    if isinstance(exc, RemoteError) and exc.remote_type == "KeyError":
-                        self.result_lost(rec)
-                    elif tries > MAX_DEPLOST:
-                        raise TaskLost(f"task {rec.name}: cannot fetch its result from {holder}: {exc}") from exc
-                    else:
-                        self.sched.suspect(holder)
-                        await asyncio.sleep(min(0.02 * tries, 0.5))
-                continue
-            if rec.holder == holder and rec.state == DONE:
-                rec.value = value
-                rec.has_value = True
-            return value
+        """The value of ``rec`` once done, fetched from its holder if need be (the service's I/O)."""
+        return await self.sched.await_result(rec)
 
-    def result_lost(self, rec: Rec) -> None:
+    def result_lost(self, rec: Rec) -> list[Instruction]:
         """The holder no longer has the result (restarted): run the task again."""
         holder = rec.holder
         if holder is not None:
@@ -691,6 +698,7 @@ class Owner:
             if h is not None:
                 h.pop(rec.tid, None)
         self._rerun(rec, f"its result on {holder} was lost")
+        return self._take()
 
     def _rerun(self, rec: Rec, why: str) -> None:
         rec.holder = None
@@ -718,7 +726,7 @@ class Owner:
             view.total = dict(total)
         self.schedule_dispatch()
 
-    def node_dead(self, name: str, graceful: bool) -> None:
+    def node_dead(self, name: str, graceful: bool) -> list[Instruction]:
         """Re-run what was placed on ``name`` (counting against retries unless it left
         cleanly) and what only ``name`` held a result of and is still wanted."""
         self.dead.add(name)
@@ -743,6 +751,17 @@ class Owner:
             del self._ctrl[k]
         self.outbox.pop(name, None)
         self.schedule_dispatch()
+        return self._take()
+
+    def announce(self, peer: str, ask_back: bool) -> list[Instruction]:
+        """``peer``, counted dead by one of us, is alive (or asks): list the attempts we believe
+        it runs (not those still unsent in our outbox), so that it answers for those it lost."""
+        unsent = {spec[0] for spec in self.outbox.get(peer) or ()}
+        pl = (self.placed.get(peer) or {}).values()
+        tasks = tuple((r.tid, r.attempt) for r in pl if r.state == PLACED and r.node == peer and r.tid not in unsent)
+        if tasks or ask_back:
+            self._out.append(Announce(peer, tasks, ask_back))
+        return self._take()
 
     def _retry(self, rec: Rec, why: str, count: bool) -> None:
         if count:
@@ -751,6 +770,7 @@ class Owner:
             self._fail(rec, TaskLost(f"task {rec.name} ({rec.fn}) lost: {why}, and its retries are used up"))
             return
         self.stats["resubmitted"] += 1
+        self._out.append(Resubmit(rec.tid, rec.name, rec.attempt, rec.retries, why))
         rec.node = None
         if rec.deps is not None:
             if self._deps_ready(rec):
@@ -766,6 +786,7 @@ class Owner:
         for rec in list(self.recs.values()):
             if rec.state not in TERMINAL:
                 self._fail(rec, TaskLost(f"task {rec.name}: {why}"))
+        self._perform()
 
     def snapshot(self) -> dict[str, Any]:
         return {

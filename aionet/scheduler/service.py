@@ -1,15 +1,20 @@
-"""The Scheduler a Node carries: owner + worker + a membership view, over the node's messaging.
+"""The Scheduler a Node carries: owner + worker + a membership view, over narrow ports.
 
-It uses only the node's public surface: ``add_service`` (resources, result fetch, steal),
-``send``/``recv_batch`` on one mailbox channel (batched task specs, results, cancels, frees,
-load reports), ``request``, ``members()`` and connection/membership events. It never imports
-``node.py``: the node is passed in.
+It never sees the Node: ``node.py`` hands it the ports of :mod:`aionet.core.ports` it needs:
+:class:`~aionet.core.ports.Messaging` (``add_service`` for resources, result fetch and steal;
+``send``/``recv_batch`` on one mailbox channel for batched specs, results, cancels, frees,
+load reports and reconciliations; ``request``), :class:`~aionet.core.ports.ControlChannel`
+(connection events), :class:`~aionet.core.ports.MemberEvents` (the only source of who is
+alive), :class:`~aionet.core.ports.LoadFields` (its queue in the load reports), a ``dumps``
+and a :class:`~aionet.core.ports.Clock`.
 
-Who is dead: when ``aionet.membership`` is present (``node.on_member_change``) its verdicts
-are used. Without it, a link that dies or a peer that leaves counts at once, and a
-connection *reset* (a killed process) counts when it is not re-established within
-``scheduler.suspect_grace`` seconds. A node wrongly presumed dead costs duplicate work, never
-a duplicate result: owners accept one completion per task.
+The owner and the worker decide and return :mod:`.instructions`; :meth:`Scheduler.perform`
+and :meth:`Scheduler.perform_worker` do them.
+
+Who is dead: membership's verdicts (and a peer that says goodbye). A node wrongly presumed
+dead costs duplicate work, never a duplicate or a lost result: when a peer counted dead is
+alive again, owner and worker reconcile what each thinks is in flight (``M_RECONCILE``), lost
+attempts are resubmitted under the retry rules, and owners accept one completion per task.
 """
 
 from __future__ import annotations
@@ -20,24 +25,40 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Coroutine, Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from ..core.ports import ServiceHost
+from ..core.ports import Clock, ControlChannel, LoadFields, MemberEventInfo, MemberEvents, Messaging
 from ..devices import Devices
 from ..errors import ConfigError, PeerUnavailable, RemoteError, SerializationError
 from ..log import get_logger
 from .allow import normalize_allow
-from .owner import Owner
+from .instructions import (
+    AcceptLocal,
+    Announce,
+    FailFuture,
+    Instruction,
+    Interrupt,
+    PostResult,
+    Resolve,
+    Resubmit,
+    SendCtrl,
+    SendSpecs,
+    Suspect,
+    WorkerInstruction,
+)
+from .owner import MAX_DEPLOST, Owner
 from .policies import check_policy
-from .state import normalize_resources
-from .tasks import TaskRef
+from .state import Rec, TaskState, normalize_resources
+from .tasks import TaskLost, TaskRef
 from .wire import (
     CHANNEL,
     DEP_TYPE_NAME,
     M_CANCEL,
     M_FREE,
     M_LOAD,
+    M_RECONCILE,
     M_RESULTS,
     M_SUBMIT,
     S_TID,
@@ -47,6 +68,9 @@ from .wire import (
     DepRef,
 )
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from ..config import SchedulerSection
 
 __all__ = ["Scheduler"]
 
@@ -77,36 +101,47 @@ def _count_gpus(devices: Devices | None) -> int:
 class Scheduler:
     """Tasks for one node: ``node.scheduler``. Users call ``node.submit/map/gather``."""
 
-    def __init__(self, node: ServiceHost, *, devices: Devices | None = None):
-        self.node = node
+    def __init__(
+        self,
+        cfg: SchedulerSection,
+        *,
+        messaging: Messaging,
+        control: ControlChannel,
+        members: MemberEvents,
+        dumps: Callable[[Any], Any],
+        load_fields: LoadFields | None = None,
+        devices: Devices | None = None,
+        clock: Clock = time.monotonic,
+    ):
+        self._msg = messaging
+        self._dumps = dumps
         self._devices = devices  # the node's: how many GPUs to offer
-        self.name: str = node.name
-        self.cfg = node.config.scheduler
+        self.clock = clock
+        self.name: str = messaging.name
+        self.cfg = cfg
         self._validate()
         self.log = get_logger("aionet.scheduler", node=self.name)
-        node.register_type(DepRef, DEP_TYPE_NAME)
+        messaging.register_type(DepRef, DEP_TYPE_NAME)
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self.owner = Owner(self)
         self.worker = Worker(self)
         self.alive: set[str] = set()
         self.down: set[str] = set()
+        self._states: dict[str, str] = {}  # member -> state, as membership's events said
         self._info_pending: set[str] = set()
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._params: dict[Any, tuple[Any, frozenset[str]]] = {}  # fn -> its keyword params named like options
         self._ready: asyncio.Event | None = None
         self._running = False
-        self._has_membership = hasattr(node, "on_member_change")
-        node.add_service(SVC_RESOURCES, self._svc_resources)
-        node.add_service(SVC_FETCH, self._svc_fetch)
-        node.add_service(SVC_STEAL, self._svc_steal)
-        node.on_connection_event(self._on_connection_event)
-        if self._has_membership:
-            node.on_member_change(self._on_member_change)
-        sampler = getattr(getattr(node, "membership", None), "load", None)
-        if sampler is not None and hasattr(sampler, "add_field"):
+        messaging.add_service(SVC_RESOURCES, self._svc_resources)
+        messaging.add_service(SVC_FETCH, self._svc_fetch)
+        messaging.add_service(SVC_STEAL, self._svc_steal)
+        control.on_connection_event(self._on_connection_event)
+        members.on_member_change(self._on_member_change)
+        if load_fields is not None:
             # queue length etc. in the node's load reports (members(), aionet status)
-            sampler.add_field("sched", lambda: self.worker.load(None)[:3])
+            load_fields.add_field("sched", lambda: self.worker.load(None)[:3])
 
     def _validate(self) -> None:
         c = self.cfg
@@ -141,10 +176,8 @@ class Scheduler:
         self.owner.node_up(self.name, total, self.worker.run_tasks)
         self.spawn(self._consume(), "aionet-sched-consume")
         self.spawn(self._tick(), "aionet-sched-tick")
-        for name, m in self.node.members().items():
-            if name != self.name and m.get("state") == "alive":
-                self.alive.add(name)
-                self._learn(name)
+        for name in sorted(self.alive):  # members membership reported alive before we started
+            self._learn(name)
         self.log.debug("scheduler started", resources=total, run_tasks=self.worker.run_tasks)
 
     async def _detect_resources(self) -> dict[str, float]:
@@ -327,6 +360,42 @@ class Scheduler:
                 out[i] = v
         return out
 
+    async def await_result(self, rec: Rec) -> Any:
+        """The value of ``rec``: wait for completion, then fetch it from its holder if it is
+        large and lives elsewhere. A holder that dies meanwhile makes the owner re-run the
+        task (lineage) and this waits for the new result."""
+        owner = self.owner
+        tries = 0
+        while True:
+            fut = rec.fut
+            await fut
+            if rec.has_value:
+                return rec.value
+            holder = rec.holder
+            if holder is None:
+                if rec.fut is fut:
+                    raise TaskLost(f"task {rec.name}: its result is no longer available")
+                continue
+            try:
+                value = await self.fetch(holder, self.name, rec.tid)
+            except (PeerUnavailable, RemoteError, TimeoutError) as exc:
+                tries += 1
+                if owner.closed:
+                    raise TaskLost(f"task {rec.name}: its result is on {holder}, and the local node stopped") from exc
+                if rec.fut is fut and rec.holder == holder:
+                    if isinstance(exc, RemoteError) and exc.remote_type == "KeyError":
+                        self.perform(owner.result_lost(rec))
+                    elif tries > MAX_DEPLOST:
+                        raise TaskLost(f"task {rec.name}: cannot fetch its result from {holder}: {exc}") from exc
+                    else:
+                        self.suspect(holder)
+                        await asyncio.sleep(min(0.02 * tries, 0.5))
+                continue
+            if rec.holder == holder and rec.state == TaskState.DONE:
+                rec.value = value
+                rec.has_value = True
+            return value
+
     def stats(self) -> dict[str, Any]:
         return {
             "owner": self.owner.snapshot(),
@@ -335,11 +404,53 @@ class Scheduler:
             "down": sorted(self.down),
         }
 
+    # ------------------------------------------------------------------ performing decisions
+    def perform(self, instructions: list[Instruction]) -> None:
+        """Do what the owner decided, in order."""
+        for ins in instructions:
+            t = type(ins)
+            if t is Resolve:
+                if not ins.fut.done():  # type: ignore[union-attr]
+                    ins.fut.set_result(None)  # type: ignore[union-attr]
+            elif t is FailFuture:
+                fut = ins.fut  # type: ignore[union-attr]
+                if not fut.done():
+                    fut.set_exception(ins.exc)  # type: ignore[union-attr]
+                    fut.exception()  # retrieved: a ref nobody awaits must not log "never retrieved"
+            elif t is SendSpecs:
+                self.send_specs(ins.peer)  # type: ignore[union-attr]
+            elif t is AcceptLocal:
+                self.worker.accept(self.name, ins.specs, local=True)  # type: ignore[union-attr]
+            elif t is SendCtrl:
+                peer, kind, tids = ins.peer, ins.kind, list(ins.tids)  # type: ignore[union-attr]
+                if peer == self.name:
+                    if kind == M_CANCEL:
+                        self.perform_worker(self.worker.cancel(self.name, tids))
+                    else:
+                        self.worker.free(self.name, tids)
+                else:
+                    self.spawn(self.send_quiet(peer, [kind, self.name, tids]), "aionet-sched-ctrl")
+            elif t is Resubmit:
+                self.log.debug("task resubmitted", task=ins.name, attempt=ins.attempt, reason=ins.reason)  # type: ignore[union-attr]
+            elif t is Suspect:
+                self.suspect(ins.peer)  # type: ignore[union-attr]
+            elif t is Announce:
+                msg = [M_RECONCILE, self.name, [list(x) for x in ins.tasks], ins.ask_back]  # type: ignore[union-attr]
+                self.spawn(self.send_quiet(ins.peer, msg), "aionet-sched-reconcile")  # type: ignore[union-attr]
+
+    def perform_worker(self, instructions: list[WorkerInstruction]) -> None:
+        """Do what the worker decided."""
+        for ins in instructions:
+            if type(ins) is Interrupt:
+                ins.task.cancel()
+            elif type(ins) is PostResult:
+                self.worker.post(ins.owner, ins.item)
+
     # ------------------------------------------------------------------ messaging
     async def send(self, peer: str, msg: list[Any]) -> None:
         if peer in self.down:
             raise PeerUnavailable(f"{peer}: node is dead")
-        await self.node.send(peer, CHANNEL, msg)
+        await self._msg.send(peer, CHANNEL, msg)
 
     async def send_quiet(self, peer: str, msg: list[Any]) -> None:
         try:
@@ -360,7 +471,7 @@ class Scheduler:
         death = self._death.get(peer)
         if death is None or death.done():
             death = self._death[peer] = self.loop.create_future()
-        coro = self.node.request(peer, service, obj, timeout=timeout)
+        coro = self._msg.request(peer, service, obj, timeout=timeout)
         req = self.spawn(coro, f"aionet-sched-request-{service}", log_errors=False)
         if req is None:
             raise PeerUnavailable(f"{peer}: the local scheduler is stopped")
@@ -376,7 +487,7 @@ class Scheduler:
         raise PeerUnavailable(f"{peer}: node died ({death.result() if death.done() else 'unknown'})")
 
     def dumps(self, obj: Any) -> Any:
-        return self.node.serializer.dumps(obj)
+        return self._dumps(obj)
 
     def send_specs(self, peer: str) -> None:
         """Send what the owner placed on ``peer`` (``owner.outbox[peer]``), batched."""
@@ -415,14 +526,8 @@ class Scheduler:
         if good:
             await self.send(peer, [M_SUBMIT, self.name, good])
 
-    def accept_local(self, specs: list[Any]) -> None:
-        self.worker.accept(self.name, specs, local=True)
-
-    def ctrl_local(self, kind: int, tids: list[int]) -> None:
-        (self.worker.cancel if kind == M_CANCEL else self.worker.free)(self.name, tids)
-
     def results_local(self, items: list[Any]) -> None:
-        self.owner.on_results(self.name, items, None)
+        self.perform(self.owner.on_results(self.name, items, None))
 
     async def fetch(self, holder: str, owner: str, tid: int) -> Any:
         if holder == self.name:
@@ -430,7 +535,7 @@ class Scheduler:
         return await self.request_unless_dead(holder, SVC_FETCH, [owner, tid])
 
     async def _consume(self) -> None:
-        recv_batch = self.node.recv_batch
+        recv_batch = self._msg.recv_batch
         owner = self.owner
         worker = self.worker
         while True:
@@ -442,14 +547,16 @@ class Scheduler:
                     if kind == M_SUBMIT:
                         worker.accept(sender, m[2], local=False)
                     elif kind == M_RESULTS:
-                        owner.on_results(sender, m[2], m[3])
+                        self.perform(owner.on_results(sender, m[2], m[3]))
                     elif kind == M_CANCEL:
-                        worker.cancel(sender, m[2])
+                        self.perform_worker(worker.cancel(sender, m[2]))
                     elif kind == M_FREE:
                         worker.free(sender, m[2])
                     elif kind == M_LOAD:
                         worker.peer_load[sender] = list(m[2])
                         owner.load_report(sender, m[2])
+                    elif kind == M_RECONCILE:
+                        self._on_reconcile(sender, m[2], bool(m[3]))
                     else:
                         raise ValueError(f"unknown scheduler message kind {kind!r}")
                 except Exception as exc:  # one bad message must not stop the scheduler
@@ -530,38 +637,18 @@ class Scheduler:
 
     def _on_connection_event(self, peer: str, event: str, details: dict[str, Any]) -> None:
         if event == "connected":
-            # with membership, only members run tasks (a CLI client that connects is not one)
-            if not self._has_membership or self._member_state(peer) == "alive":
+            # only members run tasks (a CLI client that connects is not one)
+            if self._states.get(peer) == "alive":
                 self._peer_alive(peer)
-        elif event == "left" or (event == "dead" and not self._has_membership):
-            self.node_down(peer, graceful=event == "left", reason=str(details.get("reason", event)))
-        elif event == "lost" and details.get("reset") and not self._has_membership and self._running:
-            self.loop.call_later(self.cfg.suspect_grace, self._check_suspect, peer)
+        elif event == "left":
+            self.node_down(peer, graceful=True, reason=str(details.get("reason", event)))
 
-    def _member_state(self, peer: str) -> str | None:
-        m = self.node.members().get(peer)
-        return m.get("state") if isinstance(m, Mapping) else None
-
-    def _on_member_change(self, *args: Any, **kwargs: Any) -> None:
-        """A membership event: an object with ``name``, ``kind`` and ``state`` (also accepts
-        ``(name, state)`` or a mapping, so the scheduler does not depend on the event's class)."""
-        name = kwargs.get("name")
-        state = kwargs.get("state")
-        kind = kwargs.get("kind")
-        if args:
-            first = args[0]
-            if isinstance(first, str):
-                name = first
-                state = args[1] if len(args) > 1 else state
-            elif isinstance(first, Mapping):
-                name, state, kind = first.get("name"), first.get("state"), first.get("kind")
-            else:
-                name = getattr(first, "name", None)
-                state = getattr(first, "state", None)
-                kind = getattr(first, "kind", None)
-        if not isinstance(name, str) or name == self.name:
+    def _on_member_change(self, ev: MemberEventInfo) -> None:
+        """A membership event: who is alive comes only from these."""
+        name, state, kind = ev.name, ev.state, ev.kind
+        if name == self.name:
             return
-        state = getattr(state, "value", state)  # an Enum
+        self._states[name] = state
         if kind == "restarted":
             # a new process under the old name: whatever the old one ran or held is gone
             self.node_down(name, graceful=False, reason="restarted")
@@ -573,31 +660,31 @@ class Scheduler:
     def _peer_alive(self, peer: str) -> None:
         if peer == self.name:
             return
+        back = peer in self.down
         self.down.discard(peer)
         self.alive.add(peer)
         self._learn(peer)
+        if back and self._running:
+            # counted dead here, alive after all (a refuted verdict, or a rejoin): what each of us
+            # dropped meanwhile is found and resubmitted, so no submit hangs
+            self.log.info("node back after a death verdict: reconciling tasks", peer=peer)
+            self.perform(self.owner.announce(peer, ask_back=True))
 
-    def _check_suspect(self, peer: str) -> None:
-        if not self._running or peer in self.down:
-            return
-        state = self._member_state(peer)
-        if state != "alive":
-            self.node_down(
-                peer,
-                graceful=False,
-                reason=f"connection reset and not re-established within {self.cfg.suspect_grace} s",
-            )
+    def _on_reconcile(self, sender: str, tasks: list[Any], ask_back: bool) -> None:
+        """``sender`` lists what it believes runs here; answer for what does not, and with
+        ``ask_back`` list ours that run there."""
+        self.perform_worker(self.worker.reconcile(sender, tasks))
+        if ask_back:
+            self.perform(self.owner.announce(sender, ask_back=False))
 
     def suspect(self, peer: str) -> None:
-        """Someone failed to reach ``peer``: count it dead if membership does not say alive."""
+        """Someone failed to reach ``peer``: count it dead unless membership says it is a
+        member (a suspect is being verified by membership)."""
         if peer == self.name or peer in self.down or not self._running:
             return
-        state = self._member_state(peer)
-        if self._has_membership:
-            if state in (None, "dead", "left"):  # a suspect is being verified by membership
-                self.node_down(peer, graceful=state == "left", reason=f"unreachable (state {state})")
-        elif state != "alive":
-            self.node_down(peer, graceful=False, reason=f"unreachable (state {state})")
+        state = self._states.get(peer)
+        if state in (None, "dead", "left"):
+            self.node_down(peer, graceful=state == "left", reason=f"unreachable (state {state})")
 
     def node_down(self, peer: str, graceful: bool, reason: str) -> None:
         if peer == self.name or peer in self.down or not self._running:
@@ -609,8 +696,8 @@ class Scheduler:
         fut = self._death.pop(peer, None)
         if fut is not None and not fut.done():
             fut.set_result(reason)
-        self.owner.node_dead(peer, graceful)
-        self.worker.peer_dead(peer)
+        self.perform(self.owner.node_dead(peer, graceful))
+        self.perform_worker(self.worker.peer_dead(peer))
 
 
 _OPTIONS = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..codecs.envelope import M_CANCEL, M_FREE, M_LOAD, M_RESULTS, M_SUBMIT  # noqa: F401  (re-exported for the scheduler)
+from ..codecs.envelope import M_CANCEL, M_FREE, M_LOAD, M_RECONCILE, M_RESULTS, M_SUBMIT  # noqa: F401  (re-exported for the scheduler)
 
 
 @dataclass(slots=True)
@@ -43,12 +43,16 @@ R_DEPLOST = 4  # payload = [holder, dep tid]: a dependency could not be fetched
 R_CKPT = 5  # payload = checkpoint state (not a completion)
 R_MOVED = 6  # payload = thief node name (not a completion): a queued task was stolen
 R_REJECT = 7  # payload = reason: this node cannot run the task (place it elsewhere)
+R_LOST = 8  # payload = reason: this attempt is not here (answer to M_RECONCILE; the owner retries it)
 
 # Scheduler messages on the node mailbox channel CHANNEL: [kind, sender, ...]
 CHANNEL = "aionet.sched"
 # message kinds (defined once, in codecs/envelope.py): [M_SUBMIT, owner, [spec, ...]],
 # [M_CANCEL, owner, [tid, ...]], [M_FREE, owner, [tid, ...]], [M_RESULTS, worker, [item, ...], load],
-# [M_LOAD, worker, load]
+# [M_LOAD, worker, load], [M_RECONCILE, owner, [[tid, attempt], ...], ask_back] (after a peer that was
+# counted dead is alive again: the worker answers R_LOST for listed attempts it does not have, in its
+# result stream so that results sent before the answer arrive before it; ask_back: reconcile the
+# other way round too)
 
 SVC_RESOURCES = "aionet.sched.resources"
 SVC_FETCH = "aionet.sched.fetch"

@@ -6,6 +6,10 @@ plain functions in the thread pool of :mod:`.executor`, ``executor="process"`` i
 pool. Completions are batched back to each owner (one message per owner per loop turn), large
 results stay here until their owner frees them, and idle workers steal queued tasks from busy
 ones. An attempt's state (:class:`.state.JobState`) changes only in :meth:`Worker._transition`.
+
+Reactions to owners (:meth:`Worker.cancel`, :meth:`Worker.peer_dead`, :meth:`Worker.reconcile`)
+change the tables here and return :mod:`.instructions` (interrupt a running async task, post a
+result-stream entry) that the service performs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
 from .allow import normalize_allow, refuse_name, refuse_object
 from .executor import ThreadRunner, process_entry, process_pool
 from .host import SchedulerHost
+from .instructions import Interrupt, PostResult, WorkerInstruction
 from .policies import fits
 from .queue import Preemptible, ResourcePool, TaskQueue, pick_preemptions
 from .state import DEFAULT_RES, JOB_NEXT, InvalidTransition, Job, JobState
@@ -45,6 +50,7 @@ from .wire import (
     R_DEPLOST,
     R_ERROR,
     R_HELD,
+    R_LOST,
     R_MOVED,
     R_REJECT,
     R_TIMEOUT,
@@ -142,7 +148,7 @@ class Worker:
             if not self.run_tasks or not self.pool.could_ever_fit(job.res):
                 self.stats["rejected"] += 1
                 why = "does not run tasks" if not self.run_tasks else f"cannot provide {job.res}"
-                self._post(owner, [job.tid, job.attempt, R_REJECT, f"node {self.name} {why}", 0.0, 0])
+                self.post(owner, [job.tid, job.attempt, R_REJECT, f"node {self.name} {why}", 0.0, 0])
                 continue
             jobs[k] = job
             self.active[owner] = self.active.get(owner, 0) + 1
@@ -264,7 +270,7 @@ class Worker:
 
     def _dep_lost(self, job: Job, holder: str, dtid: int) -> None:
         self._drop(job)
-        self._post(job.owner, [job.tid, job.attempt, R_DEPLOST, [holder, dtid], 0.0, 0])
+        self.post(job.owner, [job.tid, job.attempt, R_DEPLOST, [holder, dtid], 0.0, 0])
 
     # ------------------------------------------------------------------ admission
     def _pump(self) -> None:
@@ -473,7 +479,7 @@ class Worker:
             return
         # a thread or process cannot be interrupted: report now, free its slot when it returns
         job.reported = True
-        self._post(job.owner, [job.tid, job.attempt, R_TIMEOUT, f"exceeded its timeout of {job.timeout} s", 0.0, 0])
+        self.post(job.owner, [job.tid, job.attempt, R_TIMEOUT, f"exceeded its timeout of {job.timeout} s", 0.0, 0])
 
     def _finish(self, job: Job, status: int, payload: Any, dt: float) -> None:
         nbytes = 0
@@ -488,7 +494,7 @@ class Worker:
         else:
             self.stats["errors"] += 1
         self._drop(job)
-        self._post(job.owner, [job.tid, job.attempt, status, payload, dt, nbytes])
+        self.post(job.owner, [job.tid, job.attempt, status, payload, dt, nbytes])
 
     def _drop(self, job: Job) -> None:
         """Forget ``job`` here, releasing its resources if it held them. Only for jobs that
@@ -519,16 +525,17 @@ class Worker:
     def _checkpoint(self, job: Job, state: Any) -> None:
         """TaskContext.checkpoint: keep locally (preemption) and tell the owner (node death)."""
         if threading.get_ident() != self._loop_thread:
-            self.sched.loop.call_soon_threadsafe(self._post, job.owner, [job.tid, job.attempt, R_CKPT, state, 0.0, 0])
+            self.sched.loop.call_soon_threadsafe(self.post, job.owner, [job.tid, job.attempt, R_CKPT, state, 0.0, 0])
         else:
-            self._post(job.owner, [job.tid, job.attempt, R_CKPT, state, 0.0, 0])
+            self.post(job.owner, [job.tid, job.attempt, R_CKPT, state, 0.0, 0])
 
     # ------------------------------------------------------------------ sending results
     def load(self, owner: str | None) -> list[Any]:
         free = self.pool.free
         return [len(self.queue), self.n_running, self.active.get(owner, 0) if owner else 0, dict(free)]
 
-    def _post(self, owner: str, item: list[Any]) -> None:
+    def post(self, owner: str, item: list[Any]) -> None:
+        """Queue a result-stream entry for ``owner`` (batched: one message per owner per turn)."""
         box = self.outbox.get(owner)
         if box is None:
             box = self.outbox[owner] = []
@@ -563,10 +570,10 @@ class Worker:
                     except SerializationError:
                         await self.sched.send(owner, [M_RESULTS, self.name, self._sanitize(chunk), self.load(owner)])
                     except PeerUnavailable:
-                        self.owner_gone(owner)
+                        self.sched.perform_worker(self.owner_gone(owner))
                         return
         except PeerUnavailable:
-            self.owner_gone(owner)
+            self.sched.perform_worker(self.owner_gone(owner))
         finally:
             self._flushing.discard(owner)
 
@@ -589,7 +596,10 @@ class Worker:
         return out
 
     # ------------------------------------------------------------------ owner requests
-    def cancel(self, owner: str, tids: list[int]) -> None:
+    def cancel(self, owner: str, tids: list[int]) -> list[WorkerInstruction]:
+        """The owner cancels these tasks: drop queued and fetching ones; running async ones are
+        interrupted (returned); threads and processes cannot be, they are freed when they return."""
+        out: list[WorkerInstruction] = []
         for tid in tids:
             job = self.jobs.get((owner, tid))
             if job is None:
@@ -605,11 +615,11 @@ class Worker:
                 self._unregister(job)
             elif state == RUNNING:
                 if job.task is not None and job.exe != EXE_PROCESS:
-                    job.task.cancel()  # async: _async_done frees it
-                # threads and processes cannot be interrupted: freed when they return
+                    out.append(Interrupt(job.task))  # async: _async_done frees it
             elif state == FETCHING:
                 self._drop(job)
         self._schedule_pump()
+        return out
 
     def free(self, owner: str, tids: list[int]) -> None:
         store = self.store
@@ -620,13 +630,35 @@ class Worker:
         """Service body: a held result, by its owner's task id (KeyError if not here)."""
         return self.store[(owner, tid)]
 
-    def owner_gone(self, owner: str) -> None:
-        """The owner died: nobody will collect its tasks' results."""
-        for o, tid in [k for k in self.jobs if k[0] == owner]:
-            self.cancel(o, [tid])
+    def owner_gone(self, owner: str) -> list[WorkerInstruction]:
+        """The owner died: nobody will collect its tasks' results. (If it was a wrong verdict,
+        :meth:`reconcile` answers for what was dropped here.)"""
+        out = self.cancel(owner, [tid for o, tid in self.jobs if o == owner])
         for k in [k for k in self.store if k[0] == owner]:
             del self.store[k]
         self.outbox.pop(owner, None)
+        return out
+
+    def reconcile(self, owner: str, tasks: list[Any]) -> list[WorkerInstruction]:
+        """``owner`` lists the attempts ``[[tid, attempt], ...]`` it believes run here (after one
+        of us counted the other dead). Answer ``R_LOST`` for each that is neither here (fetching,
+        queued or running) nor finished with a result here or on its way: those were dropped
+        when the owner was taken for dead. The answers follow the results already queued for
+        the owner in the same stream, so the owner sees a result before a stale 'lost'."""
+        out: list[WorkerInstruction] = []
+        queued = {item[0] for item in self.outbox.get(owner) or () if item[2] != R_CKPT}
+        for entry in tasks:
+            try:
+                tid, attempt = int(entry[0]), int(entry[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            job = self.jobs.get((owner, tid))
+            if job is not None and job.state != FINISHED and not job.cancelled:
+                continue  # its result will follow (a cancelled one reports nothing)
+            if (owner, tid) in self.store or tid in queued:
+                continue
+            out.append(PostResult(owner, [tid, attempt, R_LOST, f"not on node {self.name}", 0.0, 0]))
+        return out
 
     # ------------------------------------------------------------------ stealing
     def steal(self, req: Any) -> list[list[Any]]:
@@ -651,7 +683,7 @@ class Worker:
         for j in jobs:
             spec = j.spec()
             self._unregister(j)
-            self._post(j.owner, [j.tid, j.attempt, R_MOVED, thief, 0.0, 0])
+            self.post(j.owner, [j.tid, j.attempt, R_MOVED, thief, 0.0, 0])
             out.append([j.owner, spec])
         if out:
             self.stats["stolen_out"] += len(out)
@@ -710,9 +742,9 @@ class Worker:
             self.accept(owner, specs, local=owner == self.name)
 
     # ------------------------------------------------------------------ lifecycle
-    def peer_dead(self, name: str) -> None:
+    def peer_dead(self, name: str) -> list[WorkerInstruction]:
         self.peer_load.pop(name, None)
-        self.owner_gone(name)
+        return self.owner_gone(name)
 
     def shutdown(self) -> list[asyncio.Future[Any]]:
         """Drop queued work and cancel running async tasks; returns those tasks, for the

@@ -8,6 +8,18 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aionet.config import Config
+from aionet.scheduler.instructions import AcceptLocal, FailFuture, Resolve, SendCtrl, SendSpecs
+
+
+def apply_future(ins: Resolve | FailFuture) -> None:
+    """Resolve or fail a task's future as ``service.Scheduler.perform`` does."""
+    if ins.fut.done():
+        return
+    if isinstance(ins, Resolve):
+        ins.fut.set_result(None)
+    else:
+        ins.fut.set_exception(ins.exc)
+        ins.fut.exception()
 
 
 class _Handle:
@@ -66,6 +78,8 @@ class FakeHost:
         self.local_results: list[list[Any]] = []
         self.suspected: list[str] = []
         self.down: list[str] = []
+        self.performed: list[Any] = []
+        self.now = 0.0
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, log_errors: bool = True) -> None:
         coro.close()  # effects are not performed here
@@ -88,14 +102,25 @@ class FakeHost:
     def broadcast_load(self, load: list[Any]) -> None:
         pass
 
-    def send_specs(self, peer: str) -> None:
-        self.spec_sends.append(peer)
+    def perform(self, instructions: list[Any]) -> None:
+        """What the owner hands over from entry points that return nothing (submit, its own
+        dispatch and batched cancels): recorded, and futures resolved as the service would."""
+        self.performed.extend(instructions)
+        for ins in instructions:
+            if isinstance(ins, SendSpecs):
+                self.spec_sends.append(ins.peer)
+            elif isinstance(ins, AcceptLocal):
+                self.local_specs.append(ins.specs)
+            elif isinstance(ins, SendCtrl) and ins.peer == self.name:
+                self.local_ctrl.append((ins.kind, list(ins.tids)))
+            elif isinstance(ins, (Resolve, FailFuture)):
+                apply_future(ins)
 
-    def accept_local(self, specs: list[Any]) -> None:
-        self.local_specs.append(specs)
+    def perform_worker(self, instructions: list[Any]) -> None:
+        self.performed.extend(instructions)
 
-    def ctrl_local(self, kind: int, tids: list[int]) -> None:
-        self.local_ctrl.append((kind, tids))
+    def clock(self) -> float:
+        return self.now
 
     def results_local(self, items: list[Any]) -> None:
         self.local_results.extend(items)
@@ -106,11 +131,6 @@ class FakeHost:
     def is_alive(self, name: str) -> bool:
         return True
 
-    def suspect(self, peer: str) -> None:
-        self.suspected.append(peer)
-
-    def node_down(self, peer: str, graceful: bool, reason: str) -> None:
-        self.down.append(peer)
 
 
 class _NullLog:

@@ -63,11 +63,11 @@ def test_ran(host: FakeHost) -> None:
     ref = o.submit(FN, (1,), None)
     spec = placed(o, host, ref)
     assert host.spec_sends == ["w1"] and spec[1] == FN
-    o.on_results("w1", [[ref._rec.tid, 1, R_VALUE, 2, 0.001, 8]], None)
+    host.perform(o.on_results("w1", [[ref._rec.tid, 1, R_VALUE, 2, 0.001, 8]], None))
     assert ref.done() and ref._rec.value == 2 and ref._rec.state_name == "done"
     assert o.path(ref.id) == [T.WAITING, T.READY, T.PLACED, T.DONE]
     # a late duplicate (an old attempt) is dropped: no second completion
-    o.on_results("w1", [[ref._rec.tid, 1, R_VALUE, 3, 0.001, 8]], None)
+    host.perform(o.on_results("w1", [[ref._rec.tid, 1, R_VALUE, 3, 0.001, 8]], None))
     assert ref._rec.value == 2 and o.stats["duplicates_dropped"] == 1
 
 
@@ -75,7 +75,7 @@ def test_failed(host: FakeHost) -> None:
     o = owner_with(host, "w1")
     ref = o.submit(FN, (1,), None)
     placed(o, host, ref)
-    o.on_results("w1", [[ref._rec.tid, 1, R_ERROR, ["ValueError", "boom", ""], 0.001, 0]], None)
+    host.perform(o.on_results("w1", [[ref._rec.tid, 1, R_ERROR, ["ValueError", "boom", ""], 0.001, 0]], None))
     assert isinstance(ref._rec.fut.exception(), TaskFailed)
     assert o.path(ref.id) == [T.WAITING, T.READY, T.PLACED, T.FAILED]
 
@@ -84,12 +84,12 @@ def test_retried_after_node_death(host: FakeHost) -> None:
     o = owner_with(host, "w1")
     ref = o.submit(FN, (1,), None, retries=1)
     placed(o, host, ref)
-    o.node_dead("w1", graceful=False)
+    host.perform(o.node_dead("w1", graceful=False))
     assert ref._rec.state is T.READY and ref._rec.retries == 0
     o.node_up("w2", {"cpu": 4.0}, run_tasks=True)
     placed(o, host, ref)
     assert ref.node == "w2" and ref.attempts == 2
-    o.on_results("w2", [[ref._rec.tid, 2, R_VALUE, 2, 0.001, 8]], None)
+    host.perform(o.on_results("w2", [[ref._rec.tid, 2, R_VALUE, 2, 0.001, 8]], None))
     assert o.path(ref.id) == [T.WAITING, T.READY, T.PLACED, T.READY, T.PLACED, T.DONE]
 
 
@@ -97,7 +97,7 @@ def test_lost_when_retries_are_used_up(host: FakeHost) -> None:
     o = owner_with(host, "w1")
     ref = o.submit(FN, (1,), None, retries=0)
     placed(o, host, ref)
-    o.node_dead("w1", graceful=False)
+    host.perform(o.node_dead("w1", graceful=False))
     assert isinstance(ref._rec.fut.exception(), TaskLost)
     assert o.path(ref.id) == [T.WAITING, T.READY, T.PLACED, T.FAILED]
 
@@ -107,7 +107,7 @@ def test_rejected_task_is_placed_elsewhere(host: FakeHost) -> None:
     ref = o.submit(FN, (1,), None, affinity=None)
     placed(o, host, ref)
     first = ref.node
-    o.on_results(first, [[ref._rec.tid, 1, R_REJECT, "no", 0.0, 0]], None)
+    host.perform(o.on_results(first, [[ref._rec.tid, 1, R_REJECT, "no", 0.0, 0]], None))
     assert ref._rec.state is T.READY and ref.attempts == 0
     placed(o, host, ref)
     assert ref.node != first
@@ -118,9 +118,9 @@ def test_held_result_lost_with_its_node_is_recomputed(host: FakeHost) -> None:
     ref = o.submit(FN, (1,), None, retries=1)
     placed(o, host, ref)
     where = ref.node
-    o.on_results(where, [[ref._rec.tid, 1, R_HELD, None, 0.001, 1 << 20]], None)
+    host.perform(o.on_results(where, [[ref._rec.tid, 1, R_HELD, None, 0.001, 1 << 20]], None))
     assert ref._rec.state is T.DONE and ref._rec.holder == where
-    o.node_dead(where, graceful=False)
+    host.perform(o.node_dead(where, graceful=False))
     assert ref._rec.state is T.READY and not ref._rec.fut.done()
     placed(o, host, ref)
     assert o.path(ref.id)[-3:] == [T.DONE, T.READY, T.PLACED]
@@ -133,7 +133,7 @@ def test_dependent_waits_then_runs(host: FakeHost) -> None:
     assert b._rec.state is T.WAITING
     placed(o, host, a)
     assert b._rec.state is T.WAITING
-    o.on_results("w1", [[a._rec.tid, 1, R_VALUE, 2, 0.001, 8]], None)
+    host.perform(o.on_results("w1", [[a._rec.tid, 1, R_VALUE, 2, 0.001, 8]], None))
     assert b._rec.state is T.READY
     placed(o, host, b)
 
@@ -154,6 +154,6 @@ def test_illegal_edge_raises(host: FakeHost) -> None:
         o._transition(ref._rec, T.DONE)  # done without ever being placed
     assert ref._rec.state is T.READY  # refused edges change nothing
     placed(o, host, ref)
-    o.on_results("w1", [[ref._rec.tid, 1, R_ERROR, ["E", "x", ""], 0.0, 0]], None)
+    host.perform(o.on_results("w1", [[ref._rec.tid, 1, R_ERROR, ["E", "x", ""], 0.0, 0]], None))
     with pytest.raises(InvalidTransition, match="failed -> ready"):
         o._transition(ref._rec, T.READY)

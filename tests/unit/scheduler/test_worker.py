@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from aionet.scheduler.instructions import Interrupt
 from aionet.scheduler.state import InvalidTransition, Job, JobState
 from aionet.scheduler.wire import R_REJECT, R_VALUE
 from aionet.scheduler.worker import Worker
@@ -65,8 +66,9 @@ def test_queued_behind_resources_then_cancelled(host: FakeHost) -> None:
     assert w.jobs[("me", 2)].state is J.QUEUED
     w.cancel("me", [2])
     assert w.path(2) == [J.FETCHING, J.QUEUED, J.FINISHED]
-    w.cancel("me", [1])  # running async: cancelled, freed when its task ends
     task = w.async_running[("me", 1)].task
+    assert w.cancel("me", [1]) == [Interrupt(task)]  # running async: interrupted, freed when its task ends
+    task.cancel()  # what the service does with that instruction
     with pytest.raises(asyncio.CancelledError):
         host.loop.real.run_until_complete(task)
     assert w.path(1) == [J.FETCHING, J.QUEUED, J.RUNNING, J.FINISHED]
