@@ -80,6 +80,9 @@ class LinkSection:
     mailbox_bytes: int = 256 * 2**20  # ... or received bytes per mailbox (one larger message fits an empty one)
     handshake_timeout: float = 5.0
     give_up_after: float = 30.0
+    # s a link declared dead keeps its unacknowledged messages, so that a peer that was only
+    # frozen or partitioned gets them replayed when it comes back (0: give them up at once)
+    death_grace: float = 30.0
     # async service handlers running at once per requesting peer; at the bound the node stops
     # reading from that peer (back-pressure, nothing dropped) until one finishes
     max_concurrent_requests: int = 1024
@@ -247,6 +250,8 @@ class Config:
             raise ConfigError("heartbeat.interval must be positive")
         if self.link.max_inflight_bytes <= 0:
             raise ConfigError("link.max_inflight_bytes must be positive")
+        if not self.link.death_grace >= 0:
+            raise ConfigError("link.death_grace must be >= 0 (seconds; 0 gives up at once)")
         if self.link.mailbox_bytes <= 0:
             raise ConfigError("link.mailbox_bytes must be positive")
         if self.link.max_concurrent_requests <= 0:

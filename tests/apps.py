@@ -13,3 +13,13 @@ def setup(node):
         import os
 
         return os.getpid()
+
+    @node.service("test.drain")
+    async def drain(channel):
+        """Everything waiting on ``channel`` now (for counting what arrived, in order)."""
+        got = []
+        while True:
+            try:
+                got.extend(await asyncio.wait_for(node.recv_batch(channel), 0.2))
+            except asyncio.TimeoutError:
+                return got

@@ -339,6 +339,8 @@ class Connector:
             redial=lambda: self.dial_peer(name),
             on_dead=self._on_link_dead,
             limits=self.config.limits,
+            death_grace=self.config.link.death_grace,
+            on_undeliverable=self._on_undeliverable,
         )
         if tx_id:
             link.tx_id = tx_id
@@ -352,6 +354,15 @@ class Connector:
         if not self._closing() and not (link is not None and link.left):
             self.log.warning("peer link failed", peer=name, error=str(exc))
 
+    def _on_undeliverable(self, name: str, count: int, reason: str) -> None:
+        """Messages to ``name`` given up for good: count, event, one warning; never silent."""
+        p = self._peers.get(name)
+        if p is not None:
+            p.undeliverable += count
+        self._peers.emit(name, "undeliverable", messages=count, reason=reason)
+        if not self._closing():
+            self.log.warning("messages to peer given up", peer=name, messages=count, reason=reason)
+
     def _live_link(self, name: str, tx_id: str = "") -> Link:
         """The peer's link, replacing one that died (a fresh stream)."""
         p = self._peers.peer(name)
@@ -364,6 +375,12 @@ class Connector:
                 # it replays what we have not acknowledged and we drop what we already
                 # delivered; if it started a new one, the handshake resets this.
                 p.link.inherit_rx(old)
+                # ... and continue our own stream too, when the old link still keeps what the
+                # peer had not acknowledged (within link.death_grace): the handshake trims it by
+                # the peer's resume info and attach() replays the rest, in order, once.
+                adopted = p.link.adopt_stream(old) if tx_id in ("", old.tx_id) else 0
+                if adopted:
+                    self.log.info("continuing the stream to a peer declared dead", peer=name, unacked=adopted)
         return p.link
 
     # ------------------------------------------------------------------ handshake
@@ -559,8 +576,11 @@ class Connector:
         if p.link is not None and p.link.dead is None:
             info = p.link.resume_info()
         else:
-            p.pending_tx = p.pending_tx or uuid.uuid4().hex[:16]
             old = p.link if p.link is not None and not p.link.left else None  # see _live_link
+            # a link declared dead that still keeps our unacknowledged messages: promise the
+            # same stream, so the peer keeps its place in it and they are replayed once
+            keep = old.tx_id if old is not None and old.keeping else ""
+            p.pending_tx = p.pending_tx or keep or uuid.uuid4().hex[:16]
             info = {"tx": p.pending_tx, "rx": old.rx_id if old else "", "recv": old.state.recv_seq if old else 0}
         try:
             await conn.send(

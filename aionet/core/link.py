@@ -7,6 +7,13 @@ unacknowledged messages are replayed in order before anything new; the receiver 
 duplicates. A link that stays disconnected for ``give_up_after`` seconds, or whose peer is
 declared dead, fails: blocked senders and pending requests get PeerUnavailable.
 
+A death verdict can be wrong (a frozen process that comes back, a healed partition). So the
+link keeps its unacknowledged messages and its stream position for ``death_grace`` seconds
+after such a failure: a successor link to the same process adopts them and replays them in
+order, exactly once. What is finally given up (grace expired, the peer came back as a new
+process, or lost our stream) is counted and reported through ``on_undeliverable``, never
+dropped silently.
+
 The bookkeeping itself is :class:`aionet.core.link_state.LinkState` (sans-I/O); this module
 adds the asyncio side: waiting for space, ack timers, replay and reconnect.
 """
@@ -69,6 +76,8 @@ class Link:
         on_dead: Callable[[str, BaseException], None] | None = None,
         limits: LimitsSection | None = None,
         dumps_sized: Callable[..., tuple[list[Any], int, int]] | None = None,
+        death_grace: float = 0.0,
+        on_undeliverable: Callable[[str, int, str], None] | None = None,
     ):
         self.peer = peer
         lim = limits or LimitsSection()
@@ -108,6 +117,10 @@ class Link:
         self._stuck_seq = 0  # oldest unacked seq when the last connection was lost ...
         self._stuck_count = 0  # ... and how many quick losses in a row it has stayed the oldest
         self._attached_at = 0.0  # when the current connection became current
+        self.death_grace = death_grace
+        self._on_undeliverable = on_undeliverable
+        self.undeliverable = 0  # messages this link gave up on (each reported)
+        self._grace_timer: asyncio.TimerHandle | None = None  # set while dead, keeping its stream
 
     # ------------------------------------------------------------------ sending
     async def send(self, kind: int, fields: list[Any]) -> None:
@@ -343,6 +356,7 @@ class Link:
         self.state.recv_seq = old.state.recv_seq
 
     def _reset_tx(self, exc: BaseException) -> None:
+        self.give_up(str(exc))
         old = self.state
         self.state = LinkState(old.max_inflight_bytes, old.ack_every)
         self.state.recv_seq, self.state.ack_owed = old.recv_seq, old.ack_owed
@@ -437,7 +451,7 @@ class Link:
                     self.log.info("reconnected", peer=self.peer, replayed=len(self.state.unacked))
                     return
             if time.monotonic() >= deadline:
-                self.fail(PeerUnavailable(f"{self.peer}: no connection for {self.give_up_after} s (gave up)"))
+                self.fail(PeerUnavailable(f"{self.peer}: no connection for {self.give_up_after} s (gave up)"), keep=True)
                 return
             await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - time.monotonic(), 0)))
             delay = min(delay * 2, 1.0)
@@ -450,14 +464,22 @@ class Link:
                 fut.set_exception(exc)
         self._space.set()
 
-    def fail(self, exc: BaseException) -> None:
-        """The peer is dead (or gave up): fail everything waiting on this link."""
+    def fail(self, exc: BaseException, keep: bool = False) -> None:
+        """The peer is dead (or gave up): fail everything waiting on this link.
+
+        ``keep``: the verdict may be wrong (declared dead, no connection for a while), so the
+        unacknowledged messages stay for ``death_grace`` s for a successor link to adopt
+        (:meth:`adopt_stream`); otherwise they are given up now (and reported)."""
         if self.dead is not None:
             return
         self.dead = exc
         self._fail_waiters(exc)
-        self.state.unacked.clear()
-        self.state.inflight_bytes = 0
+        if keep and self.state.unacked and self.death_grace > 0:
+            self._grace_timer = asyncio.get_running_loop().call_later(
+                self.death_grace, self.give_up, f"not back within link.death_grace ({self.death_grace:g} s)"
+            )
+        else:
+            self.give_up(str(exc))
         if self._ack_timer is not None:
             self._ack_timer.cancel()
         for c in list(self.conns):
@@ -476,10 +498,45 @@ class Link:
             self.flush_ack()
             self.dead = PeerUnavailable(f"{self.peer}: peer left the cluster")
             self._fail_waiters(self.dead)
-            self.state.unacked.clear()
-            self.state.inflight_bytes = 0
+            self.give_up("peer left the cluster")
             if self._on_dead is not None:
                 self._on_dead(self.peer, self.dead)
+
+    def give_up(self, reason: str) -> int:
+        """Drop the unacknowledged messages for good; report how many (returned too)."""
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+        st = self.state
+        n = len(st.unacked)
+        st.unacked.clear()
+        st.inflight_bytes = 0
+        if n:
+            self.undeliverable += n
+            if self._on_undeliverable is not None:
+                self._on_undeliverable(self.peer, n, reason)
+        return n
+
+    @property
+    def keeping(self) -> int:
+        """Unacknowledged messages a dead link still keeps for a successor (0 when none)."""
+        return len(self.state.unacked) if self._grace_timer is not None else 0
+
+    def adopt_stream(self, old: Link) -> int:
+        """Continue our outgoing stream where ``old`` (declared dead, within its grace)
+        stopped: its unacknowledged messages become ours, to be trimmed by the peer's resume
+        info and replayed on attach. Returns how many were adopted."""
+        if old._grace_timer is None:
+            return 0
+        old._grace_timer.cancel()
+        old._grace_timer = None
+        mine, kept = self.state, old.state
+        n = len(kept.unacked)
+        mine.unacked, kept.unacked = kept.unacked, deque()
+        mine.next_seq, mine.acked = kept.next_seq, kept.acked
+        mine.inflight_bytes, kept.inflight_bytes = kept.inflight_bytes, 0
+        self.tx_id = old.tx_id
+        return n
 
     def info(self) -> dict[str, Any]:
         st = self.state
@@ -491,6 +548,7 @@ class Link:
             "recv_seq": st.recv_seq,
             "connected": self.current is not None,
             "dead": str(self.dead) if self.dead else None,
+            "undeliverable": self.undeliverable,
         }
 
 

@@ -3,7 +3,8 @@
 A peer entry is created only for a peer that proved the cluster token (a completed handshake)
 or that a proven peer told us about; entries are pruned once the peer departs, so the table
 tracks the cluster rather than its history. Connection events ("connected", "lost", "left",
-"dead") are announced from here to the services that subscribed.
+"dead", and "undeliverable" with a count when messages to a peer were given up for good)
+are announced from here to the services that subscribed.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Peer:
     link: Link | None = None
     dialing: asyncio.Future[Link] | None = None
     pending_tx: str = ""  # stream id promised in a handshake before the link existed
+    undeliverable: int = 0  # messages to it given up for good (each reported as an event)
     since: float = field(default_factory=time.monotonic)  # last learned or (re)connected
 
 
@@ -135,6 +137,7 @@ class PeerDirectory:
                 ),
                 "queued_recv_bytes": sum(c.get("queued_recv_bytes", 0) for c in conns),
                 "link": link.info() if link else None,
+                "undeliverable": p.undeliverable,
                 "connections": conns,
             }
         return peers
@@ -154,7 +157,7 @@ class PeerDirectory:
         """Fail the link to ``peer`` now: pending sends and requests raise PeerUnavailable."""
         p = self.table.get(peer)
         if p is not None and p.link is not None and p.link.dead is None:
-            p.link.fail(PeerUnavailable(f"{peer}: declared dead ({reason})"))
+            p.link.fail(PeerUnavailable(f"{peer}: declared dead ({reason})"), keep=True)
 
     # ------------------------------------------------------------------ learning
     def learn(self, table: dict[str, list[str]], hearsay: bool = True) -> None:
@@ -223,6 +226,8 @@ class PeerDirectory:
             else:
                 gone = False
             if gone:
+                if link is not None:
+                    link.give_up("peer forgotten (gone from the cluster)")
                 del self.table[name]
                 self.log.debug("forgot peer", peer=name)
 
@@ -238,10 +243,14 @@ class PeerDirectory:
             for c in list(link.conns):
                 await close_conn(c.conn)
             link.fail(PeerUnavailable(f"{link.peer}: local node is shutting down"))
+        for p in self.table.values():  # dead links still keeping messages: stop their timers
+            if p.link is not None:
+                p.link.give_up("local node is shutting down")
 
     # ------------------------------------------------------------------ connection events
     def on_event(self, fn: ConnListener) -> None:
-        """``fn(peer, event, details)`` for event in "connected", "lost", "left", "dead"."""
+        """``fn(peer, event, details)`` for event in "connected", "lost", "left", "dead",
+        "undeliverable" (details: ``messages``, ``reason``)."""
         self._listeners.append(fn)
 
     def emit(self, peer: str, event: str, **details: Any) -> None:
