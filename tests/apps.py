@@ -21,5 +21,5 @@ def setup(node):
         while True:
             try:
                 got.extend(await asyncio.wait_for(node.recv_batch(channel), 0.2))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return got

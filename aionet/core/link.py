@@ -451,7 +451,8 @@ class Link:
                     self.log.info("reconnected", peer=self.peer, replayed=len(self.state.unacked))
                     return
             if time.monotonic() >= deadline:
-                self.fail(PeerUnavailable(f"{self.peer}: no connection for {self.give_up_after} s (gave up)"), keep=True)
+                gone = PeerUnavailable(f"{self.peer}: no connection for {self.give_up_after} s (gave up)")
+                self.fail(gone, keep=True)
                 return
             await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - time.monotonic(), 0)))
             delay = min(delay * 2, 1.0)
