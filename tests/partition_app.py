@@ -1,4 +1,4 @@
-"""Producer / consumer loaded into `aionet serve` by tests/test_partitions.py (``--app
+"""Producer / consumer loaded into `aionet serve` by tests/system/test_partitions.py (``--app
 tests.partition_app:setup``).
 
 The test runs in another network namespace than the nodes, so it cannot talk to them; the

@@ -73,7 +73,7 @@ SCHEMES: dict[str, SchemeSpec] = {
     "inproc": SchemeSpec(lambda tmp: "inproc://", wire=None, processes=False, shares_buffers=True),
     "zmq+tcp": SchemeSpec(lambda tmp: "zmq+tcp://127.0.0.1:0", wire="zmq"),
     "zmq+ipc": SchemeSpec(lambda tmp: f"zmq+ipc://{tmp}/s", wire="zmq"),
-    # raw plaintext zmq peers cannot even finish the ZMTP handshake here (tests/test_zmq_curve.py)
+    # raw plaintext zmq peers cannot even finish the ZMTP handshake here (tests/integration/test_zmq_curve.py)
     "zmq+tcp+curve": SchemeSpec(lambda tmp: "zmq+tcp://127.0.0.1:0", options=_curve_options, transport="zmq+tcp"),
     "ucx": SchemeSpec(lambda tmp: "ucx://127.0.0.1:0"),
     "rdma": SchemeSpec(lambda tmp: "rdma://127.0.0.1:0", wire=None),

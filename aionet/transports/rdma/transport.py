@@ -5,7 +5,7 @@ calls below were written against the pyverbs API and never executed against a de
 *is* tested on the CPU is everything above the verbs: the protocol
 (:mod:`~aionet.transports.rdma.protocol`: credits, segmentation, reassembly, back-pressure) and
 this module's event-driven driver (:class:`RDMAConnection`) against an in-memory verbs double
-(``tests/test_rdma.py``). Without a device, ``check_available``, ``listen`` and ``connect``
+(``tests/integration/test_rdma.py``). Without a device, ``check_available``, ``listen`` and ``connect``
 raise ``TransportUnavailable("no RDMA device: ...")``.
 
 Design:

@@ -1,7 +1,7 @@
 """Membership's timing decisions on fed time (aionet.testing.FakeClock): silence into suspicion,
 our own stalls not counted against peers, suspicion expiry, cooldowns, refutation and death
 after ``suspect_timeout``. These replace live-cluster tests that slept 4-6 s each; the live
-ones left in tests/test_membership.py check the wiring over real sockets.
+ones left in tests/system/test_membership.py check the wiring over real sockets.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from aionet import Node, PeerUnavailable
 from aionet.config import Config
 from aionet.membership import DEAD, SUSPECT, Update
 
-from .conftest import listen_url, wait_for
+from tests.conftest import listen_url, wait_for
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMES = ["tcp", "inproc"]
 
 

@@ -15,7 +15,7 @@ import pytest
 from aionet import Node, PeerUnavailable
 from aionet.config import Config
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 
 def _cfg(**sections):
@@ -68,7 +68,7 @@ async def test_refuted_death_replays_what_was_unacknowledged_in_order_once():
 
 
 # ------------------------------------------------------------------ real processes
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _serve(spawn, name, join=None, *extra):

@@ -15,9 +15,9 @@ from aionet import Node, PeerUnavailable
 from aionet.config import Config
 from aionet.testing import FaultProxy
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cfg(**sections):

@@ -21,7 +21,7 @@ from aionet.errors import ConfigError, ConnectionClosed, TransportError
 from aionet.transports.base import Connection
 from aionet.transports.zmq import PROTOCOL, ZMQTransport
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 T = 5.0
 IPC_HINT = "zmq\\+ipc:///tmp/aionet-a.sock"

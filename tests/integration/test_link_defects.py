@@ -12,7 +12,7 @@ from aionet import Node, PeerUnavailable, RemoteError
 from aionet.config import Config
 from aionet.errors import FrameTooLarge
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 
 def _cfg(**sections):

@@ -13,7 +13,7 @@ from aionet import Node
 from aionet.codecs import handshake
 from aionet.errors import HandshakeError, PeerUnavailable, RemoteError
 
-from .conftest import listen_url, wait_for
+from tests.conftest import listen_url, wait_for
 
 SCHEMES = ["tcp", "inproc"]
 

@@ -1,4 +1,4 @@
-"""Run tests/test_ucx.py in a fresh process (see the note there on ucxx's per-process context)."""
+"""Run tests/system/test_ucx.py in a fresh process (see the note there on ucxx's per-process context)."""
 
 import os
 import subprocess
@@ -15,7 +15,7 @@ def test_ucx_specifics_in_a_fresh_process():
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(here, "test_ucx.py")],
         capture_output=True, text=True, timeout=280, env={**os.environ, "AIONET_UCX_ISOLATED": "1"},
-        cwd=os.path.dirname(here),
+        cwd=os.path.dirname(os.path.dirname(here)),
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert " passed" in out.stdout

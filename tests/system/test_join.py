@@ -25,7 +25,7 @@ from aionet.config import Config
 from aionet.errors import HandshakeError
 from aionet.membership import MEMBERS_SERVICE
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 TRIALS = int(os.environ.get("AIONET_JOIN_TRIALS", "1"))
 SEED_DELAY = float(os.environ.get("AIONET_SEED_DELAY", "2"))

@@ -74,7 +74,7 @@ def test_parse_size():
         parse_size("lots")
 
 
-EXAMPLES = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples" / "configs"
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "configs"
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)

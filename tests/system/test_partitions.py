@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TOKEN = "partition-test-token"
 SUBNET = "10.250.0"
 NODES = {"x": 1, "y": 2, "z": 3}  # name -> host part of its address

@@ -30,7 +30,7 @@ from aionet.codecs.serialize import Serializer
 from aionet.config import Config, LimitsSection
 from aionet.errors import ConfigError, DecodeError, FrameTooLarge, ProtocolError, SerializationError
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 MiB = 2**20
 

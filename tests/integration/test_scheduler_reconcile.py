@@ -14,7 +14,7 @@ from aionet import Node
 from aionet.config import Config
 from aionet.membership import MemberEvent
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 F = "tests.tasks_fns:"
 

@@ -14,7 +14,7 @@ import pytest
 from aionet import Node, TaskError
 from aionet.config import Config
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 F = "tests.tasks_fns:"
 WORKER_ENV = {

@@ -25,8 +25,8 @@ from aionet.devices import Devices, SimulatedDeviceBackend
 from aionet.errors import ConfigError, DeviceUnavailable, RemoteError, SerializationError
 from aionet.testing import FaultProxy
 
-from .conftest import listen_url, wait_for
-from .test_staging import CAIArray, DLPackCUDA
+from tests.conftest import listen_url, wait_for
+from tests.unit.devices.test_staging import CAIArray, DLPackCUDA
 
 HAS_CUDA = Devices(use_nvml=False).cuda_available()
 MiB = 1 << 20

@@ -18,7 +18,7 @@ from aionet.config import Config
 from aionet.errors import ConnectionClosed, HandshakeError
 from aionet.security.keys import generate, tls_backend
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 TOKEN = "right-token"
 

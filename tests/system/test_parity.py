@@ -9,9 +9,9 @@ import pytest
 
 from aionet import Node
 
-from .conftest import listen_url
+from tests.conftest import listen_url
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMES = ["tcp", "inproc", "zmq+tcp", "zmq+ipc"]
 
 

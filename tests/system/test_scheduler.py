@@ -23,8 +23,8 @@ from aionet.scheduler import TaskCancelled, TaskFailed, TaskLost, TaskTimeout, U
 from aionet.scheduler import owner as owner_mod
 from aionet.scheduler.wire import CHANNEL, M_SUBMIT
 
-from . import tasks_fns
-from .conftest import wait_for
+from tests import tasks_fns
+from tests.conftest import wait_for
 
 F = "tests.tasks_fns:"
 
