@@ -17,7 +17,6 @@ from aionet.codecs import handshake
 from aionet.config import Config
 from aionet.errors import ConnectionClosed, HandshakeError
 from aionet.security.keys import generate, tls_backend
-
 from tests.conftest import wait_for
 
 TOKEN = "right-token"

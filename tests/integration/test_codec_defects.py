@@ -29,7 +29,6 @@ from aionet.codecs.dtypes import MAX_DTYPE_DEPTH, check_descr_bounds
 from aionet.codecs.serialize import Serializer
 from aionet.config import Config, LimitsSection
 from aionet.errors import ConfigError, DecodeError, FrameTooLarge, ProtocolError, SerializationError
-
 from tests.conftest import wait_for
 
 MiB = 2**20

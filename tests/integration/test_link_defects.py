@@ -11,7 +11,6 @@ import pytest
 from aionet import Node, PeerUnavailable, RemoteError
 from aionet.config import Config
 from aionet.errors import FrameTooLarge
-
 from tests.conftest import wait_for
 
 

@@ -12,7 +12,6 @@ import aionet
 from aionet import Node
 from aionet.codecs import handshake
 from aionet.errors import HandshakeError, PeerUnavailable, RemoteError
-
 from tests.conftest import listen_url, wait_for
 
 SCHEMES = ["tcp", "inproc"]

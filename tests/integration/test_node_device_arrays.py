@@ -24,7 +24,6 @@ from aionet.core.device_transfer import StagingRequired
 from aionet.devices import Devices, SimulatedDeviceBackend
 from aionet.errors import ConfigError, DeviceUnavailable, RemoteError, SerializationError
 from aionet.testing import FaultProxy
-
 from tests.conftest import listen_url, wait_for
 from tests.unit.devices.test_staging import CAIArray, DLPackCUDA
 

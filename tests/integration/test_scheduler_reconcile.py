@@ -13,7 +13,6 @@ from typing import Any
 from aionet import Node
 from aionet.config import Config
 from aionet.membership import MemberEvent
-
 from tests.conftest import wait_for
 
 F = "tests.tasks_fns:"

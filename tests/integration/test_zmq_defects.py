@@ -20,7 +20,6 @@ from aionet import Node
 from aionet.errors import ConfigError, ConnectionClosed, TransportError
 from aionet.transports.base import Connection
 from aionet.transports.zmq import PROTOCOL, ZMQTransport
-
 from tests.conftest import wait_for
 
 T = 5.0

@@ -14,7 +14,6 @@ import pytest
 
 from aionet import Node, PeerUnavailable
 from aionet.config import Config
-
 from tests.conftest import wait_for
 
 

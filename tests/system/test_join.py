@@ -24,7 +24,6 @@ from aionet import Node, PeerUnavailable
 from aionet.config import Config
 from aionet.errors import HandshakeError
 from aionet.membership import MEMBERS_SERVICE
-
 from tests.conftest import wait_for
 
 TRIALS = int(os.environ.get("AIONET_JOIN_TRIALS", "1"))

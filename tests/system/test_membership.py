@@ -17,7 +17,6 @@ import pytest
 from aionet import Node, PeerUnavailable
 from aionet.config import Config
 from aionet.membership import DEAD, SUSPECT, Update
-
 from tests.conftest import listen_url, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -57,7 +57,8 @@ PROBE = textwrap.dedent(
 def test_guard_fails_tests_that_leave_loop_errors(tmp_path):
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
     (tmp_path / "test_probe.py").write_text(PROBE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH", "")])}
+    repo = os.path.dirname(os.path.dirname(HERE))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(
         [
             sys.executable,

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from aionet import Node
-
 from tests.conftest import listen_url
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

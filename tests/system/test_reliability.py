@@ -14,7 +14,6 @@ import pytest
 from aionet import Node, PeerUnavailable
 from aionet.config import Config
 from aionet.testing import FaultProxy
-
 from tests.conftest import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -22,7 +22,6 @@ from aionet.errors import ConfigError
 from aionet.scheduler import TaskCancelled, TaskFailed, TaskLost, TaskTimeout, Unschedulable
 from aionet.scheduler import owner as owner_mod
 from aionet.scheduler.wire import CHANNEL, M_SUBMIT
-
 from tests import tasks_fns
 from tests.conftest import wait_for
 

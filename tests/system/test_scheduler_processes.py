@@ -13,7 +13,6 @@ import pytest
 
 from aionet import Node, TaskError
 from aionet.config import Config
-
 from tests.conftest import wait_for
 
 F = "tests.tasks_fns:"

@@ -18,7 +18,6 @@ import pytest
 
 from aionet.devices import Devices
 from aionet.errors import ConnectionClosed, TransportError, TransportUnavailable
-
 from tests.conftest import wait_for
 
 ucxx = pytest.importorskip("ucxx", reason="ucx: ucxx is not installed (pip install 'aionet[ucx]')")
