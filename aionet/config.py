@@ -109,6 +109,10 @@ class HeartbeatSection:
     max_piggyback: int = 6  # membership updates carried per heartbeat
     load_interval: float = 1.0  # s between load samples
     forget_after: float = 300.0  # s dead/left members stay listed
+    # a responder sidecar answers for this process while its loop is busy (Linux; see
+    # aionet/membership/liveness.py); a member whose loop stays blocked longer is dead
+    liveness_responder: bool = True
+    max_loop_stall: float = 60.0
 
 
 @dataclass
@@ -246,8 +250,7 @@ class Config:
         for name in ("max_message_bytes", "max_frame_bytes", "max_header_bytes", "max_frames"):
             if getattr(self.limits, name) <= 0:
                 raise ConfigError(f"limits.{name} must be positive")
-        if self.heartbeat.interval <= 0:
-            raise ConfigError("heartbeat.interval must be positive")
+        validate_heartbeat(self.heartbeat)
         if self.link.max_inflight_bytes <= 0:
             raise ConfigError("link.max_inflight_bytes must be positive")
         if not self.link.death_grace >= 0:
@@ -432,3 +435,15 @@ def parse_size(text: str | int) -> int:
         return int(s)
     except ValueError:
         raise ConfigError(f"not a size: {text!r}") from None
+
+
+def validate_heartbeat(cfg: Any) -> None:
+    """The ``[heartbeat]`` rules, shared by Config and a Membership built from a bare section."""
+    for key in ("interval", "min_std", "probe_timeout", "suspect_timeout", "load_interval", "max_loop_stall"):
+        if not getattr(cfg, key) > 0:
+            raise ConfigError(f"heartbeat.{key} must be positive")
+    if cfg.acceptable_pause < 0 or cfg.phi_threshold <= 0 or cfg.forget_after < 0:
+        raise ConfigError("heartbeat.acceptable_pause/forget_after must be >= 0 and phi_threshold > 0")
+    for key in ("fanout", "indirect_probes", "max_piggyback"):
+        if getattr(cfg, key) < 0 or (key == "fanout" and cfg.fanout < 1):
+            raise ConfigError(f"heartbeat.{key} must be {'at least 1' if key == 'fanout' else 'non-negative'}")

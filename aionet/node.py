@@ -140,6 +140,7 @@ class Node:
             join=bool(cfg.node.join),
             dumps=self.serializer.dumps,
             devices=self.devices,
+            token=self._token,
         )
         # tasks (issue 6): this node's ownership table and executor
         self.scheduler = Scheduler(

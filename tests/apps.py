@@ -23,3 +23,17 @@ def setup(node):
                 got.extend(await asyncio.wait_for(node.recv_batch(channel), 0.2))
             except TimeoutError:
                 return got
+
+    @node.service("test.block")
+    def block(arg):
+        """Block the event loop (a sync handler runs on it): ``["sleep", s]`` sleeps;
+        ``["gil", n]`` runs one C call that holds the GIL the whole time (sum of range(n))."""
+        import time
+
+        how, amount = arg
+        t0 = time.monotonic()
+        if how == "sleep":
+            time.sleep(amount)
+        else:
+            sum(range(int(amount)))
+        return time.monotonic() - t0

@@ -23,7 +23,9 @@ class _StreamOwner(Protocol):
 
 @dataclass(frozen=True)
 class MemberEvent:
-    """A membership change: ``kind`` is joined, alive, suspect, dead, left or restarted."""
+    """A membership change: ``kind`` is joined, alive, suspect, dead, left or restarted; or
+    stalled (alive, but its event loop is blocked: its liveness responder answered for it)
+    and resumed (its loop answers again)."""
 
     name: str
     kind: str
@@ -155,9 +157,10 @@ def self_view(me: Update, addresses: list[str], rep: LoadReport) -> dict[str, An
     }
 
 
-def member_view(m: Member, now: float, unknown: LoadReport) -> dict[str, Any]:
+def member_view(m: Member, now: float, unknown: LoadReport, stall: float | None = None) -> dict[str, Any]:
     """One other member's row in ``members()`` (``now``: real monotonic time; ``unknown``:
-    the all-zero report shown until its first load report arrives)."""
+    the all-zero report shown until its first load report arrives; ``stall``: the loop stall
+    its liveness responder reported while it is stalled, else None)."""
     ages = [now - t for t in (m.last_seen, m.load_time) if t is not None]
     lr = m.load or unknown
     return {
@@ -171,6 +174,8 @@ def member_view(m: Member, now: float, unknown: LoadReport) -> dict[str, Any]:
         "age": max(min(ages), 0.0) if ages else None,
         "since": now - m.since,
         "self": False,
+        "stalled": stall is not None,  # alive, but its event loop is blocked (liveness.py)
+        **({"stall_s": stall} if stall is not None else {}),
     }
 
 

@@ -9,6 +9,7 @@ Only the newest update per member is kept, so the queue is bounded by the member
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from .load import LoadReport
@@ -53,6 +54,14 @@ def load_entry(m: Member, now: float) -> list[Any]:
     """A member's last load report as relayed: [name, node_id, age_ms, report]."""
     assert m.load is not None and m.load_time is not None
     return [m.name, m.node_id, int((now - m.load_time) * 1000), m.load.to_wire()]
+
+
+def sync_reply(me: Update, own: LoadReport, members: Iterable[Member], now: float) -> dict[str, Any]:
+    """What a joiner gets back on first contact: every member's record and the load reports."""
+    members = list(members)
+    loads = [load_entry(m, now) for m in members if m.load is not None and m.load_time is not None and m.state == ALIVE]
+    loads.append([me.name, me.node_id, 0, own.to_wire()])
+    return {"members": [me.to_wire()] + [m.update().to_wire() for m in members], "loads": loads}
 
 
 class LoadRelay:

@@ -14,14 +14,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from ..config import validate_heartbeat
 from ..core.ports import Clock, ControlChannel, Messaging, PeerConnectivity, loop_time
 from ..devices import Devices
-from ..errors import AionetError, ConfigError, PeerUnavailable, ProtocolError
+from ..errors import AionetError, PeerUnavailable, ProtocolError
 from ..log import get_logger
 from .awareness import STALL_WARNING, Awareness
 from .detector import LagClock, PhiAccrualDetector
 from .events import MemberEvent, MemberEventStream, MembershipStats, Subscribers, member_view, self_view
-from .gossip import GossipQueue, LoadRelay, gossip_budget, load_entry
+from .gossip import GossipQueue, LoadRelay, gossip_budget, sync_reply
+from .liveness import Liveness
 from .load import LoadReport, LoadSampler
 from .probe import DialPolicy, Prober
 from .suspicion import CheckConfig, Forget, Notify, check
@@ -81,13 +83,15 @@ class Membership:
         dumps: Callable[[Any], list[Any]] | None = None,
         load_sampler: LoadSampler | None = None,
         devices: Devices | None = None,
+        token: bytes | None = None,
     ):
         """``cfg`` is the ``[heartbeat]`` section. ``join``: the node dialed configured seeds
         before :meth:`start` (their member tables are fetched then). ``clock``: monotonic
         seconds for every timer and record (default: the running loop's clock; tests pass an
         :class:`aionet.testing.FakeClock`). ``dumps`` serializes an envelope, only to count
-        bytes when ``count_bytes`` is set."""
-        _validate(cfg)
+        bytes when ``count_bytes`` is set. ``token``: the cluster token, which signs the
+        liveness responder's answers (:mod:`.liveness`)."""
+        validate_heartbeat(cfg)
         self.messaging = messaging
         self.control = control
         self.peers = peers
@@ -108,6 +112,9 @@ class Membership:
             devices=devices,
         )
         self.stats = MembershipStats()
+        self.liveness = Liveness(
+            enabled=cfg.liveness_responder, token=token, max_loop_stall=cfg.max_loop_stall, log=self.log
+        )
         self.count_bytes = False
         self.table = MemberTable()
         self._members: dict[str, Member] = self.table.members  # the same dict, read everywhere
@@ -152,6 +159,9 @@ class Membership:
             return
         self._running = True
         self._leaving = False
+        live = await self.liveness.start(self.peers.advertised())
+        if live is not None:
+            self.load.add_field("live", lambda: live)
         self.load.sample()
         self._spawn(self._heartbeat_loop(), "aionet-heartbeat")
         self._spawn(self._watch_loop(), "aionet-lag-watch")
@@ -206,6 +216,7 @@ class Membership:
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
         await self.load.aclose()
+        await self.liveness.stop()
         self._subscribers.close()
         self._running = False
 
@@ -233,7 +244,7 @@ class Membership:
         out = {self.name: self_view(me, self._my_addresses(), self.load.last)}
         unknown = LoadReport.unknown()
         for m in self._members.values():
-            out[m.name] = member_view(m, now, unknown)
+            out[m.name] = member_view(m, now, unknown, self.liveness.stalled.get(m.name))
         return out
 
     def snapshot(self) -> dict[str, Any]:
@@ -309,6 +320,7 @@ class Membership:
             expected = real() + tick
             await asyncio.sleep(tick)
             late = self.clock.note(expected)
+            self.liveness.stamp()
             if late > STALL_WARNING:
                 self.log.warning("event loop was blocked; not counting it against peers", seconds=round(late, 3))
             try:
@@ -337,6 +349,7 @@ class Membership:
 
     def _forget(self, name: str) -> None:
         self.table.forget(name)
+        self.liveness.stalled.pop(name, None)
         self._loads.forget(name)
         self._dials.forget(name)
         self._notified.pop(name, None)
@@ -535,15 +548,7 @@ class Membership:
                     m.load, m.load_time = LoadReport.from_wire(arg["load"]), self.clock.real()
                 except (TypeError, ValueError, KeyError):
                     pass
-        now = self.clock.real()
-        members = [self._self_update().to_wire()] + [m.update().to_wire() for m in self._members.values()]
-        loads = [
-            load_entry(m, now)
-            for m in self._members.values()
-            if m.load is not None and m.load_time is not None and m.state == ALIVE
-        ]
-        loads.append([self.name, self.node_id, 0, self.load.last.to_wire()])
-        return {"members": members, "loads": loads}
+        return sync_reply(self._self_update(), self.load.last, self._members.values(), self.clock.real())
 
     # ------------------------------------------------------------------ state changes
     def _self_update(self) -> Update:
@@ -699,6 +704,10 @@ class Membership:
         if m is None:
             return
         m.last_seen = self.clock.real()
+        if self.liveness.resumed(name):
+            self._emit_member(m, "resumed", ALIVE.value, "its event loop runs again")
+            if name in self._detectors:  # the stall's silence is not its normal heartbeat rhythm
+                self._detectors[name] = self._new_detector()
         self.prober.wake(name, alive=True)
         if m.suspected and name not in self._verifying:
             self._clear_suspicion(m, "proof of life")
@@ -753,7 +762,13 @@ class Membership:
                 return
             timeout = self.awareness.probe_timeout(self.cfg.probe_timeout, m.load.max_stall_ms if m.load else 0.0)
             t0 = self.clock()
-            outcome = await self.prober.probe_round(m, timeout, self.cfg.indirect_probes)
+            # beside the probes, ask the member's responder: it answers for the process while
+            # user code blocks the loop, and is silent when the process is stopped or gone
+            probe = self.prober.probe_round(m, timeout, self.cfg.indirect_probes)
+            outcome, why, stalled = await self.liveness.verify_round(name, m.load, probe, timeout, self._spawn)
+            reason = why or reason
+            if stalled is not None:
+                self._emit_member(m, "stalled", ALIVE.value, f"event loop blocked {stalled:.1f} s")
             self.log.debug(
                 "probe round",
                 member=name,
@@ -777,17 +792,6 @@ class Membership:
             if m.state == ALIVE:  # nobody could confirm either way: gossip the suspicion, let it refute
                 self._apply(Update(name, node_id, m.incarnation, SUSPECT, tuple(m.addresses)), reason=reason)
             await asyncio.sleep(self.cfg.interval)
-
-
-def _validate(cfg: Any) -> None:
-    for key in ("interval", "min_std", "probe_timeout", "suspect_timeout", "load_interval"):
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"heartbeat.{key} must be positive")
-    if cfg.acceptable_pause < 0 or cfg.phi_threshold <= 0 or cfg.forget_after < 0:
-        raise ConfigError("heartbeat.acceptable_pause/forget_after must be >= 0 and phi_threshold > 0")
-    for key in ("fanout", "indirect_probes", "max_piggyback"):
-        if getattr(cfg, key) < 0 or (key == "fanout" and cfg.fanout < 1):
-            raise ConfigError(f"heartbeat.{key} must be {'at least 1' if key == 'fanout' else 'non-negative'}")
 
 
 __all__ = ["Membership"]

@@ -1,0 +1,142 @@
+"""Liveness that a busy event loop cannot fake (issue 13), with real processes and signals.
+
+A node whose loop is blocked by user code (a sync handler sleeping, or one C call holding
+the GIL) stays a member: its liveness responder (aionet/membership/liveness.py) answers for
+the process, peers mark it ``stalled`` and nobody declares it dead. A process that is gone
+or stopped is still seen dead fast: SIGKILL in <= 50 ms, SIGSTOP in <= 1.5 s."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from aionet import Node
+from aionet.config import Config
+from tests.conftest import wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GIL_1S = 10**8  # sum(range(GIL_1S)): one C call, ~1.3 s on the development machine
+
+
+def _serve(spawn, name, join=None, *extra):
+    args = ["--name", name, "--listen", "tcp://127.0.0.1:0", "--app", "tests.apps:setup", *extra]
+    if join:
+        args += ["--join", join]
+    return spawn(*args, env={"PYTHONPATH": REPO})
+
+
+def _cfg(**sections):
+    return Config.from_dict(sections, env={})
+
+
+async def _cluster(spawn):
+    """victim and p1 as processes; the caller joins its in-process node t to them."""
+    victim, rv = _serve(spawn, "victim")
+    p1, _ = _serve(spawn, "p1", rv["addresses"][0])
+    return victim, p1, rv["addresses"]
+
+
+async def _ready(t: Node) -> None:
+    def ok():
+        m = t.members()
+        return all(
+            m.get(n, {}).get("state") == "alive" and m[n]["load"].get("extra", {}).get("live") for n in ("victim", "p1")
+        )
+
+    await wait_for(ok, 20)
+
+
+async def _deaths_seen_by_p1(t: Node) -> int:
+    snap = await t.request("p1", "aionet.members", timeout=10)
+    assert snap["members"]["victim"]["state"] == "alive"
+    return snap["stats"]["deaths_declared"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("how", "amount"), [("sleep", 1.0), ("sleep", 5.0), ("gil", 3 * GIL_1S)])
+async def test_a_loop_blocked_by_user_code_is_stalled_not_dead(spawn, how, amount):
+    _victim, _p1, seeds = await _cluster(spawn)
+    async with Node(name="t", listen="tcp://127.0.0.1:0", join=seeds) as t:
+        await _ready(t)
+        inc = t.members()["victim"]["incarnation"]
+        events = t.member_events()
+        took = await t.request("victim", "test.block", [how, amount], timeout=90)
+        assert how == "gil" or took >= amount
+        await asyncio.sleep(1.0)  # let late verdicts, if any, arrive
+        kinds = []
+        while True:
+            try:
+                ev = await events.get(timeout=0.2)
+            except TimeoutError:
+                break
+            if ev.name == "victim":
+                kinds.append(ev.kind)
+        assert "dead" not in kinds, kinds
+        assert t.members()["victim"]["incarnation"] == inc  # never refuted: never declared dead
+        assert await _deaths_seen_by_p1(t) == 0
+        if took >= 3:
+            assert "stalled" in kinds and kinds[-1] != "stalled", kinds  # flagged, then resumed
+        assert await t.request("victim", "test.pid", timeout=10)
+
+
+@pytest.mark.timeout(120)
+async def test_a_loop_blocked_longer_than_max_loop_stall_is_dead(spawn):
+    _victim, _p1, seeds = await _cluster(spawn)
+    cfg = _cfg(heartbeat={"max_loop_stall": 1.0})
+    async with Node(name="t", listen="tcp://127.0.0.1:0", join=seeds, config=cfg) as t:
+        await _ready(t)
+        call = asyncio.ensure_future(t.request("victim", "test.block", ["sleep", 6.0], timeout=30))
+        try:
+            await t.membership.wait_for("victim", "dead", timeout=20)
+        finally:
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+        assert "max_loop_stall" in t._peers["victim"].link.dead.args[0]
+        await t.membership.wait_for("victim", "alive", timeout=30)  # it refutes once it runs again
+
+
+@pytest.mark.timeout(120)
+async def test_sigkill_is_seen_within_50_ms_and_sigstop_within_1_5_s(spawn):
+    victim, _p1, seeds = await _cluster(spawn)
+    async with Node(name="t", listen="tcp://127.0.0.1:0", join=seeds) as t:
+        await _ready(t)
+        os.kill(victim.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            await t.membership.wait_for("victim", "dead", timeout=20)
+            stopped_after = time.monotonic() - t0
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        await t.membership.wait_for("victim", "alive", timeout=30)
+        await wait_for(lambda: t.members()["victim"]["load"].get("extra", {}).get("live"), 20)
+        os.kill(victim.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        await t.membership.wait_for("victim", "dead", timeout=20)
+        killed_after = time.monotonic() - t0
+        assert stopped_after <= 1.5, f"SIGSTOP seen dead after {stopped_after:.3f} s"
+        assert killed_after <= 0.05, f"SIGKILL seen dead after {killed_after * 1000:.1f} ms"
+
+        async def p1_agrees():
+            snap = await t.request("p1", "aionet.members", timeout=10)
+            return snap["members"]["victim"]["state"] == "dead"
+
+        deadline = time.monotonic() + 10
+        while not await p1_agrees():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+async def test_a_loop_blocked_30_s_stays_a_member(spawn):
+    _victim, _p1, seeds = await _cluster(spawn)
+    async with Node(name="t", listen="tcp://127.0.0.1:0", join=seeds) as t:
+        await _ready(t)
+        inc = t.members()["victim"]["incarnation"]
+        assert await t.request("victim", "test.block", ["sleep", 30.0], timeout=90) >= 30
+        await asyncio.sleep(0.5)
+        assert t.members()["victim"]["state"] == "alive"
+        assert t.members()["victim"]["incarnation"] == inc
+        assert await _deaths_seen_by_p1(t) == 0

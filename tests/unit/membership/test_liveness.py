@@ -1,0 +1,76 @@
+"""The liveness responder's wire and the verdict rules, fed directly (no sockets)."""
+
+import hashlib
+import hmac
+import math
+import struct
+
+from aionet.membership import liveness, responder_main
+from aionet.membership.liveness import Answer, Liveness, Pinger, host_of, parse_address
+
+
+def _reply(nonce: bytes, stall_ms: int, key: bytes) -> bytes:
+    body = responder_main.REPLY + nonce + struct.pack(">I", stall_ms)
+    return body + hmac.new(key, body, hashlib.sha256).digest()[:16]
+
+
+class _Log:
+    def warning(self, *a, **k):
+        pass
+
+
+async def test_a_reply_signed_with_the_cluster_token_resolves_its_ping():
+    p = Pinger(b"s3cret")
+    fut = __import__("asyncio").get_running_loop().create_future()
+    p._waiting[b"n" * 8] = fut
+    p._on_reply(_reply(b"n" * 8, 1500, b"s3cret"))
+    assert fut.result() == Answer(1.5)
+    fut2 = __import__("asyncio").get_running_loop().create_future()
+    p._waiting[b"m" * 8] = fut2
+    p._on_reply(_reply(b"m" * 8, responder_main.NOT_RUNNING, b"s3cret"))
+    assert math.isinf(fut2.result().stall)
+
+
+async def test_forged_or_garbled_replies_are_ignored():
+    p = Pinger(b"s3cret")
+    fut = __import__("asyncio").get_running_loop().create_future()
+    p._waiting[b"n" * 8] = fut
+    for bad in (
+        _reply(b"n" * 8, 10, b"wrong"),  # another cluster's responder, or a forger
+        _reply(b"n" * 8, 10, b"s3cret")[:-1],  # truncated
+        b"AIOX" + _reply(b"n" * 8, 10, b"s3cret")[4:],  # wrong magic
+        b"",
+    ):
+        p._on_reply(bad)
+    assert not fut.done() and p.rejected == 4
+    p._on_reply(_reply(b"x" * 8, 10, b"s3cret"))  # a nonce nobody waits for
+    assert not fut.done()
+
+
+def test_verdict_keeps_a_busy_member_alive_until_max_loop_stall():
+    lv = Liveness(enabled=True, token=None, max_loop_stall=60.0, log=_Log())
+    assert lv.verdict("a", Answer(2.0)) == (True, True)  # alive, newly stalled
+    assert lv.verdict("a", Answer(30.0)) == (True, False)  # still stalled: no second event
+    assert lv.stalled == {"a": 30.0}
+    assert lv.resumed("a") and not lv.resumed("a")
+    assert lv.verdict("a", Answer(61.0)) == (False, False)  # blocked too long: dead
+    assert lv.verdict("b", Answer(math.inf)) == (False, False)  # stopped or gone: dead
+    assert lv.stalled == {}
+
+
+def test_addresses_parse_strictly():
+    assert parse_address("127.0.0.1:4000") == ("127.0.0.1", 4000)
+    assert parse_address("[::1]:4000") == ("::1", 4000)
+    for bad in (None, 5, "nohost", "h:0", "h:70000", "h:x", ":5", "h:" + "9" * 400):
+        assert parse_address(bad) is None
+    assert host_of("tcp://10.0.0.1:7700") == "10.0.0.1"
+    assert host_of("zmq+tcp://seed.example:7700") == "seed.example"
+    assert host_of("inproc://") is None and host_of("zmq+ipc:///tmp/x") is None
+
+
+def test_the_responder_reads_its_nodes_state_from_proc():
+    import os
+
+    assert responder_main.parent_state(os.getpid()) in ("R", "S")
+    assert responder_main.parent_state(2**22 + 12345) == ""  # no such process
+    assert liveness.available()
