@@ -229,9 +229,8 @@ async def test_preemption_requeues_with_checkpoint():
 async def test_idle_node_steals_queued_tasks():
     # a huge queue_time makes n0 put every task on n1 at once; n2 joins later and steals
     a = Node(name="n0", listen="tcp://127.0.0.1:0", config=cfg(run_local=False, queue_time=1000.0))
-    b = Node(name="n1", listen="tcp://127.0.0.1:0", config=cfg(resources={"cpu": 1, "gpu": 0}))
     await a.start()
-    b.config.node.join = [a.address]
+    b = Node(name="n1", listen="tcp://127.0.0.1:0", join=[a.address], config=cfg(resources={"cpu": 1, "gpu": 0}))
     await b.start()
     c = None
     try:
