@@ -73,30 +73,6 @@ class PeerConnectivity(Protocol):
         ...
 
 
-class ServiceHost(Messaging, ControlChannel, Protocol):
-    """What the scheduler still gets from the node it runs on: messaging, the control channel,
-    and read-only facts (config, addresses, peers heard of, members). Membership gets the
-    narrower ports one by one."""
-
-    config: Any
-    serializer: Any
-
-    @property
-    def addresses(self) -> list[str]: ...
-
-    def peers(self) -> dict[str, dict[str, Any]]: ...
-
-    def known_peers(self) -> dict[str, list[str]]: ...
-
-    def members(self) -> dict[str, dict[str, Any]]: ...
-
-    def on_member_change(self, fn: Callable[[Any], Any]) -> Callable[[], None]: ...
-
-    def declare_dead(self, peer: str, reason: str) -> None: ...
-
-    async def connect(self, url: str) -> str: ...
-
-
 class MemberEventInfo(Protocol):
     """What a membership event tells a subscriber (``membership.MemberEvent`` has these)."""
 

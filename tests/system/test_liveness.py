@@ -62,8 +62,12 @@ async def test_a_loop_blocked_by_user_code_is_stalled_not_dead(spawn, how, amoun
         await _ready(t)
         inc = t.members()["victim"]["incarnation"]
         events = t.member_events()
-        took = await t.request("victim", "test.block", [how, amount], timeout=90)
+        block = asyncio.ensure_future(t.request("victim", "test.block", [how, amount], timeout=90))
+        await asyncio.sleep(0.2)  # its loop is blocked now: tasks sent to it wait, then run
+        tasks = [t.submit("tests.tasks_fns:inc", i, affinity="victim") for i in range(5)]
+        took = await block
         assert how == "gil" or took >= amount
+        assert await asyncio.wait_for(t.gather(tasks), 60) == [1, 2, 3, 4, 5]
         await asyncio.sleep(1.0)  # let late verdicts, if any, arrive
         kinds = []
         while True:
