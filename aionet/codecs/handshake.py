@@ -26,6 +26,7 @@ them empty) so that older call sites building a HELLO positionally keep working.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import os
@@ -34,8 +35,8 @@ from typing import Any
 
 import msgpack
 
-from ..errors import DecodeError, HandshakeError, UnsupportedVersion
-from .envelope import CONFIRM, HELLO, REJECT, RESUME, WELCOME  # noqa: F401  (callers build State(RESUME))
+from ..errors import AionetError, ConfigError, DecodeError, HandshakeError, ProtocolError, UnsupportedVersion
+from .envelope import CONFIRM, HELLO, REJECT, RESUME, WELCOME
 
 PROTOCOL_VERSION = 2  # 2: cluster state moved from HELLO to WELCOME/RESUME (after the proofs)
 MAX_PEERS = 4096  # entries in one handshake's peer table (msgpack map bound below)
@@ -203,11 +204,279 @@ def parse_state(frames: list[Any], kind: int) -> State:
         not isinstance(peers, dict)
         or len(peers) > MAX_PEERS
         or not all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(a, str) for a in v)
-            for k, v in peers.items()
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(a, str) for a in v) for k, v in peers.items()
         )
     ):
         raise HandshakeError(f"malformed {what}: bad peer table")
     if not isinstance(link, dict):
         raise HandshakeError(f"malformed {what}: bad link info")
     return State(kind, peers, link)
+
+
+# ---------------------------------------------------------------------- the state machine
+class Role(enum.Enum):
+    DIALER = "dialer"
+    ACCEPTOR = "acceptor"
+    PROBE = "probe"  # a dialer that stops after the acceptor's HELLO (membership liveness)
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    SENT_HELLO = "sent-hello"  # dialer/probe: waiting for the acceptor's HELLO
+    WAIT_HELLO = "wait-hello"  # acceptor: waiting for the dialer's HELLO
+    WAIT_CONFIRM = "wait-confirm"  # acceptor: sent its HELLO, waiting for the dialer's proof
+    WAIT_WELCOME = "wait-welcome"  # dialer: proved the token, waiting for WELCOME
+    PROVEN = "proven"  # acceptor: the dialer proved the token; the caller sends WELCOME
+    WAIT_RESUME = "wait-resume"  # acceptor: sent WELCOME, waiting for RESUME
+    WELCOMED = "welcomed"  # dialer: got WELCOME; the caller sends RESUME
+    DONE = "done"
+    FAILED = "failed"
+
+
+_EDGES: frozenset[tuple[Phase, Phase]] = frozenset(
+    {
+        (Phase.IDLE, Phase.SENT_HELLO),
+        (Phase.IDLE, Phase.WAIT_HELLO),
+        (Phase.SENT_HELLO, Phase.WAIT_WELCOME),
+        (Phase.SENT_HELLO, Phase.DONE),  # a probe, or we dialed ourselves
+        (Phase.WAIT_HELLO, Phase.WAIT_CONFIRM),
+        (Phase.WAIT_HELLO, Phase.DONE),  # answered a probe, or a node dialed itself
+        (Phase.WAIT_CONFIRM, Phase.PROVEN),
+        (Phase.PROVEN, Phase.WAIT_RESUME),
+        (Phase.WAIT_RESUME, Phase.DONE),
+        (Phase.WAIT_WELCOME, Phase.WELCOMED),
+        (Phase.WELCOMED, Phase.DONE),
+    }
+    | {(p, Phase.FAILED) for p in Phase if p not in (Phase.DONE, Phase.FAILED)}
+)
+
+
+class IllegalTransition(AionetError):
+    """A bug: the caller drove the handshake out of order (never the peer's fault)."""
+
+
+class HandshakeTimeout(HandshakeError, TimeoutError):
+    """The peer did not complete the handshake before its deadline."""
+
+
+class LocalHandshakeError(HandshakeError, ConfigError):
+    """The handshake cannot succeed because of this node's own configuration (no token where
+    the peer requires one, a duplicate name): fixing it is ours to do, not the peer's."""
+
+
+@dataclass(frozen=True)
+class Me:
+    """What this node says about itself in a HELLO."""
+
+    name: str
+    node_id: str
+    addresses: list[str]
+    features: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PeerHello:
+    """The peer introduced itself (dialer: the acceptor's HELLO checked out; acceptor: the
+    dialer's HELLO, before any proof)."""
+
+    hello: Hello
+
+
+@dataclass(frozen=True)
+class DialedSelf:
+    """The other end is this very node (a seed list naming itself)."""
+
+    hello: Hello
+
+
+@dataclass(frozen=True)
+class Probed:
+    """A probe completed: the acceptor answered (dialer side), or we answered one."""
+
+    hello: Hello
+
+
+@dataclass(frozen=True)
+class Proven:
+    """Acceptor: the dialer proved the token; send WELCOME with :meth:`Handshake.welcome`."""
+
+    hello: Hello
+
+
+@dataclass(frozen=True)
+class Welcomed:
+    """Dialer: the acceptor's WELCOME; apply it, then send RESUME with :meth:`Handshake.resume`."""
+
+    state: State
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Acceptor: the dialer's RESUME; the handshake is complete."""
+
+    state: State
+
+
+Event = PeerHello | DialedSelf | Probed | Proven | Welcomed | Resumed
+
+
+class Handshake:
+    """One side of one handshake, sans-I/O: feed it the frames that arrive, write the frames
+    it queues (:meth:`data_to_send`), act on the events it returns. The order of messages, the
+    token proofs, the identity checks and the deadline live here, once, for dial, accept and
+    membership probes; the caller only moves bytes and owns the peer table and the link."""
+
+    def __init__(
+        self,
+        role: Role,
+        me: Me,
+        token: bytes | None,
+        *,
+        now: float,
+        timeout: float,
+        expect: str | None = None,
+        local_peer: bool = True,
+        nonce: bytes | None = None,
+    ) -> None:
+        self.role = role
+        self.me = me
+        self.token = token or None
+        self.deadline = now + timeout
+        self.expect = expect
+        self.local_peer = local_peer  # acceptor: the dialer's address is on this host
+        self.nonce = nonce if nonce is not None else new_nonce()
+        self.phase = Phase.IDLE
+        self.peer: Hello | None = None
+        self._out: list[bytes] = []
+        if role is Role.ACCEPTOR:
+            self._to(Phase.WAIT_HELLO)
+        else:
+            features = dict(me.features, probe=True) if role is Role.PROBE else me.features
+            self._out.append(self._hello(b"", features).encode())
+            self._to(Phase.SENT_HELLO)
+
+    # ------------------------------------------------------------------ plumbing
+    def _to(self, phase: Phase) -> None:
+        if (self.phase, phase) not in _EDGES:
+            raise IllegalTransition(f"handshake ({self.role.value}): {self.phase.value} -> {phase.value}")
+        self.phase = phase
+
+    def _hello(self, mac_: bytes, features: dict[str, Any] | None = None) -> Hello:
+        m = self.me
+        feats = m.features if features is None else features
+        return Hello(PROTOCOL_VERSION, m.name, m.node_id, list(m.addresses), feats, {}, self.nonce, mac_, {})
+
+    def _fail(self, exc: BaseException, reject_reason: str | None = None) -> BaseException:
+        if reject_reason is not None:
+            self._out.append(reject(reject_reason))
+        if self.phase not in (Phase.DONE, Phase.FAILED):
+            self._to(Phase.FAILED)
+        return exc
+
+    def _expect_phase(self, phase: Phase, what: str) -> None:
+        if self.phase is not phase:
+            raise IllegalTransition(f"handshake ({self.role.value}): {what}() in {self.phase.value}")
+
+    def data_to_send(self) -> list[bytes]:
+        """Frames to write now, in order (each one message of one frame)."""
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.DONE
+
+    def check_timeout(self, now: float) -> None:
+        """Raise :class:`HandshakeTimeout` once ``now`` passed the deadline unfinished."""
+        if now >= self.deadline and self.phase not in (Phase.DONE, Phase.FAILED):
+            raise self._fail(HandshakeTimeout(f"no complete handshake within the timeout ({self.role.value})"))
+
+    def remaining(self, now: float) -> float:
+        return max(self.deadline - now, 0.0)
+
+    # ------------------------------------------------------------------ input
+    def receive(self, frames: list[Any]) -> Event:
+        """One message from the peer -> the event it makes (or a HandshakeError family
+        exception for the peer's faults, :class:`LocalHandshakeError` for ours)."""
+        try:
+            if self.phase is Phase.SENT_HELLO:
+                return self._on_acceptor_hello(parse(frames))
+            if self.phase is Phase.WAIT_HELLO:
+                return self._on_dialer_hello(parse(frames))
+            if self.phase is Phase.WAIT_CONFIRM:
+                return self._on_confirm(parse_confirm(frames))
+            if self.phase is Phase.WAIT_WELCOME:
+                state = parse_state(frames, WELCOME)
+                self._to(Phase.WELCOMED)
+                return Welcomed(state)
+            if self.phase is Phase.WAIT_RESUME:
+                state = parse_state(frames, RESUME)
+                self._to(Phase.DONE)
+                return Resumed(state)
+        except ProtocolError as exc:  # HandshakeError, DecodeError, UnsupportedVersion, Rejected
+            raise self._fail(exc) from None
+        raise IllegalTransition(f"handshake ({self.role.value}): no message expected in {self.phase.value}")
+
+    def _on_acceptor_hello(self, hello: Hello) -> Event:
+        self.peer = hello
+        if hello.node_id == self.me.node_id:
+            self._to(Phase.DONE)
+            return DialedSelf(hello)
+        if self.expect is not None and hello.name != self.expect:
+            raise HandshakeError(f"is node {hello.name!r}, expected {self.expect!r}")
+        if hello.name == self.me.name and self.role is not Role.PROBE:
+            raise LocalHandshakeError(f"is node {self.me.name!r} too; node names must be unique")
+        if hello.features.get("auth") and not self.token:
+            raise LocalHandshakeError(
+                f"peer {hello.name!r} requires a cluster token and none is configured "
+                "(set security.token or security.token_file)"
+            )
+        expected = mac(self.token, b"A", self.nonce, hello.nonce, hello.name, self.me.name)
+        if self.token and not verify(expected, hello.mac):
+            self._out.append(reject("authentication failed"))
+            raise HandshakeError(f"peer {hello.name!r} failed to prove the cluster token")
+        if self.role is Role.PROBE:
+            self._to(Phase.DONE)
+            return Probed(hello)
+        self._out.append(Confirm(mac(self.token, b"D", hello.nonce, self.nonce, self.me.name, hello.name)).encode())
+        self._to(Phase.WAIT_WELCOME)
+        return PeerHello(hello)
+
+    def _on_dialer_hello(self, hello: Hello) -> Event:
+        self.peer = hello
+        if hello.node_id == self.me.node_id:  # we dialed ourselves: answer so the dialer sees it
+            self._out.append(self._hello(b"").encode())
+            self._to(Phase.DONE)
+            return DialedSelf(hello)
+        if hello.name == self.me.name:
+            raise HandshakeError(f"peer uses this node's own name {self.me.name!r}; names must be unique")
+        if self.token is None and not self.local_peer:
+            raise HandshakeError("this node has no cluster token and accepts local peers only")
+        mac_a = mac(self.token, b"A", hello.nonce, self.nonce, self.me.name, hello.name)
+        self._out.append(self._hello(mac_a).encode())
+        if hello.features.get("probe"):  # membership liveness probe: answered; no link
+            self._to(Phase.DONE)
+            return Probed(hello)
+        self._to(Phase.WAIT_CONFIRM)
+        return PeerHello(hello)
+
+    def _on_confirm(self, confirm: Confirm) -> Event:
+        assert self.peer is not None
+        expected = mac(self.token, b"D", self.nonce, self.peer.nonce, self.peer.name, self.me.name)
+        if self.token and not verify(expected, confirm.mac):
+            raise HandshakeError(f"peer {self.peer.name!r} failed to prove the cluster token (wrong token?)")
+        self._to(Phase.PROVEN)
+        return Proven(self.peer)
+
+    # ------------------------------------------------------------------ output after proofs
+    def welcome(self, peers: dict[str, list[str]], link: dict[str, Any]) -> None:
+        """Acceptor, after :class:`Proven`: queue WELCOME (our peer table, our link view)."""
+        self._expect_phase(Phase.PROVEN, "welcome")
+        self._to(Phase.WAIT_RESUME)
+        self._out.append(State(WELCOME, peers, link).encode())
+
+    def resume(self, peers: dict[str, list[str]], link: dict[str, Any]) -> None:
+        """Dialer, after :class:`Welcomed`: queue RESUME; the handshake is then complete."""
+        self._expect_phase(Phase.WELCOMED, "resume")
+        self._to(Phase.DONE)
+        self._out.append(State(RESUME, peers, link).encode())
