@@ -20,6 +20,11 @@ acceptor's stream ids in its HELLO, before the dialer's proof); it keeps protoco
 order (the dialer applies the acceptor's link view, then tells its own), which is what keeps
 crossing dials from resetting each other's fresh streams.
 
+The sequencing lives in one place, :class:`Handshake` (below): dial and accept
+(:mod:`aionet.core.connect`) and membership probes (:mod:`aionet.membership.probe`) feed it
+the frames that arrive and write the frames it queues; it checks order, proofs, identities
+and a deadline on fed time, and is tested as a pair (``tests/unit/codecs/test_handshake_pair.py``).
+
 ``Hello.peers`` and ``Hello.link`` stay in the HELLO layout (reserved; protocol 2 requires
 them empty) so that older call sites building a HELLO positionally keep working.
 """

@@ -405,6 +405,17 @@ class Connector:
             handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, {}, nonce, mac, {}
         )
 
+    def handshake(self, role: handshake.Role, timeout: float, **kw: Any) -> handshake.Handshake:
+        """A handshake state machine speaking for this node (dial, accept, probe)."""
+        hello = self._hello(b"", b"")
+        me = handshake.Me(hello.name, hello.node_id, hello.addresses, hello.features)
+        return handshake.Handshake(role, me, self._token, now=time.monotonic(), timeout=timeout, **kw)
+
+    @staticmethod
+    async def _flush(conn: Connection, hs: handshake.Handshake) -> None:
+        for frame in hs.data_to_send():
+            await conn.send([frame])
+
     async def dial(self, url: str, expect: str | None = None) -> PeerConn:
         transport = self.transport(url)
         try:
@@ -416,42 +427,34 @@ class Connector:
             raise better from exc
         timeout = self.config.link.handshake_timeout
         replied = False
+        hs = self.handshake(handshake.Role.DIALER, timeout, expect=expect)
         try:
             async with asyncio.timeout(timeout):
-                nonce_d = handshake.new_nonce()
-                await conn.send([self._hello(nonce_d, b"").encode()])
-                hello = handshake.parse(await conn.recv())
-                replied = True
-                if hello.node_id == self.node_id:
-                    raise _DialedSelf(f"{url} is this node itself")
-                if expect is not None and hello.name != expect:
-                    raise HandshakeError(f"{url} is node {hello.name!r}, expected {expect!r}")
-                if hello.name == self.name:
-                    raise HandshakeError(f"{url} is node {self.name!r} too; node names must be unique")
-                if hello.features.get("auth") and not self._token:
-                    raise HandshakeError(
-                        f"{url}: peer {hello.name!r} requires a cluster token and none is configured "
-                        "(set security.token or security.token_file)"
-                    )
-                expected = handshake.mac(self._token, b"A", nonce_d, hello.nonce, hello.name, self.name)
-                if self._token and not handshake.verify(expected, hello.mac):
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.send([handshake.reject("authentication failed")]), 1.0)
-                    raise HandshakeError(f"{url}: peer {hello.name!r} failed to prove the cluster token")
-                mac_d = handshake.mac(self._token, b"D", hello.nonce, nonce_d, self.name, hello.name)
-                await conn.send([handshake.Confirm(mac_d).encode()])
-                welcome = handshake.parse_state(await conn.recv(), handshake.WELCOME)
+                try:
+                    await self._flush(conn, hs)
+                    ev = hs.receive(await conn.recv())
+                    replied = True
+                    if isinstance(ev, handshake.DialedSelf):
+                        raise _DialedSelf(f"{url} is this node itself")
+                    hello = ev.hello
+                    await self._flush(conn, hs)  # CONFIRM: our proof of the token
+                    welcome = hs.receive(await conn.recv())
+                    assert isinstance(welcome, handshake.Welcomed)
+                except HandshakeError as exc:
+                    with contextlib.suppress(Exception):  # a REJECT the machine queued, if any
+                        await asyncio.wait_for(self._flush(conn, hs), 1.0)
+                    if isinstance(exc, (_DialedSelf, handshake.Rejected)):
+                        raise
+                    raise type(exc)(f"{url}: {exc}") from None
                 # a crossing dial from the peer may already have been promised a stream id in our
                 # WELCOME: use it, or both sides reset each other's fresh stream (lost messages)
                 pending = self._peers.peer(hello.name)
                 link = self._live_link(hello.name, pending.pending_tx)
                 if pending.link is link:
                     pending.pending_tx = ""
-                notes = link.apply_resume(welcome.link, hello.node_id)
-                resume = handshake.State(
-                    handshake.RESUME, self._peers.proven_table(handshake.MAX_PEERS), link.resume_info()
-                )
-                await conn.send([resume.encode()])
+                notes = link.apply_resume(welcome.state.link, hello.node_id)
+                hs.resume(self._peers.proven_table(handshake.MAX_PEERS), link.resume_info())
+                await self._flush(conn, hs)
         except BaseException as exc:
             await close_conn(conn)
             if isinstance(exc, TimeoutError):
@@ -483,7 +486,7 @@ class Connector:
             raise
         for note in notes:
             self.log.info("link resumed", peer=hello.name, note=note)
-        return await self._register(conn, hello, link, outgoing=True, peers=welcome.peers)
+        return await self._register(conn, hello, link, outgoing=True, peers=welcome.state.peers)
 
     async def on_accept(self, conn: Connection) -> None:
         """Run the acceptor's side of a handshake in a bounded slot.
@@ -553,23 +556,17 @@ class Connector:
             frames = await conn.recv()
         except ConnectionClosed as exc:
             raise _ClosedBeforeHello(str(exc)) from exc
-        hello = handshake.parse(frames)
-        if hello.node_id == self.node_id:  # we dialed ourselves (a seed list naming this node)
-            await conn.send([self._hello(handshake.new_nonce(), b"").encode()])  # so the dialer sees it
-            return None
-        if hello.name == self.name:
-            raise HandshakeError(f"peer uses this node's own name {self.name!r}; names must be unique")
-        if self._token is None and not is_local_address(conn.peer_address):
-            raise HandshakeError("this node has no cluster token and accepts local peers only")
-        nonce_a = handshake.new_nonce()
-        mac_a = handshake.mac(self._token, b"A", hello.nonce, nonce_a, self.name, hello.name)
-        await conn.send([self._hello(nonce_a, mac_a).encode()])
-        if hello.features.get("probe"):  # membership liveness probe: answered; no link
-            return None
-        confirm = handshake.parse_confirm(await conn.recv())
-        expected = handshake.mac(self._token, b"D", nonce_a, hello.nonce, hello.name, self.name)
-        if self._token and not handshake.verify(expected, confirm.mac):
-            raise HandshakeError(f"peer {hello.name!r} failed to prove the cluster token (wrong token?)")
+        hs = self.handshake(
+            handshake.Role.ACCEPTOR,
+            self.config.link.handshake_timeout,
+            local_peer=self._token is not None or is_local_address(conn.peer_address),
+        )
+        ev = hs.receive(frames)
+        await self._flush(conn, hs)  # our HELLO (or, to a node that dialed itself, our identity)
+        if isinstance(ev, (handshake.DialedSelf, handshake.Probed)):
+            return None  # a seed list naming this node, or a membership probe: answered, no link
+        proven = hs.receive(await conn.recv())  # the dialer's CONFIRM: its proof of the token
+        hello = proven.hello
         # proven: from here on the dialer is a peer
         created = hello.name not in self._peers.table
         p = self._peers.peer(hello.name)
@@ -583,10 +580,9 @@ class Connector:
             p.pending_tx = p.pending_tx or keep or uuid.uuid4().hex[:16]
             info = {"tx": p.pending_tx, "rx": old.rx_id if old else "", "recv": old.state.recv_seq if old else 0}
         try:
-            await conn.send(
-                [handshake.State(handshake.WELCOME, self._peers.proven_table(handshake.MAX_PEERS), info).encode()]
-            )
-            resume = handshake.parse_state(await conn.recv(), handshake.RESUME)
+            hs.welcome(self._peers.proven_table(handshake.MAX_PEERS), info)
+            await self._flush(conn, hs)
+            resume = hs.receive(await conn.recv()).state
         except BaseException:
             if created and p.link is None and p.dialing is None and self._peers.get(hello.name) is p:
                 del self._peers.table[hello.name]  # it never completed: leave nothing behind

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..codecs import handshake
 from ..core.ports import Messaging, PeerConnectivity
-from ..errors import AionetError, TransportError
+from ..errors import AionetError, HandshakeError, TransportError
 from ..transports.base import Address
 from .detector import LagClock
 from .events import MembershipStats
@@ -349,31 +349,21 @@ class Prober:
                 conn = connecting.result()
             except (AionetError, OSError) as exc:
                 return ("refused" if _refused(exc, url) else "error", "", "")
-            nonce = handshake.new_nonce()
-            hello = handshake.Hello(
-                handshake.PROTOCOL_VERSION,
-                node.name,
-                node.node_id,
-                self._my_addresses(),
-                {"probe": True},
-                {},
-                nonce,
-                b"",
-                {},
+            me = handshake.Me(node.name, node.node_id, self._my_addresses(), {})
+            hs = handshake.Handshake(
+                handshake.Role.PROBE, me, self.peers.token, now=self.clock(), timeout=max(deadline - self.clock(), 0.0)
             )
-            await conn.send([hello.encode()])
+            for frame in hs.data_to_send():
+                await conn.send([frame])
             receiving = asyncio.ensure_future(conn.recv())
             if not await self.wait_until(receiving, deadline):
                 return ("hung", "", "")
-            reply = handshake.parse(receiving.result())
-            token = self.peers.token
-            # the acceptor signs (its nonce order, acceptor name, dialer name): see core.connect
-            if token and not handshake.verify(
-                handshake.mac(token, b"A", nonce, reply.nonce, reply.name, node.name), reply.mac
-            ):
-                self.log.warning("probe answer does not prove the cluster token", url=url, answerer=reply.name)
+            try:
+                ev = hs.receive(receiving.result())
+            except HandshakeError as exc:
+                self.log.warning("probe answer refused", url=url, error=str(exc))
                 return ("error", "", "")
-            return ("answered", reply.name, reply.node_id)
+            return ("answered", ev.hello.name, ev.hello.node_id)
         except (AionetError, OSError):
             return ("error", "", "")
         finally:
