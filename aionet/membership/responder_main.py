@@ -21,9 +21,11 @@ reads the bound port from this process's stdout.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import mmap
+import os
 import select
 import socket
 import struct
@@ -54,6 +56,8 @@ def serve(pid: int, host: str, tick_path: str, token: bytes) -> None:
     sys.stdout.flush()
     with open(tick_path, "r+b") as f:
         ticks = mmap.mmap(f.fileno(), 8)
+    with contextlib.suppress(OSError):  # both sides have it mapped: nothing is left behind,
+        os.unlink(tick_path)  # even when the node is SIGKILLed
     key = token or b"\0" * 16
     next_check = 0.0
     while True:

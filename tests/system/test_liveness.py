@@ -14,6 +14,7 @@ import pytest
 
 from aionet import Node
 from aionet.config import Config
+from aionet.membership.liveness import Responder
 from tests.conftest import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -144,3 +145,25 @@ async def test_a_loop_blocked_30_s_stays_a_member(spawn):
         assert t.members()["victim"]["state"] == "alive"
         assert t.members()["victim"]["incarnation"] == inc
         assert await _deaths_seen_by_p1(t) == 0
+
+
+def test_the_responder_leaves_no_tick_file_behind():
+    """The sidecar unlinks the shared tick file once both sides map it, so a SIGKILLed node
+    leaves nothing in /dev/shm."""
+
+    async def run():
+        r = Responder("127.0.0.1", "127.0.0.1", None)
+        path = r.tick.path
+        try:
+            await r.start()
+            assert r.port > 0
+            for _ in range(200):
+                if not os.path.exists(path):
+                    break
+                await asyncio.sleep(0.01)
+            assert not os.path.exists(path)
+            r.tick.stamp()  # the node's mapping still works
+        finally:
+            await r.stop()
+
+    asyncio.run(run())
