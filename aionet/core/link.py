@@ -34,7 +34,7 @@ from ..codecs.envelope import ACK
 from ..config import LimitsSection
 from ..errors import ConnectionClosed, FrameTooLarge, PeerUnavailable, ProtocolError, SerializationError, TooManyFrames
 from ..transports.base import Connection
-from .link_state import LinkState
+from .link_state import LinkState, plan_resume
 
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
 _PLAIN = frozenset({int, float, bool, type(None)})
@@ -323,28 +323,28 @@ class Link:
         return {"tx": self.tx_id, "rx": self.rx_id, "recv": self.state.recv_seq, "acked": self.state.acked}
 
     def apply_resume(self, info: dict[str, Any] | None, peer_node_id: str) -> list[str]:
-        """Reconcile with the peer's view from its handshake; returns notes for the log."""
-        notes: list[str] = []
-        info = info if isinstance(info, dict) else {}
-        if self.peer_node_id and peer_node_id != self.peer_node_id:
-            notes.append("peer restarted (new incarnation): messages to the old one are lost")
-            self._reset_tx(PeerUnavailable(f"{self.peer}: peer restarted; in-flight messages to it are lost"))
+        """Reconcile with the peer's view from its handshake (rules: :func:`plan_resume`);
+        returns notes for the log."""
+        st = self.state
+        plan = plan_resume(
+            info,
+            peer_node_id,
+            known_node_id=self.peer_node_id,
+            tx_id=self.tx_id,
+            rx_id=self.rx_id,
+            acked=st.acked,
+            next_seq=st.next_seq,
+        )
+        if plan.restart_tx:
+            self._reset_tx(PeerUnavailable(f"{self.peer}: {plan.restart_tx}"))
+        if plan.reset_rx:
             self._reset_rx()
-        self.peer_node_id = peer_node_id
-        their_tx = info.get("tx")
-        if isinstance(their_tx, str) and their_tx != self.rx_id:
-            if self.rx_id:
-                notes.append("peer started a new stream")
-            self._reset_rx()
-            self.rx_id = their_tx
-        if info.get("rx") == self.tx_id:
-            recv = info.get("recv")
-            if isinstance(recv, int) and self.state.acked < recv < self.state.next_seq:
-                self.on_ack(recv)
-        elif self.state.next_seq > 1:
-            notes.append("peer lost our stream: restarting it")
-            self._reset_tx(PeerUnavailable(f"{self.peer}: link reset by peer; in-flight messages are lost"))
-        return notes
+        if plan.rx_id is not None:
+            self.rx_id = plan.rx_id
+        self.peer_node_id = plan.peer_node_id
+        if plan.ack is not None:
+            self.on_ack(plan.ack)
+        return list(plan.notes)
 
     def inherit_rx(self, old: Link) -> None:
         """Continue receiving the peer's stream where a failed link to it stopped.

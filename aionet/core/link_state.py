@@ -12,6 +12,7 @@ protocol violation.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProtocolError
@@ -103,3 +104,54 @@ class LinkState:
         """Call when sending a standalone ACK; returns the value to send."""
         self.ack_owed = 0
         return self.recv_seq
+
+
+# ------------------------------------------------------------------ resume rules (sans-I/O)
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a link does with the peer's resume info from a handshake (decided here, done by
+    :meth:`aionet.core.link.Link.apply_resume`)."""
+
+    restart_tx: str = ""  # non-empty: our stream restarts (what was in flight is given up): why
+    reset_rx: bool = False  # the peer's stream toward us starts over
+    rx_id: str | None = None  # the peer's stream id to follow from now on
+    ack: int | None = None  # the peer received our stream up to here: trim the replay buffer
+    peer_node_id: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def plan_resume(
+    info: Any, peer_node_id: str, *, known_node_id: str, tx_id: str, rx_id: str, acked: int, next_seq: int
+) -> ResumePlan:
+    """The resume rules. ``info`` is the peer's view (``{"tx", "rx", "recv"}``, anything else
+    is treated as empty); the rest is ours. In order:
+
+    - a different node id than the one we knew: the peer restarted; both streams start over;
+    - a ``tx`` we do not follow yet: the peer started a new stream toward us;
+    - its ``rx`` is our stream: it received up to ``recv`` (trim; bogus values are ignored);
+      otherwise, if we had sent anything, it lost our stream: ours starts over.
+    """
+    info = info if isinstance(info, dict) else {}
+    notes: list[str] = []
+    restart_tx = ""
+    reset_rx = False
+    if known_node_id and peer_node_id != known_node_id:
+        notes.append("peer restarted (new incarnation): messages to the old one are lost")
+        restart_tx, reset_rx = "peer restarted; in-flight messages to it are lost", True
+        next_seq = 1  # our stream restarts below: nothing of the old one to trim or keep
+    their_tx = info.get("tx")
+    new_rx = None
+    if isinstance(their_tx, str) and their_tx != rx_id:
+        if rx_id:
+            notes.append("peer started a new stream")
+        reset_rx, new_rx = True, their_tx
+    ack = None
+    if not restart_tx:
+        if info.get("rx") == tx_id:
+            recv = info.get("recv")
+            if isinstance(recv, int) and not isinstance(recv, bool) and acked < recv < next_seq:
+                ack = recv
+        elif next_seq > 1:
+            notes.append("peer lost our stream: restarting it")
+            restart_tx = "link reset by peer; in-flight messages are lost"
+    return ResumePlan(restart_tx, reset_rx, new_rx, ack, peer_node_id, tuple(notes))
