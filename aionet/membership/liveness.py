@@ -181,7 +181,7 @@ class Pinger:
         fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[nonce] = fut
         try:
-            transport.sendto(wire.PING + nonce, addr)
+            transport.sendto((wire.PING + nonce).ljust(wire.PING_SIZE, b"\0"), addr)
             self.sent += 1
             return await asyncio.wait_for(fut, timeout)
         except (TimeoutError, OSError):

@@ -7,9 +7,10 @@ library (started with ``python -I -S``), owns one UDP socket, and answers a ping
 the node's loop has not ticked. It stays silent while the node is stopped (SIGSTOP, a paused
 VM) and exits when the node is gone, so silence still means "frozen or dead".
 
-Protocol (one datagram each way; both at most 64 bytes)::
+Protocol (one datagram each way, both 32 bytes: a ping is padded to the size of its reply,
+so a forged source address cannot turn the responder into an amplifier)::
 
-    ping  = b"AIOP" + nonce(8)
+    ping  = b"AIOP" + nonce(8) + zeros(20)
     reply = b"AIOR" + nonce(8) + stall_ms(uint32, big-endian) + mac(16)
 
 ``mac`` is HMAC-SHA256 over the reply's first 16 bytes, keyed with the cluster token (zeros
@@ -35,6 +36,7 @@ import time
 PING = b"AIOP"
 REPLY = b"AIOR"
 PARENT_CHECK = 0.2  # s between checks that the node still exists
+PING_SIZE = 32  # = the reply's size: answering never amplifies
 NOT_RUNNING = 0xFFFFFFFF  # stall_ms meaning "the node is stopped or gone"
 
 
@@ -74,7 +76,7 @@ def serve(pid: int, host: str, tick_path: str, token: bytes) -> None:
             data, addr = sock.recvfrom(64)
         except OSError:
             continue
-        if len(data) != 12 or data[:4] != PING:
+        if len(data) != PING_SIZE or data[:4] != PING:
             continue
         if state in ("", "Z", "X", "T", "t"):
             stall_ms = NOT_RUNNING  # stopped or gone: say so now rather than let the pinger wait

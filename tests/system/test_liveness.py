@@ -167,3 +167,28 @@ def test_the_responder_leaves_no_tick_file_behind():
             await r.stop()
 
     asyncio.run(run())
+
+
+def test_the_responder_answers_only_full_size_pings():
+    """A short datagram (what a reflection attack would send) gets no answer; a padded one does."""
+    import socket
+
+    from aionet.membership import responder_main
+
+    async def run():
+        r = Responder("127.0.0.1", "127.0.0.1", None)
+        await r.start()
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.settimeout(0.5)
+                s.sendto(responder_main.PING + b"n" * 8, ("127.0.0.1", r.port))
+                with pytest.raises(TimeoutError):
+                    s.recvfrom(64)
+                s.settimeout(5)
+                s.sendto((responder_main.PING + b"n" * 8).ljust(responder_main.PING_SIZE, b"\0"), ("127.0.0.1", r.port))
+                data, _ = s.recvfrom(64)
+                assert len(data) == responder_main.PING_SIZE and data[4:12] == b"n" * 8
+        finally:
+            await r.stop()
+
+    asyncio.run(run())

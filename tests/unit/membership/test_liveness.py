@@ -74,3 +74,7 @@ def test_the_responder_reads_its_nodes_state_from_proc():
     assert responder_main.parent_state(os.getpid()) in ("R", "S")
     assert responder_main.parent_state(2**22 + 12345) == ""  # no such process
     assert liveness.available()
+
+
+def test_a_ping_is_as_large_as_its_reply_so_the_responder_never_amplifies():
+    assert len(_reply(b"n" * 8, 0, b"k")) == responder_main.PING_SIZE
