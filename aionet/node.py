@@ -23,11 +23,13 @@ from .core.peers import Peer, PeerDirectory
 from .core.router import Router
 from .devices import Devices
 from .errors import AionetError
+from .instrument import Instrument, Instruments
 from .log import apply_level as apply_log_level
 from .log import get_logger
 from .membership import MemberEvent, MemberEventStream, Membership
 from .scheduler import Scheduler, TaskRef  # tasks (issue 6)
 from .security import is_local_address, load_token
+from .stats import NodeStats
 from .transports.base import Address, Listener
 from .transports.registry import TransportRegistry
 
@@ -48,6 +50,7 @@ class Node:
         config: Config | None = None,
         transports: dict[str, Any] | None = None,
         device_backend: Any = None,
+        instruments: Sequence[Instrument] = (),
     ):
         cfg = config if config is not None else Config.from_dict({})
         if name is not None:
@@ -66,6 +69,7 @@ class Node:
         self.node_id = uuid.uuid4().hex
         apply_log_level(cfg.log.level)  # [log] level, when set: the "aionet" stdlib logger's level
         self.log = get_logger("aionet.node", node=self.name)
+        self.instruments = Instruments(instruments, self.log)  # hooks for metrics and tracing
         self.serializer = Serializer.from_config(cfg)
         # what compute this node has: the node's one Devices, handed to everything that asks
         # (device transfers, membership's load reports, the scheduler's resources, aionet.info)
@@ -80,17 +84,10 @@ class Node:
             spawn=self._spawn,
             backend=device_backend,
             devices=self.devices,
+            instruments=self.instruments,
         )
         self.transports = TransportRegistry(transports)
-        self.router = Router(
-            self.name,
-            cfg.link.mailbox_size,
-            self.log,
-            cfg.link.mailbox_bytes,
-            cfg.link.max_concurrent_requests,
-            peer_mailbox_bytes=cfg.link.peer_mailbox_bytes,
-            peer_mailbox_size=cfg.link.peer_mailbox_size,
-        )
+        self.router = Router(self.name, cfg.link, self.log, self.instruments)
         self._token = load_token(cfg.security)
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -99,7 +96,7 @@ class Node:
         self._closing = False
         self._control_handlers: dict[int, Callable[[str, list[Any]], None]] = {}
         # the core, each part given the collaborators it needs (never the Node)
-        self._directory = PeerDirectory(self.name, self.log, cfg.heartbeat.forget_after, self._spawn)
+        self._directory = PeerDirectory(self.name, self.log, cfg.heartbeat.forget_after, self._spawn, self.instruments)
         self._peers: dict[str, Peer] = self._directory.table
         self._dispatcher = Dispatcher(
             serializer=self.serializer,
@@ -128,7 +125,6 @@ class Node:
             running=lambda: self._running,
             addresses=lambda: self.addresses,
         )
-        self._handshaking = self._connector.handshaking
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, self._info_service)
         # membership (issue 5): gossip, heartbeats, failure detection, load reports
@@ -141,6 +137,7 @@ class Node:
             dumps=self.serializer.dumps,
             devices=self.devices,
             token=self._token,
+            instruments=self.instruments,
         )
         # tasks (issue 6): this node's ownership table and executor
         self.scheduler = Scheduler(
@@ -151,6 +148,7 @@ class Node:
             dumps=self.serializer.dumps,
             load_fields=self.membership.load,
             devices=self.devices,
+            instruments=self.instruments,
         )
         self._directory.member_state = self.membership.state_of
 
@@ -178,7 +176,7 @@ class Node:
             self.log.warning("no cluster token configured: accepting connections from this host only")
         try:
             for url in self.config.node.listen:
-                transport = self._transport(url)
+                transport = self._connector.transport(url)
                 listener = await transport.listen(url, self._connector.on_accept)
                 self._listeners.append(listener)
                 self.log.info("listening", address=listener.address)
@@ -256,25 +254,30 @@ class Node:
         """``async for ev in node.member_events(): ...`` (subscribed from this call on)."""
         return self.membership.events(maxsize)
 
+    def stats(self) -> NodeStats:
+        """A typed snapshot of this node: peers, links, router, device transfers, membership,
+        scheduler (:mod:`aionet.stats`); ``devices`` as of the last load report."""
+        return NodeStats(
+            name=self.name,
+            node_id=self.node_id,
+            pid=os.getpid(),
+            version=__version__,
+            protocol=handshake.PROTOCOL_VERSION,
+            listen=tuple(self.addresses),
+            advertise=self.config.node.advertise or None,
+            transports=tuple(sorted({Address.parse(a).scheme for a in self.addresses})),
+            uptime=time.time() - self._started_at if self._started_at else 0.0,
+            peers=self._directory.stats(),
+            router=self.router.stats(),
+            device=self._device.stats(),
+            membership=self.membership.stats(),
+            scheduler=self.scheduler.stats(),
+            devices=self.membership.load.last.devices(),
+        )
+
     def info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "node_id": self.node_id,
-            "pid": os.getpid(),
-            "version": __version__,
-            "protocol": handshake.PROTOCOL_VERSION,
-            "listen": self.addresses,
-            "advertise": self.config.node.advertise or None,
-            "transports": sorted({Address.parse(a).scheme for a in self.addresses}),
-            "uptime": time.time() - self._started_at if self._started_at else 0.0,
-            "peers": self._directory.info(),
-            "services": sorted(self.router.services),
-            "mailboxes": {ch: mb.qsize() for ch, mb in self.router.mailboxes.items()},
-            "mailbox_bytes": {ch: mb.nbytes for ch, mb in self.router.mailboxes.items()},
-            "device": self._device.info(),
-            # CPU, memory and GPUs as of the last load report (aionet.info reads them fresh)
-            "devices": self.membership.load.last.devices(),
-        }
+        """:meth:`stats` as plain data (what ``aionet info`` prints)."""
+        return self.stats().as_dict()
 
     async def _info_service(self, _arg: Any) -> dict[str, Any]:
         """The built-in ``aionet.info``: :meth:`info` with a fresh device probe (off the loop:
@@ -391,7 +394,7 @@ class Node:
         if link is None or link.dead is not None:
             link = await self._connector.link_to(peer)
         router = self.router
-        rid, fut = router.new_request(peer)
+        rid, fut = router.new_request(peer, service)
         try:
             staged = False
             try:
@@ -434,13 +437,6 @@ class Node:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
         return t
-
-    # kept for tests and tools that inspect a node (services use aionet/core/ports.py)
-    def _transport(self, url: str) -> Any:
-        return self._connector.transport(url)
-
-    def _peer(self, name: str) -> Peer:
-        return self._directory.peer(name)
 
 
 def _echo(x: Any) -> Any:

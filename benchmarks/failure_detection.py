@@ -119,7 +119,7 @@ def child_main(args: argparse.Namespace) -> None:
             await stop.wait()
             for t in tasks:
                 t.cancel()
-            emit("RESULT", {"sent_mib": sent, "received_mib": received, "stats": node.membership.stats_dict()})
+            emit("RESULT", {"sent_mib": sent, "received_mib": received, "stats": node.membership.stats().as_dict()})
 
     from aionet.runner import run as run_loop
 
@@ -434,12 +434,12 @@ async def _traffic(args: argparse.Namespace) -> list[dict[str, Any]]:
             await asyncio.sleep(args.warmup)
             for x in nodes:
                 x.membership.count_bytes = True
-            b0 = [(x.membership.stats.sent_bytes, x.membership.stats.sent_msgs) for x in nodes]
+            b0 = [(x.membership.stats().sent_bytes, x.membership.stats().sent_msgs) for x in nodes]
             t0 = time.monotonic()
             await asyncio.sleep(args.traffic_seconds)
             dt = time.monotonic() - t0
-            bps = [(x.membership.stats.sent_bytes - b[0]) / dt for x, b in zip(nodes, b0, strict=True)]
-            mps = [(x.membership.stats.sent_msgs - b[1]) / dt for x, b in zip(nodes, b0, strict=True)]
+            bps = [(x.membership.stats().sent_bytes - b[0]) / dt for x, b in zip(nodes, b0, strict=True)]
+            mps = [(x.membership.stats().sent_msgs - b[1]) / dt for x, b in zip(nodes, b0, strict=True)]
             interval = nodes[0].config.heartbeat.interval
             per_msg = sum(bps) / max(sum(mps), 1e-9)
             out.append(

@@ -49,7 +49,7 @@ async def receiver(seconds: float) -> dict:
                 if got:
                     break
     finally:
-        stalls = node.membership.stats.max_phi
+        stalls = node.membership.stats().max_phi
         await node.stop()
     return {"role": "recv", "received": got, "events": dict(kinds), "max_phi": round(stalls, 1)}
 
@@ -70,7 +70,7 @@ async def sender(name: str, join: str, seconds: float) -> dict:
                 failed += 1
     took = time.monotonic() - t0
     await asyncio.sleep(2.0)  # late verdicts, if any, still count
-    max_phi = node.membership.stats.max_phi
+    max_phi = node.membership.stats().max_phi
     await node.stop()
     return {
         "role": name,

@@ -80,7 +80,7 @@ async def ping(node: aionet.Node, peer: str, arr: Any, host: Any, rounds: int) -
             f"({2 * nbytes / dt / 2**30:.2f} GiB/s), arrived as {type(back).__module__}.{type(back).__name__}, "
             f"equal={ok}"
         )
-    print("staging on the ping node:", {k: v for k, v in node.info()["device"].items() if k != "pool"})
+    print("staging on the ping node:", node.stats().device)
 
 
 async def main() -> None:

@@ -109,7 +109,7 @@ async def main() -> None:
             slow = node.submit("tasks:count_to", 50, priority=0, retries=2)
             urgent = node.submit("tasks:square", 12, priority=10)
             print("urgent =", await urgent, "| count_to =", await slow)
-            print("owner stats:", node.scheduler.stats()["owner"])
+            print("owner stats:", node.scheduler.stats().owner)
 
             # 7. a node runs only modules it allows (scheduler.allow_modules), never the stdlib
             try:

@@ -63,7 +63,7 @@ def setup(node: Any) -> None:
         while True:
             with contextlib.suppress(Exception):  # not started yet
                 status["members"] = {n: m["state"] for n, m in node.members().items()}
-                stats = node.membership.stats
+                stats = node.membership.stats()
                 status["deaths_declared"] = stats.deaths_declared
                 status["suspicions"] = stats.suspicions
                 status["probes_sent"] = stats.probes_sent

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,8 @@ from ..errors import (
     ProtocolError,
     SerializationError,
 )
+from ..instrument import Instruments
+from ..stats import DeviceTransferStats
 
 __all__ = ["DeviceTransfers", "StagingRequired", "TransferFailed", "TransferPending"]
 
@@ -110,6 +113,7 @@ class _Transfer:
         "received",
         "rx",
         "rx_id",
+        "started",
         "xid",
     )
 
@@ -120,6 +124,7 @@ class _Transfer:
         self.nbytes = int(meta["nbytes"])
         self.chunk = int(meta["chunk"])
         self.nchunks = int(meta["nchunks"])
+        self.started = time.perf_counter()
         self.received = 0  # chunks accepted from the network
         self.rx: Receiver | None = None
         self.error: BaseException | None = None
@@ -160,8 +165,10 @@ class DeviceTransfers:
         spawn: Callable[[Any, str], asyncio.Task[Any]],
         backend: Any = None,
         devices: Devices | None = None,
+        instruments: Instruments | None = None,
     ) -> None:
         self._cfg = buffers
+        self.instruments = instruments if instruments is not None else Instruments()
         self._devices = devices  # the node's: whether CUDA works (pinned pool, CuPy backend)
         self._limits = limits
         self._ser = serializer
@@ -177,7 +184,7 @@ class DeviceTransfers:
         self._by_id: dict[int, _Transfer] = {}
         # used or dropped transfer ids -> None (handed to a message) or why it was dropped
         self._tombstones: OrderedDict[int, BaseException | None] = OrderedDict()
-        self.stats = {
+        self.counts = {  # plain ints on the hot path; stats() copies them out
             "sent_inline": 0,
             "sent_staged": 0,
             "sent_device_frames": 0,
@@ -227,14 +234,15 @@ class DeviceTransfers:
         if self._pool is not None:
             self._pool.close()
 
-    def info(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.stats)
-        out["incomplete_transfers"] = sum(len(p.transfers) for p in self._rx.values())
-        out["incomplete_bytes"] = sum(p.pending_bytes for p in self._rx.values())
-        if self._stager is not None and self._pool is not None:
-            out["backend"] = self._stager.backend.name
-            out["pool"] = self._pool.stats()
-        return out
+    def stats(self) -> DeviceTransferStats:
+        staging = self._stager is not None and self._pool is not None
+        return DeviceTransferStats(
+            **self.counts,
+            incomplete_transfers=sum(len(p.transfers) for p in self._rx.values()),
+            incomplete_bytes=sum(p.pending_bytes for p in self._rx.values()),
+            backend=self._stager.backend.name if staging else None,  # type: ignore[union-attr]
+            pool=self._pool.stats() if staging else None,  # type: ignore[union-attr]
+        )
 
     # ------------------------------------------------------------------ serializer hook
     def encode(self, obj: Any) -> tuple[int, Any, Any] | None:
@@ -267,7 +275,7 @@ class DeviceTransfers:
             if self._lenient:
                 return None
             raise TransferFailed(exc) from None
-        self.stats["received_inline"] += 1
+        self.counts["received_inline"] += 1
         return arr
 
     # ------------------------------------------------------------------ sending
@@ -288,16 +296,19 @@ class DeviceTransfers:
             for key, obj in plan.found.items():
                 if direct:
                     plan.decided[key] = (DEVICE_FRAMES, 0)
-                    self.stats["sent_device_frames"] += 1
+                    self.counts["sent_device_frames"] += 1
                     continue
                 meta = stager.header(obj)
                 if meta["nbytes"] < stager.chunk_bytes:
-                    self.stats["sent_inline"] += 1
+                    self.counts["sent_inline"] += 1
                     continue  # inline: encoded by the hook while the message is serialized
+                t0 = time.perf_counter()
                 xid = await self._stream(link, obj, meta)
+                if (hook := self.instruments.transfer_finished) is not None:
+                    hook(link.peer, "send", int(meta["nbytes"]), time.perf_counter() - t0, "staged")
                 streamed.append(xid)
                 plan.decided[key] = (DEVICE_STAGED, xid)
-                self.stats["sent_staged"] += 1
+                self.counts["sent_staged"] += 1
             token = self._plan.set(plan)
             try:
                 aw = link.post(kind, fields, wait_ack=wait_ack)
@@ -355,7 +366,7 @@ class DeviceTransfers:
                 aw = link.post(XFER, [xid, index, meta if index == 0 else None, frame], wait_ack=False)
                 del frame  # the link (and the transport) hold it now; its release frees the buffer
                 index += 1
-                self.stats["chunks_sent"] += 1
+                self.counts["chunks_sent"] += 1
                 if aw is not None:
                     await aw
         except BaseException:
@@ -504,7 +515,9 @@ class DeviceTransfers:
         if t.error is not None and not self._lenient:
             raise TransferFailed(t.error)
         self._forget(prx, t, None)
-        self.stats["received_staged"] += 1
+        self.counts["received_staged"] += 1
+        if (hook := self.instruments.transfer_finished) is not None:
+            hook(t.peer, "recv", t.nbytes, time.perf_counter() - t.started, "staged")
         return t.array
 
     def _forget(self, prx: _PeerRx, t: _Transfer, why: BaseException | None) -> None:
@@ -522,7 +535,7 @@ class DeviceTransfers:
         if not t.done.done():
             t.done.set_result(None)
         self._forget(prx, t, why)
-        self.stats["dropped_transfers"] += 1
+        self.counts["dropped_transfers"] += 1
 
     def drop_peer(self, peer: str, why: BaseException) -> None:
         """The link to ``peer`` failed (or the node stops): free its half-received arrays."""
@@ -564,7 +577,7 @@ class DeviceTransfers:
         if type(env[2]) is int and env[2] > link.state.acked:
             link.on_ack(env[2])
         err = exc.error
-        self.stats["undeliverable"] += 1
+        self.counts["undeliverable"] += 1
         if kind == SEND:
             self.log.error("device array from peer not delivered", peer=peer, channel=str(env[3])[:200], error=str(err))
         elif kind == REQ:

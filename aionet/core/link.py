@@ -33,6 +33,7 @@ import msgpack
 from ..codecs.envelope import ACK
 from ..config import LimitsSection
 from ..errors import ConnectionClosed, FrameTooLarge, PeerUnavailable, ProtocolError, SerializationError, TooManyFrames
+from ..stats import LinkStats
 from ..transports.base import Connection
 from .link_state import LinkState, plan_resume
 
@@ -539,18 +540,18 @@ class Link:
         self.tx_id = old.tx_id
         return n
 
-    def info(self) -> dict[str, Any]:
+    def stats(self) -> LinkStats:
         st = self.state
-        return {
-            "inflight_bytes": st.inflight_bytes,
-            "unacked_messages": len(st.unacked),
-            "next_seq": st.next_seq,
-            "acked": st.acked,
-            "recv_seq": st.recv_seq,
-            "connected": self.current is not None,
-            "dead": str(self.dead) if self.dead else None,
-            "undeliverable": self.undeliverable,
-        }
+        return LinkStats(
+            connected=self.current is not None,
+            dead=str(self.dead) if self.dead else None,
+            inflight_bytes=st.inflight_bytes,
+            unacked_messages=len(st.unacked),
+            next_seq=st.next_seq,
+            acked=st.acked,
+            recv_seq=st.recv_seq,
+            undeliverable=self.undeliverable,
+        )
 
 
 async def close_conn(conn: Connection) -> None:

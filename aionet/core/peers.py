@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any
 
 from ..codecs.envelope import BYE, PEERS
 from ..errors import PeerUnavailable, ProtocolError
+from ..instrument import Instruments
+from ..stats import PeerStats
 from ..transports.base import Connection
 from .link import Link, close_conn
 
@@ -60,8 +63,11 @@ class PeerDirectory:
     ``member_state`` (name -> "alive"/.../"left" or None) is set by the node once membership
     exists: members stay in the table while membership may revive them."""
 
-    def __init__(self, name: str, log: Any, forget_after: float, spawn: Spawn) -> None:
+    def __init__(
+        self, name: str, log: Any, forget_after: float, spawn: Spawn, instruments: Instruments | None = None
+    ) -> None:
         self.name = name
+        self.instruments = instruments if instruments is not None else Instruments()
         self.log = log
         self.forget_after = forget_after
         self._spawn = spawn
@@ -110,36 +116,28 @@ class PeerDirectory:
             return "dead"
         return "alive" if link.current is not None else "suspect"
 
-    def info(self) -> dict[str, Any]:
-        """Per peer: state, addresses, queued bytes, the link and its connections (node.info)."""
-        peers: dict[str, Any] = {}
+    def stats(self) -> dict[str, PeerStats]:
+        """Per peer: state, addresses, queued bytes, the link and its connections."""
+        peers: dict[str, PeerStats] = {}
         for n, p in self.table.items():
             link = p.link
-            conns = [
-                {
-                    "outgoing": c.outgoing,
-                    "local": c.conn.local_address,
-                    "remote": c.conn.peer_address,
-                    "compress": c.compress,
-                    **c.conn.extra_info(),
-                }
+            conns = tuple(
+                dataclasses.replace(c.conn.stats(), outgoing=c.outgoing, compress=bool(c.compress))
                 for c in (link.conns if link else [])
                 if not c.conn.closed
-            ]
-            peers[n] = {
-                "state": self.state(p),
-                "addresses": list(p.addresses),
-                # unacknowledged bytes (the back-pressure window) and bytes waiting in our
+            )
+            peers[n] = PeerStats(
+                state=self.state(p),
+                addresses=tuple(p.addresses),
+                # unacknowledged bytes (the back-pressure window), and bytes waiting in our
                 # transport buffers to be written / delivered, summed over connections
-                "inflight_bytes": link.state.inflight_bytes if link else 0,
-                "queued_send_bytes": sum(
-                    c.get("write_buffer_size", 0) + c.get("pending_write_bytes", 0) for c in conns
-                ),
-                "queued_recv_bytes": sum(c.get("queued_recv_bytes", 0) for c in conns),
-                "link": link.info() if link else None,
-                "undeliverable": p.undeliverable,
-                "connections": conns,
-            }
+                inflight_bytes=link.state.inflight_bytes if link else 0,
+                queued_send_bytes=sum(c.queued_send_bytes for c in conns),
+                queued_recv_bytes=sum(c.queued_recv_bytes for c in conns),
+                undeliverable=p.undeliverable,
+                link=link.stats() if link else None,
+                connections=conns,
+            )
         return peers
 
     def proven_table(self, limit: int) -> dict[str, list[str]]:
@@ -254,6 +252,8 @@ class PeerDirectory:
         self._listeners.append(fn)
 
     def emit(self, peer: str, event: str, **details: Any) -> None:
+        if (hook := self.instruments.link_event) is not None:
+            hook(peer, event, details)
         for fn in list(self._listeners):
             try:
                 fn(peer, event, details)

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..codecs.envelope import ERR, REP
+from ..config import LinkSection
 from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
+from ..instrument import Instruments
+from ..stats import RouterStats
 
 # envelope kinds and their layouts: codecs/envelope.py
 
@@ -159,17 +163,15 @@ class Mailbox:
 
 
 class Router:
-    def __init__(
-        self,
-        node_name: str,
-        mailbox_size: int,
-        log: Any,
-        mailbox_bytes: int = 1 << 62,
-        max_concurrent_requests: int = 1024,
-        peer_mailbox_bytes: int = 1 << 62,
-        peer_mailbox_size: int = 1 << 62,
-    ):
+    def __init__(self, node_name: str, cfg: LinkSection, log: Any, instruments: Instruments | None = None):
+        """``cfg``: the ``[link]`` section (mailbox and concurrency bounds)."""
         self.node_name = node_name
+        mailbox_size, mailbox_bytes = cfg.mailbox_size, cfg.mailbox_bytes
+        max_concurrent_requests = cfg.max_concurrent_requests
+        peer_mailbox_bytes, peer_mailbox_size = cfg.peer_mailbox_bytes, cfg.peer_mailbox_size
+        self.instruments = instruments if instruments is not None else Instruments()
+        # rid -> (peer, service, start, future) of requests timed for instruments
+        self._timing: dict[int, tuple[str, str, float, asyncio.Future[Any]]] = {}
         self.mailbox_size = mailbox_size
         self.mailbox_bytes = mailbox_bytes
         self.log = log
@@ -256,15 +258,43 @@ class Router:
                     f.set_result(None)
 
     # ------------------------------------------------------------------ requests
-    def new_request(self, peer: str) -> tuple[int, asyncio.Future[Any]]:
+    def new_request(self, peer: str, service: str = "") -> tuple[int, asyncio.Future[Any]]:
         self._next_id += 1
         rid = self._next_id
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[rid] = (fut, peer)
+        if self.instruments.request_finished is not None:
+            self._timing[rid] = (peer, service, time.perf_counter(), fut)
         return rid, fut
 
     def forget(self, rid: int) -> None:
+        """The caller is done with request ``rid`` (answered, failed or abandoned)."""
         self.pending.pop(rid, None)
+        if self._timing:
+            self._finished(rid)
+
+    def _finished(self, rid: int) -> None:
+        timed = self._timing.pop(rid, None)
+        hook = self.instruments.request_finished
+        if timed is None or hook is None:
+            return
+        peer, service, t0, fut = timed
+        if not fut.done() or fut.cancelled():
+            error: str | None = "cancelled"
+        else:
+            exc = fut.exception()
+            error = None if exc is None else getattr(exc, "remote_type", None) or type(exc).__name__
+        hook(peer, service, time.perf_counter() - t0, error)
+
+    def stats(self) -> RouterStats:
+        mbs = self.mailboxes
+        return RouterStats(
+            services=tuple(sorted(self.services)),
+            mailboxes={ch: mb.qsize() for ch, mb in mbs.items()},
+            mailbox_bytes={ch: mb.nbytes for ch, mb in mbs.items()},
+            pending_requests=len(self.pending),
+            running_handlers=sum(self.running.values()),
+        )
 
     def fail_peer(self, peer: str, exc: BaseException) -> None:
         """Fail every request waiting on ``peer`` (its link died or it left)."""
@@ -325,6 +355,8 @@ class Router:
             self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
             return None
         fn, is_async = entry
+        if self.instruments.request_handled is not None:
+            fn = self._timed(fn, is_async, str(service), peer)
         if is_async:
             running = self.running.get(peer, 0)
             if running >= self.max_concurrent_requests:
@@ -341,6 +373,39 @@ class Router:
             return None
         self._spawn_reply(reply(REP, [rid, result]))
         return None
+
+    def _timed(self, fn: Handler, is_async: bool, service: str, peer: str) -> Handler:
+        """``fn`` wrapped to report its duration and outcome to the ``request_handled`` hook."""
+
+        def report(t0: float, exc: BaseException | None) -> None:
+            if (hook := self.instruments.request_handled) is not None:
+                hook(peer, service, time.perf_counter() - t0, None if exc is None else _type_name(exc))
+
+        if is_async:
+
+            async def timed_async(arg: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    out = await fn(arg)
+                except BaseException as exc:
+                    report(t0, exc)
+                    raise
+                report(t0, None)
+                return out
+
+            return timed_async
+
+        def timed(arg: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                out = fn(arg)
+            except BaseException as exc:
+                report(t0, exc)
+                raise
+            report(t0, None)
+            return out
+
+        return timed
 
     def _spawn_reply(self, aw: Awaitable[None] | None) -> None:
         if aw is not None:  # not with the node's reply (it never blocks); kept for other callers

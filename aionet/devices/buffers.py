@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import DeviceUnavailable
 from ..log import get_logger
+from ..stats import BufferPoolStats
 from .discovery import Devices
 
 __all__ = [
@@ -209,17 +210,17 @@ class BufferPool:
         """Buffers currently on loan."""
         return self._in_use
 
-    def stats(self) -> dict[str, Any]:
-        return {
+    def stats(self) -> BufferPoolStats:
+        return BufferPoolStats(
             **self._stats,
-            "allocated_bytes": self._allocated,
-            "max_bytes": self.max_bytes,
-            "in_use": self._in_use,
-            "idle": sum(len(v) for v in self._free.values()),
-            "waiters": len(self._waiters),
-            "pinned": self.pinned,
-            "registered_with": len(self._registrars),
-        }
+            allocated_bytes=self._allocated,
+            max_bytes=self.max_bytes,
+            in_use=self._in_use,
+            idle=sum(len(v) for v in self._free.values()),
+            waiters=len(self._waiters),
+            pinned=self.pinned,
+            registered_with=len(self._registrars),
+        )
 
     def size_class(self, nbytes: int) -> int:
         """The class serving a request of ``nbytes`` (ValueError if none is large enough)."""

@@ -40,7 +40,7 @@ and the lag-aware clock, :mod:`.awareness` local health, :mod:`.wire` the messag
 
 from .awareness import recurring_stall, verify_timeout
 from .detector import LagClock, PhiAccrualDetector, phi_of
-from .events import MemberEvent, MemberEventStream, MembershipStats
+from .events import MemberEvent, MemberEventStream, MembershipCounters
 from .gossip import GossipQueue, gossip_budget
 from .load import GpuLoad, LoadReport, LoadSampler
 from .probe import MAX_PROBE_CONNECTIONS, MAX_SERVED_PROBES, PROBE_REUSE
@@ -90,7 +90,7 @@ __all__ = [
     "MemberEventStream",
     "MemberState",
     "Membership",
-    "MembershipStats",
+    "MembershipCounters",
     "PhiAccrualDetector",
     "Update",
     "gossip_budget",

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..instrument import Instruments
 from .load import LoadReport
 from .table import Member, Update
 
@@ -83,8 +84,8 @@ class MemberEventStream:
 
 
 @dataclass
-class MembershipStats:
-    """Counters of one node's membership (``stats_dict()`` adds the live gauges)."""
+class MembershipCounters:
+    """Counters of one node's membership (``Membership.stats()`` adds the live gauges)."""
 
     sent_msgs: int = 0
     sent_bytes: int = 0  # counted only when Membership.count_bytes is set (costs a serialization)
@@ -101,9 +102,12 @@ class Subscribers:
     spawned through ``spawn``) and streams. A subscriber's bug is logged, never raised into
     membership."""
 
-    def __init__(self, spawn: Callable[[Awaitable[Any], str], Any], log: Any) -> None:
+    def __init__(
+        self, spawn: Callable[[Awaitable[Any], str], Any], log: Any, instruments: Instruments | None = None
+    ) -> None:
         self._spawn = spawn
         self.log = log
+        self._instruments = instruments if instruments is not None else Instruments()
         self._callbacks: list[Callable[[MemberEvent], Any]] = []
         self._streams: set[MemberEventStream] = set()
 
@@ -125,6 +129,8 @@ class Subscribers:
     def emit(self, ev: MemberEvent) -> None:
         log = self.log.warning if ev.kind == "dead" else self.log.info
         log("member " + ev.kind, member=ev.name, previous=ev.previous, incarnation=ev.incarnation, reason=ev.reason)
+        if (hook := self._instruments.member_changed) is not None:
+            hook(ev.name, ev.kind, ev.previous, ev.reason)
         for fn in list(self._callbacks):
             try:
                 res = fn(ev)
@@ -179,4 +185,4 @@ def member_view(m: Member, now: float, unknown: LoadReport, stall: float | None 
     }
 
 
-__all__ = ["MemberEvent", "MemberEventStream", "MembershipStats", "Subscribers", "member_view", "self_view"]
+__all__ = ["MemberEvent", "MemberEventStream", "MembershipCounters", "Subscribers", "member_view", "self_view"]

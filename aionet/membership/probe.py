@@ -22,7 +22,7 @@ from ..core.ports import Messaging, PeerConnectivity
 from ..errors import AionetError, HandshakeError, TransportError
 from ..transports.base import Address
 from .detector import LagClock
-from .events import MembershipStats
+from .events import MembershipCounters
 from .table import ALIVE, DEAD, SUSPECT, Member
 from .wire import PROBE_REQ, PROBE_RSP
 
@@ -118,7 +118,7 @@ class Prober:
         spawn: Callable[[Awaitable[Any], str], asyncio.Task[Any]],
         addresses: Callable[[], list[str]],
         probe_timeout: float,
-        stats: MembershipStats,
+        counters: MembershipCounters,
         log: Any,
     ) -> None:
         self.node = node
@@ -129,7 +129,7 @@ class Prober:
         self._spawn = spawn
         self._my_addresses = addresses
         self.probe_timeout = probe_timeout
-        self.stats = stats
+        self.counters = counters
         self.log = log
         self._next_id = 0
         self._rounds: dict[int, _ProbeRound] = {}
@@ -158,7 +158,7 @@ class Prober:
         for via in self._pick_intermediaries(m.name, indirect):
             if self._send(via, [PROBE_REQ, pid, m.name, m.node_id, timeout * 0.8]):
                 rnd.asked.add(via)
-                self.stats.probes_sent += 1
+                self.counters.probes_sent += 1
         # intermediaries probe with 0.8 x the timeout and may answer late when busy: wait a
         # little past the deadline for a first confirmation rather than give up on them
         hard = deadline + timeout / 2

@@ -18,10 +18,12 @@ from ..config import validate_heartbeat
 from ..core.ports import Clock, ControlChannel, Messaging, PeerConnectivity, loop_time
 from ..devices import Devices
 from ..errors import AionetError, PeerUnavailable, ProtocolError
+from ..instrument import Instruments
 from ..log import get_logger
+from ..stats import MembershipStats
 from .awareness import STALL_WARNING, Awareness
 from .detector import LagClock, PhiAccrualDetector
-from .events import MemberEvent, MemberEventStream, MembershipStats, Subscribers, member_view, self_view
+from .events import MemberEvent, MemberEventStream, MembershipCounters, Subscribers, member_view, self_view
 from .gossip import GossipQueue, LoadRelay, gossip_budget, sync_reply
 from .liveness import Liveness
 from .load import LoadReport, LoadSampler
@@ -84,13 +86,14 @@ class Membership:
         load_sampler: LoadSampler | None = None,
         devices: Devices | None = None,
         token: bytes | None = None,
+        instruments: Instruments | None = None,
     ):
         """``cfg`` is the ``[heartbeat]`` section. ``join``: the node dialed configured seeds
         before :meth:`start` (their member tables are fetched then). ``clock``: monotonic
         seconds for every timer and record (default: the running loop's clock; tests pass an
         :class:`aionet.testing.FakeClock`). ``dumps`` serializes an envelope, only to count
         bytes when ``count_bytes`` is set. ``token``: the cluster token, which signs the
-        liveness responder's answers (:mod:`.liveness`)."""
+        liveness responder's answers (:mod:`.liveness`). ``instruments``: the node's hooks."""
         validate_heartbeat(cfg)
         self.messaging = messaging
         self.control = control
@@ -111,7 +114,7 @@ class Membership:
             stall_ms=self.awareness.sample_stall_ms,
             devices=devices,
         )
-        self.stats = MembershipStats()
+        self.counters = MembershipCounters()
         self.liveness = Liveness(
             enabled=cfg.liveness_responder, token=token, max_loop_stall=cfg.max_loop_stall, log=self.log
         )
@@ -124,7 +127,7 @@ class Membership:
         self._capped_logged = False
         self._next_id = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._subscribers = Subscribers(self._spawn, self.log)
+        self._subscribers = Subscribers(self._spawn, self.log, instruments)
         self._loads = LoadRelay()
         self._dials = DialPolicy(self.name, cfg.interval)
         self._next_revive = 0.0
@@ -140,7 +143,7 @@ class Membership:
             spawn=self._spawn,
             addresses=self._my_addresses,
             probe_timeout=cfg.probe_timeout,
-            stats=self.stats,
+            counters=self.counters,
             log=self.log,
         )
         control.add_control_handler(HB, self._on_hb)
@@ -150,7 +153,7 @@ class Membership:
         control.add_control_handler(GOSSIP, self._on_gossip)
         control.on_connection_event(self._on_conn_event)
         messaging.add_service(SYNC_SERVICE, self._on_sync)
-        messaging.add_service(MEMBERS_SERVICE, lambda _arg: self.snapshot())
+        messaging.add_service(MEMBERS_SERVICE, lambda _arg: self.status())
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, sync_timeout: float = 5.0) -> None:
@@ -247,16 +250,14 @@ class Membership:
             out[m.name] = member_view(m, now, unknown, self.liveness.stalled.get(m.name))
         return out
 
-    def snapshot(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         """What ``aionet status`` shows (served as ``aionet.members``)."""
-        return {"node": self.name, "time": time.time(), "members": self.members(), "stats": self.stats_dict()}
+        return {"node": self.name, "time": time.time(), "members": self.members(), "stats": self.stats().as_dict()}
 
-    def stats_dict(self) -> dict[str, Any]:
-        d = dict(self.stats.__dict__)
-        d["targets"] = sorted(self._detectors)
-        d["loop_lag_ms"] = self.clock.lag * 1000.0
-        d["stalled_s"] = self.clock.stalled
-        return d
+    def stats(self) -> MembershipStats:
+        """Gossip and detector counters plus the loop's lag and stall."""
+        lag, targets = self.clock.lag * 1000.0, tuple(sorted(self._detectors))
+        return MembershipStats(**vars(self.counters), targets=targets, loop_lag_ms=lag, stalled_s=self.clock.stalled)
 
     def state_of(self, name: str) -> str | None:
         if name == self.name:
@@ -334,7 +335,7 @@ class Membership:
         ccfg = CheckConfig(cfg.phi_threshold, cfg.interval, cfg.suspect_timeout, cfg.forget_after)
         now, real_now = self.clock(), self.clock.real()
         actions, max_phi = check(self._members, self._detectors, self._verifying, ccfg, now=now, real_now=real_now)
-        self.stats.max_phi = max(self.stats.max_phi, max_phi)
+        self.counters.max_phi = max(self.counters.max_phi, max_phi)
         for a in actions:
             m = self._members.get(a.name)
             if isinstance(a, Forget):
@@ -412,9 +413,9 @@ class Membership:
     def _send(self, peer: str, env: list[Any]) -> bool:
         ok = bool(self.control.send_control(peer, env))
         if ok:
-            self.stats.sent_msgs += 1
+            self.counters.sent_msgs += 1
             if self.count_bytes and self._dumps is not None:
-                self.stats.sent_bytes += sum(
+                self.counters.sent_bytes += sum(
                     f.nbytes if isinstance(f, memoryview) else len(f) for f in self._dumps(env)
                 )
         return ok
@@ -433,7 +434,7 @@ class Membership:
 
     # ------------------------------------------------------------------ receiving
     def _on_hb(self, peer: str, env: list[Any]) -> None:
-        self.stats.recv_msgs += 1
+        self.counters.recv_msgs += 1
         seq, inc, load, updates, loads = parse_beat(env)
         if self._leaving:  # keep answering while we drain, with our goodbye attached
             self._send(peer, [HB_ACK, seq, self.incarnation, None, [self._self_update().to_wire()], []])
@@ -443,7 +444,7 @@ class Membership:
         self._send(peer, self._beat(HB_ACK, seq, peer))
 
     def _on_ack(self, peer: str, env: list[Any]) -> None:
-        self.stats.recv_msgs += 1
+        self.counters.recv_msgs += 1
         _seq, inc, load, updates, loads = parse_beat(env)
         if self._leaving:
             return
@@ -455,7 +456,7 @@ class Membership:
         self._apply_wire(updates, loads, peer)
 
     def _on_gossip(self, peer: str, env: list[Any]) -> None:
-        self.stats.recv_msgs += 1
+        self.counters.recv_msgs += 1
         updates, loads = parse_gossip(env)
         if not self._leaving:
             self._apply_wire(updates, loads, peer)
@@ -505,13 +506,13 @@ class Membership:
         self._apply_wire(table["members"], loads if isinstance(loads, list) else [], source, spread=False)
 
     def _on_probe_req(self, peer: str, env: list[Any]) -> None:
-        self.stats.recv_msgs += 1
+        self.counters.recv_msgs += 1
         pid, target, node_id, timeout = parse_probe_req(env)
         if self._running and not self._leaving:
             self.prober.serve(peer, pid, target, node_id, timeout)
 
     def _on_probe_rsp(self, peer: str, env: list[Any]) -> None:
-        self.stats.recv_msgs += 1
+        self.counters.recv_msgs += 1
         self.prober.answered(peer, *parse_probe_rsp(env))
 
     # the prober's internals, where tests reach in (and replace ``_probe_url``)
@@ -626,7 +627,7 @@ class Membership:
             return
         if u.state != ALIVE and u.incarnation >= self.incarnation:
             self.incarnation = u.incarnation + 1
-            self.stats.refutations += 1
+            self.counters.refutations += 1
             self.log.info("refuting", claimed=u.state, told_by=source, incarnation=self.incarnation)
             self._announce_self(source)
         elif u.incarnation > self.incarnation:
@@ -725,7 +726,7 @@ class Membership:
         merely back-pressured answers a fresh probe in milliseconds and should not flap."""
         if m.name in self._verifying or not self._running or self._leaving or m.state in (DEAD, LEFT):
             return
-        self.stats.suspicions += 1
+        self.counters.suspicions += 1
         if show_now:
             self._show_suspect(m.name, m.node_id, reason)
         task = self._spawn(self._verify(m.name, m.node_id, reason, show_now), f"aionet-verify-{m.name}")
@@ -786,7 +787,7 @@ class Membership:
                     self._notify(name, m)
                 return
             if outcome == DEAD or self.clock() - started >= self.cfg.suspect_timeout:
-                self.stats.deaths_declared += 1
+                self.counters.deaths_declared += 1
                 self._apply(Update(name, node_id, m.incarnation, DEAD, tuple(m.addresses)), reason=reason)
                 return
             if m.state == ALIVE:  # nobody could confirm either way: gossip the suspicion, let it refute

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import asyncio
 
+    from ..instrument import Instruments
     from .instructions import Instruction, WorkerInstruction
     from .state import Rec
 
@@ -26,6 +27,7 @@ class SchedulerHost(Protocol):
     cfg: Any  # config.SchedulerConfig
     loop: asyncio.AbstractEventLoop
     log: Any  # a structlog logger
+    instruments: Instruments  # the node's hooks (task_changed)
 
     # ---- running things
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, log_errors: bool = True) -> asyncio.Task[Any] | None:

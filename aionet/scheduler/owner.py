@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import TaskError
+from ..stats import NodeViewStats, OwnerStats
 from .allow import is_never_run, never_run_reason
 from .host import SchedulerHost
 from .instructions import (
@@ -124,17 +125,9 @@ class Owner:
         self._out: list[Instruction] = []  # decided, not yet performed (see _take)
         self._thread = threading.get_ident()
         self.closed = False
-        self.stats = {
-            "submitted": 0,
-            "completed": 0,
-            "failed": 0,
-            "cancelled": 0,
-            "resubmitted": 0,
-            "duplicates_dropped": 0,
-            "moved": 0,
-            "rejected": 0,
-            "reconciled_lost": 0,
-        }
+        # plain ints on the hot path; stats() copies them out (the fields of OwnerStats)
+        counted = ("submitted", "completed", "failed", "cancelled", "resubmitted", "duplicates_dropped")
+        self.counts = dict.fromkeys((*counted, "moved", "rejected", "reconciled_lost"), 0)
 
     @staticmethod
     def _transition(rec: Rec, new: TaskState) -> None:
@@ -215,7 +208,7 @@ class Owner:
         if key is not None:
             self.by_key[key] = rec
         ref = TaskRef(self, rec)
-        self.stats["submitted"] += 1
+        self.counts["submitted"] += 1
         if found:
             flags |= F_HAS_DEPREFS
             deps: list[Rec] = []
@@ -471,7 +464,7 @@ class Owner:
         if view is not None and load:
             self._apply_load(view, load, mine=True)
         recs = self.recs
-        stats = self.stats
+        stats = self.counts
         est = self.estimator
         for item in items:
             tid, _attempt, status, payload, runtime, nbytes = item
@@ -556,7 +549,7 @@ class Owner:
 
     def _move(self, rec: Rec, thief: Any) -> None:
         """A queued task was stolen by ``thief``: it is now accounted there."""
-        self.stats["moved"] += 1
+        self.counts["moved"] += 1
         self._unplace(rec)
         thief = str(thief)
         rec.node = thief
@@ -594,7 +587,7 @@ class Owner:
 
     def _done(self, rec: Rec) -> None:
         self._transition(rec, DONE)
-        self.stats["completed"] += 1
+        self.counts["completed"] += 1
         fut = rec.fut
         if not fut.done():
             self._out.append(Resolve(fut))
@@ -629,7 +622,7 @@ class Owner:
                     self._send_ctrl(r.node, M_CANCEL, r.tid)
             cancelled = isinstance(e, TaskCancelled)
             self._transition(r, CANCELLED if cancelled else FAILED)
-            self.stats["cancelled" if cancelled else "failed"] += 1
+            self.counts["cancelled" if cancelled else "failed"] += 1
             fut = r.fut
             if not fut.done():
                 self._out.append(FailFuture(fut, e))
@@ -769,7 +762,7 @@ class Owner:
         if rec.retries < 0:
             self._fail(rec, TaskLost(f"task {rec.name} ({rec.fn}) lost: {why}, and its retries are used up"))
             return
-        self.stats["resubmitted"] += 1
+        self.counts["resubmitted"] += 1
         self._out.append(Resubmit(rec.tid, rec.name, rec.attempt, rec.retries, why))
         rec.node = None
         if rec.deps is not None:
@@ -788,13 +781,13 @@ class Owner:
                 self._fail(rec, TaskLost(f"task {rec.name}: {why}"))
         self._perform()
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            **self.stats,
-            "owned": len(self.recs),
-            "ready": len(self.ready),
-            "nodes": {
-                n: {"inflight": v.inflight, "window": v.window, "other": v.other, "backlog_s": round(v.backlog, 6)}
+    def stats(self) -> OwnerStats:
+        return OwnerStats(
+            **self.counts,
+            owned=len(self.recs),
+            ready=len(self.ready),
+            nodes={
+                n: NodeViewStats(inflight=v.inflight, window=v.window, other=v.other, backlog_s=round(v.backlog, 6))
                 for n, v in self.views.items()
             },
-        }
+        )

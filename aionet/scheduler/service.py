@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 from ..core.ports import Clock, ControlChannel, LoadFields, MemberEventInfo, MemberEvents, Messaging
 from ..devices import Devices
 from ..errors import ConfigError, PeerUnavailable, RemoteError, SerializationError
+from ..instrument import Instruments
 from ..log import get_logger
+from ..stats import SchedulerStats
 from .allow import normalize_allow
 from .instructions import (
     AcceptLocal,
@@ -112,8 +114,10 @@ class Scheduler:
         load_fields: LoadFields | None = None,
         devices: Devices | None = None,
         clock: Clock = time.monotonic,
+        instruments: Instruments | None = None,
     ):
         self._msg = messaging
+        self.instruments = instruments if instruments is not None else Instruments()
         self._dumps = dumps
         self._devices = devices  # the node's: how many GPUs to offer
         self.clock = clock
@@ -396,13 +400,15 @@ class Scheduler:
                 rec.has_value = True
             return value
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "owner": self.owner.snapshot(),
-            "worker": self.worker.snapshot(),
-            "alive": sorted(self.alive),
-            "down": sorted(self.down),
-        }
+    def stats(self) -> SchedulerStats:
+        """Counters of tasks owned here (``owner``) and run here (``worker``), and the nodes
+        this scheduler places on."""
+        return SchedulerStats(
+            owner=self.owner.stats(),
+            worker=self.worker.stats(),
+            alive=tuple(sorted(self.alive)),
+            down=tuple(sorted(self.down)),
+        )
 
     # ------------------------------------------------------------------ performing decisions
     def perform(self, instructions: list[Instruction]) -> None:

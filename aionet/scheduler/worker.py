@@ -25,6 +25,7 @@ from typing import Any
 
 from ..codecs.envelope import M_RESULTS
 from ..errors import PeerUnavailable, RemoteError, SerializationError, TaskError
+from ..stats import WorkerStats
 from .allow import normalize_allow, refuse_name, refuse_object
 from .executor import ThreadRunner, process_entry, process_pool
 from .host import SchedulerHost
@@ -66,7 +67,7 @@ _BAD_FNS_KEPT = 256  # refused / unimportable function paths remembered
 
 
 class _Refused(TaskError):
-    """A task function this node does not allow (counted in stats["refused"])."""
+    """A task function this node does not allow (counted in ``stats().refused``)."""
 
 
 class Worker:
@@ -107,7 +108,7 @@ class Worker:
         self.peer_load: dict[str, list[Any]] = {}
         self._stealing = False
         self._last_report: tuple[int, float] = (-1, 0.0)
-        self.stats = {
+        self.counts = {  # plain ints on the hot path; stats() copies them out
             "accepted": 0,
             "ran": 0,
             "errors": 0,
@@ -120,12 +121,18 @@ class Worker:
             "results_held": 0,
         }
 
-    @staticmethod
-    def _transition(job: Job, new: JobState) -> None:
-        """The one place an attempt's state changes on this node: checked against the table."""
+    def _transition(self, job: Job, new: JobState) -> None:
+        """The one place an attempt's state changes on this node: checked against the table,
+        reported to the ``task_changed`` hook (on the loop, also when a thread moved it)."""
         if new not in JOB_NEXT[job.state]:
             raise InvalidTransition(job.name, job.state, new, "worker")
         job.state = new
+        if (hook := self.sched.instruments.task_changed) is not None:
+            args = (job.owner, job.tid, job.attempt, job.name, new.name.lower())
+            if threading.get_ident() == self._loop_thread:
+                hook(*args)
+            else:
+                self.sched.loop.call_soon_threadsafe(hook, *args)
 
     def start(self, total: dict[str, float]) -> None:
         self.pool = ResourcePool(total)
@@ -146,13 +153,13 @@ class Worker:
             if k in jobs:
                 continue  # this attempt (or an earlier one) is already here
             if not self.run_tasks or not self.pool.could_ever_fit(job.res):
-                self.stats["rejected"] += 1
+                self.counts["rejected"] += 1
                 why = "does not run tasks" if not self.run_tasks else f"cannot provide {job.res}"
                 self.post(owner, [job.tid, job.attempt, R_REJECT, f"node {self.name} {why}", 0.0, 0])
                 continue
             jobs[k] = job
             self.active[owner] = self.active.get(owner, 0) + 1
-            self.stats["accepted"] += 1
+            self.counts["accepted"] += 1
             if job.deps is not None:
                 self._resolve_deps(job)
             else:
@@ -166,7 +173,7 @@ class Worker:
             entry = self.fns.get(job.fn) or self._bad_fns.get(job.fn) or self._load_fn(job.fn)
             if isinstance(entry, TaskError):
                 if isinstance(entry, _Refused):
-                    self.stats["refused"] += 1
+                    self.counts["refused"] += 1
                 self._finish(job, R_ERROR, ["aionet.TaskError", str(entry), ""], 0.0)
                 return
             job.call, is_async = entry
@@ -200,7 +207,7 @@ class Worker:
             now = time.monotonic()
             if now - self._refused_logged >= 10.0:  # peers choose the paths: at most one line per 10 s
                 self._refused_logged = now
-                n = self.stats["refused"] + 1
+                n = self.counts["refused"] + 1
                 self.sched.log.warning("task function refused", fn=path[:200], reason=why, refused_so_far=n)
             entry = _Refused(f"task function {path!r} refused on node {self.name!r}: {why}")
         bad = self._bad_fns
@@ -466,7 +473,7 @@ class Worker:
         job.ckpt = job.ctx.restore() if job.ctx is not None else job.ckpt
         job.ctx = None
         job.task = None
-        self.stats["preempted"] += 1
+        self.counts["preempted"] += 1
         self._enqueue(job)  # keeps its original place among equals
 
     def _on_timeout(self, job: Job) -> None:
@@ -484,15 +491,15 @@ class Worker:
     def _finish(self, job: Job, status: int, payload: Any, dt: float) -> None:
         nbytes = 0
         if status == R_VALUE:
-            self.stats["ran"] += 1
+            self.counts["ran"] += 1
             if not job.local:
                 nbytes = estimate_nbytes(payload)
                 if nbytes >= self.inline_max:
                     self.store[(job.owner, job.tid)] = payload
-                    self.stats["results_held"] += 1
+                    self.counts["results_held"] += 1
                     status, payload = R_HELD, None
         else:
-            self.stats["errors"] += 1
+            self.counts["errors"] += 1
         self._drop(job)
         self.post(job.owner, [job.tid, job.attempt, status, payload, dt, nbytes])
 
@@ -604,7 +611,7 @@ class Worker:
             job = self.jobs.get((owner, tid))
             if job is None:
                 continue
-            self.stats["cancelled"] += 1
+            self.counts["cancelled"] += 1
             job.cancelled = True
             with self._wlock:
                 state = job.state
@@ -686,7 +693,7 @@ class Worker:
             self.post(j.owner, [j.tid, j.attempt, R_MOVED, thief, 0.0, 0])
             out.append([j.owner, spec])
         if out:
-            self.stats["stolen_out"] += len(out)
+            self.counts["stolen_out"] += len(out)
             self.sched.log.debug("tasks stolen from here", thief=thief, n=len(out))
         return out
 
@@ -734,7 +741,7 @@ class Worker:
             if load:
                 load[0] = 0
             return
-        self.stats["stolen_in"] += len(got)
+        self.counts["stolen_in"] += len(got)
         by_owner: dict[str, list[Any]] = {}
         for owner, spec in got:
             by_owner.setdefault(str(owner), []).append(spec)
@@ -764,12 +771,12 @@ class Worker:
             self._ppool = None
         return running
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            **self.stats,
-            "queued": len(self.queue),
-            "running": self.n_running,
-            "held_results": len(self.store),
-            "total": dict(self.pool.total),
-            "free": dict(self.pool.free),
-        }
+    def stats(self) -> WorkerStats:
+        return WorkerStats(
+            **self.counts,
+            queued=len(self.queue),
+            running=self.n_running,
+            held_results=len(self.store),
+            total=dict(self.pool.total),
+            free=dict(self.pool.free),
+        )

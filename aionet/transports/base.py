@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..errors import AionetError, TransportUnavailable
+from ..stats import ConnectionStats
 
 if TYPE_CHECKING:
     from ..config import LimitsSection
@@ -179,9 +180,10 @@ class Connection(abc.ABC):
 
         asyncio.get_running_loop().create_task(self.close())
 
-    def extra_info(self) -> dict[str, Any]:
-        """Transport-specific details for ``aionet.info`` (e.g. write buffer size)."""
-        return {}
+    def stats(self) -> ConnectionStats:
+        """Bytes and messages this connection holds queued, for ``node.stats()``; transports
+        override it (transport-only details go in ``extra``)."""
+        return ConnectionStats(local=self.local_address, remote=self.peer_address)
 
 
 def _consume_exception(task: Any) -> None:

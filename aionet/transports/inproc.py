@@ -35,6 +35,7 @@ from typing import Any
 
 from ..errors import ConnectionClosed, TransportError
 from ..log import get_logger
+from ..stats import ConnectionStats
 from .base import Buffer, Connection, ConnectionHandler, Listener, Message, Transport
 from .options import Option, integer, parse_options, positive, size
 
@@ -234,13 +235,15 @@ class InprocConnection(Connection):
     def closed(self) -> bool:
         return self._closed
 
-    def extra_info(self) -> dict[str, Any]:
-        return {
-            "queued_in_messages": len(self._rx.queue),
-            "queued_in_bytes": self._rx.nbytes,
-            "queued_out_messages": len(self._tx.queue),
-            "queued_out_bytes": self._tx.nbytes,
-        }
+    def stats(self) -> ConnectionStats:
+        return ConnectionStats(
+            local=self.local_address,
+            remote=self.peer_address,
+            queued_send_bytes=self._tx.nbytes,
+            queued_recv_bytes=self._rx.nbytes,
+            queued_recv_messages=len(self._rx.queue),
+            extra={"queued_send_messages": len(self._tx.queue)},
+        )
 
 
 class InprocListener(Listener):

@@ -48,6 +48,7 @@ from ..errors import (
     TransportUnavailable,
 )
 from ..log import get_logger
+from ..stats import ConnectionStats
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
 from .options import Option, boolean, integer, non_negative, number, parse_options
 
@@ -590,19 +591,23 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         the staging receiver uses it to receive chunks into pool buffers or final memory."""
         self._decoder.set_frame_allocator(alloc)
 
-    def extra_info(self) -> dict[str, Any]:
+    def stats(self) -> ConnectionStats:
         t = self._transport
-        return {
-            "write_buffer_size": (t.get_write_buffer_size() if t is not None and not self._lost else 0),
-            "pending_write_bytes": self._wbytes,
-            "queued_recv_bytes": self._queued_bytes,
-            "queued_recv_messages": len(self._queue),
-            "partial_recv_bytes": self._decoder.pending_bytes,
-            "read_paused": self._read_paused,
-            "write_paused": self._write_paused,
-            "peer": self.peer_address,
-            "local": self.local_address,
-        }
+        kernel_side = t.get_write_buffer_size() if t is not None and not self._lost else 0
+        return ConnectionStats(
+            local=self.local_address,
+            remote=self.peer_address,
+            queued_send_bytes=kernel_side + self._wbytes,
+            queued_recv_bytes=self._queued_bytes,
+            queued_recv_messages=len(self._queue),
+            read_paused=self._read_paused,
+            write_paused=self._write_paused,
+            extra={
+                "write_buffer_size": kernel_side,
+                "pending_write_bytes": self._wbytes,
+                "partial_recv_bytes": self._decoder.pending_bytes,
+            },
+        )
 
     def abort(self) -> None:
         """Close now without flushing."""

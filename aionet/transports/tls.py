@@ -2,7 +2,7 @@
 
 Everything about framing, batching, back-pressure and limits is :mod:`aionet.transports.tcp`;
 this module only supplies the SSL contexts (built by :mod:`aionet.security.tls`) through
-TCPTransport's ``_server_ssl`` / ``_client_ssl`` hooks and reports the negotiated TLS session in ``extra_info``.
+TCPTransport's ``_server_ssl`` / ``_client_ssl`` hooks and reports the negotiated TLS session in ``stats().extra``.
 
 Options (``[transport] tls = {...}``; the node fills ``cert``/``key``/``ca`` from
 ``security.tls_cert`` / ``tls_key`` / ``tls_ca`` and the table overrides them):
@@ -24,12 +24,14 @@ Only TLS 1.3 is offered or accepted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import TransportUnavailable
 from ..security.tls import HOW_TO, check_tls13, make_context
+from ..stats import ConnectionStats
 from .base import Address
 from .options import Option, boolean, number, parse_options, positive, string
 from .tcp import SCHEMA as TCP_SCHEMA
@@ -61,8 +63,9 @@ class TLSConnection(TCPConnection):
         self.local_address = _tls_url(self.local_address)
         self.peer_address = _tls_url(self.peer_address)
 
-    def extra_info(self) -> dict[str, Any]:
-        info = super().extra_info()
+    def stats(self) -> ConnectionStats:
+        st = super().stats()
+        info = dict(st.extra)
         t = self._transport
         sslobj = t.get_extra_info("ssl_object") if t is not None else None
         if sslobj is not None:
@@ -73,7 +76,7 @@ class TLSConnection(TCPConnection):
             if peer:
                 subject = dict(x[0] for x in peer.get("subject", ()))
                 info["tls_peer_subject"] = subject.get("commonName", "")
-        return info
+        return dataclasses.replace(st, extra=info)
 
 
 def _tls_url(url: str) -> str:

@@ -54,6 +54,7 @@ from typing import Any
 
 from ..errors import ConnectionClosed, TransportError, TransportUnavailable
 from ..log import get_logger
+from ..stats import ConnectionStats
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
 from .options import Option, boolean, parse_options, positive, size, string, table
 
@@ -452,8 +453,13 @@ class UCXConnection(Connection):
             with contextlib.suppress(Exception):
                 ep.abort(period=10**8)
 
-    def extra_info(self) -> dict[str, Any]:
-        return {"queued_bytes": self._queued_bytes, "moves_device_memory": self.moves_device_memory}
+    def stats(self) -> ConnectionStats:
+        return ConnectionStats(
+            local=self.local_address,
+            remote=self.peer_address,
+            queued_recv_bytes=self._queued_bytes,
+            extra={"moves_device_memory": self.moves_device_memory},
+        )
 
 
 def _consume(task: asyncio.Task[Any]) -> None:

@@ -88,7 +88,7 @@ async def test_silent_flood_does_not_lock_out_legitimate_peers():
         for _ in range(300):
             socks.append(_silent(a.address))
         await wait_for(lambda: sum(map(_closed_by_server, socks)) >= 300 - per_host, 20)
-        assert len(a._handshaking) <= per_host
+        assert len(a._connector.handshaking) <= per_host
 
         stop = asyncio.Event()
 
@@ -102,7 +102,7 @@ async def test_silent_flood_does_not_lock_out_legitimate_peers():
             for i in range(3):
                 async with Node(name=f"legit-{i}", listen="tcp://127.0.0.1:0", join=[a.address], config=_cfg()) as b:
                     assert await b.request("a", "aionet.echo", i, timeout=5) == i
-            assert len(a._handshaking) <= per_host
+            assert len(a._connector.handshaking) <= per_host
         finally:
             stop.set()
             await flood
@@ -127,7 +127,7 @@ async def test_tls_peers_join_while_silent_tls_clients_hold_slots(tmp_path):
         for _ in range(12):
             _r, w = await asyncio.open_connection(host, port, ssl=ctx)
             writers.append(w)
-        await wait_for(lambda: len(a._handshaking) == 4, 10)
+        await wait_for(lambda: len(a._connector.handshaking) == 4, 10)
         try:
             async with Node(name="b", listen="tls://127.0.0.1:0", join=[a.address], config=cfg()) as b:
                 assert await b.request("a", "aionet.echo", "tls", timeout=5) == "tls"
@@ -143,7 +143,7 @@ async def test_slots_are_bounded_per_host_and_in_total_shedding_the_oldest():
     async with Node(name="a", listen="tcp://127.0.0.1:0", config=cfg) as a:
         first = [_silent(a.address, "127.0.0.2") for _ in range(4)]
         await wait_for(lambda: _closed_by_server(first[0]) and _closed_by_server(first[1]), 10)
-        await wait_for(lambda: len(a._handshaking) == 2, 10)
+        await wait_for(lambda: len(a._connector.handshaking) == 2, 10)
         assert not any(map(_closed_by_server, first[2:]))  # the two newest of that host remain
         assert b"busy" in first[0].received  # a shed dialer is told to try again (a REJECT)
         others = []
@@ -151,11 +151,11 @@ async def test_slots_are_bounded_per_host_and_in_total_shedding_the_oldest():
             for _ in range(2):
                 others.append(_silent(a.address, f"127.0.0.{i}"))
         await wait_for(lambda: sum(map(_closed_by_server, others)) == 3, 10)
-        await wait_for(lambda: len(a._handshaking) == 5, 10)
+        await wait_for(lambda: len(a._connector.handshaking) == 5, 10)
         # the oldest went first: both remaining sockets of 127.0.0.2, then the oldest of .3
         assert all(map(_closed_by_server, first))
         assert _closed_by_server(others[0]) and not any(map(_closed_by_server, others[3:]))
-        hosts = sorted(p.host for p in a._handshaking.values())
+        hosts = sorted(p.host for p in a._connector.handshaking.values())
         assert hosts == ["127.0.0.4", "127.0.0.5", "127.0.0.5", "127.0.0.6", "127.0.0.6"]
         # and a real peer still gets in
         async with Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=_cfg()) as b:
@@ -168,7 +168,7 @@ async def test_handshake_timeout_still_drops_a_silent_client():
     async with Node(name="a", listen="tcp://127.0.0.1:0", config=_cfg(link={"handshake_timeout": 0.3})) as a:
         s = _silent(a.address)
         await wait_for(lambda: _closed_by_server(s), 5)
-        assert not a._handshaking
+        assert not a._connector.handshaking
         s.close()
 
 
@@ -195,7 +195,7 @@ async def test_unproven_dialers_leave_no_peer_state():
             await asyncio.gather(*((wrong_token if i % 2 else never_confirms)(i) for i in range(start, start + 10)))
         assert a._peers == {}
         assert a.peers() == {}
-        await wait_for(lambda: not a._handshaking, 5)
+        await wait_for(lambda: not a._connector.handshaking, 5)
 
 
 async def test_departed_clients_are_pruned():
@@ -295,9 +295,9 @@ async def test_bare_connect_and_close_is_not_a_warning():
         with capture_logs() as logs:
             for _ in range(3):
                 s = socket.create_connection(_hostport(a.address))
-                await wait_for(lambda: len(a._handshaking) == 1, 5)
+                await wait_for(lambda: len(a._connector.handshaking) == 1, 5)
                 s.close()
-                await wait_for(lambda: not a._handshaking, 5)
+                await wait_for(lambda: not a._connector.handshaking, 5)
         assert not [e for e in logs if e["log_level"] in ("warning", "error", "critical")], logs
         # garbage is still worth a warning
         with capture_logs() as logs:

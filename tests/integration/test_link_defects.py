@@ -201,7 +201,7 @@ async def test_request_timeout_bounds_the_dial():
     port = server.sockets[0].getsockname()[1]
     try:
         async with Node(name="a") as a:
-            a._peer("ghost").addresses = [f"tcp://127.0.0.1:{port}"]
+            a._directory.peer("ghost").addresses = [f"tcp://127.0.0.1:{port}"]
             t0 = time.monotonic()
             with pytest.raises(asyncio.TimeoutError, match="timed out after 0.3 s"):
                 await a.request("ghost", "aionet.echo", 1, timeout=0.3)

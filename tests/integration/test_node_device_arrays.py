@@ -89,7 +89,7 @@ async def pair(scheme):
 
 
 def pool_stats(node: Node) -> dict:
-    return node.info()["device"].get("pool", {})
+    return node.info()["device"]["pool"] or {}
 
 
 def check_equal(got, want: np.ndarray) -> None:
@@ -486,10 +486,10 @@ async def test_staging_machinery_is_created_on_first_device_array():
     async with sim_node("a", "inproc") as a, sim_node("b", "inproc", join=[a.address]) as b:
         await b.send("a", "x", {"plain": np.arange(10)})
         await a.recv("x", timeout=5)
-        assert "pool" not in a.info()["device"] and "pool" not in b.info()["device"]
+        assert a.stats().device.pool is None and b.stats().device.pool is None
         await b.send("a", "x", CAIArray(np.arange(10)))
         await a.recv("x", timeout=5)
-        assert "pool" in a.info()["device"] and "pool" in b.info()["device"]
+        assert a.stats().device.pool is not None and b.stats().device.pool is not None
 
 
 # ---------------------------------------------------------------------------- real GPU

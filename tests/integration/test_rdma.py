@@ -319,5 +319,5 @@ async def test_node_hands_its_staging_pool_to_the_rdma_transport(monkeypatch):
 
     monkeypatch.setattr(RDMATransport, "check_available", classmethod(lambda cls: None))
     node = Node(name="n")
-    t = node._transport("rdma://127.0.0.1:1")
+    t = node._connector.transport("rdma://127.0.0.1:1")
     assert t._shared_pool is node._device.pool is not None

@@ -42,16 +42,16 @@ async def test_false_death_verdict_then_alive_loses_no_task():
         await wait_for(lambda: w.scheduler.worker.n_running == 1, timeout=5)
         w.scheduler._on_member_change(verdict("d", "dead", 1))  # the worker drops d's task
         assert "d" in w.scheduler.down and all(j.cancelled for j in w.scheduler.worker.jobs.values())
-        ran = w.scheduler.worker.stats["ran"]
+        ran = w.scheduler.worker.stats().ran
         later = d.submit(F + "add", 40, 2)  # runs on w, whose result to "dead" d is dropped
-        await wait_for(lambda: w.scheduler.worker.stats["ran"] > ran, timeout=5)
+        await wait_for(lambda: w.scheduler.worker.stats().ran > ran, timeout=5)
         w.scheduler._on_member_change(verdict("d", "alive", 2))  # refuted: alive again
         assert await asyncio.wait_for(later, 5) == 42
         assert await asyncio.wait_for(running, 5) == "w"
         owner = d.scheduler.owner
-        assert owner.stats["reconciled_lost"] == 2 and owner.stats["completed"] == 2
+        assert owner.stats().reconciled_lost == 2 and owner.stats().completed == 2
         assert await asyncio.wait_for(d.submit(F + "add", 1, 2), 5) == 3  # and later ones too
-        assert d.scheduler.stats()["owner"]["nodes"]["w"]["inflight"] == 0
+        assert d.scheduler.stats().owner.nodes["w"].inflight == 0
     finally:
         await w.stop(grace=0.5)
         await d.stop(grace=0.5)

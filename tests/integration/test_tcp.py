@@ -336,12 +336,13 @@ def test_backpressure_blocks_sender_and_bounds_memory(run: Callable[..., Any]) -
                     break
                 sent += 1
             assert blocked is not None, "send never blocked although the receiver does not read"
-            info = p.client.extra_info()
-            assert info["write_paused"]
+            st = p.client.stats()
+            assert st.write_paused
             # what the sender holds: its write buffer plus the batch not yet written
-            assert info["write_buffer_size"] + info["pending_write_bytes"] <= high + 2 * len(chunk)
-            assert p.server.extra_info()["queued_recv_bytes"] <= max_queued + 512 * 1024
-            assert p.server.extra_info()["read_paused"]
+            assert st.queued_send_bytes == st.extra["write_buffer_size"] + st.extra["pending_write_bytes"]
+            assert st.queued_send_bytes <= high + 2 * len(chunk)
+            assert p.server.stats().queued_recv_bytes <= max_queued + 512 * 1024
+            assert p.server.stats().read_paused
             # drain: the blocked send completes and everything arrives
             received = 0
             while received < sent + 1:
@@ -497,15 +498,14 @@ async def test_nodelay_option_applied() -> None:
             assert bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)) is nodelay
 
 
-async def test_registry_and_extra_info() -> None:
+async def test_registry_and_connection_stats() -> None:
     reg = TransportRegistry(use_entry_points=False)
     t = reg.get("tcp://127.0.0.1:0")
     assert isinstance(t, TCPTransport)
     async with pair() as p:
-        info = p.client.extra_info()
-        for key in ("write_buffer_size", "queued_recv_bytes", "peer", "local"):
-            assert key in info
-        assert info["peer"] == p.server.local_address
+        st = p.client.stats()
+        assert st.queued_send_bytes == 0 and st.queued_recv_bytes == 0 and "write_buffer_size" in st.extra
+        assert st.remote == p.server.local_address and st.local == p.client.local_address
         assert repr(p.client).startswith("<TCPConnection tcp://127.0.0.1:")
 
 
@@ -538,4 +538,4 @@ async def test_consumer_gets_batches_while_a_flood_arrives() -> None:
             got += len(batch)
             batches += 1
         assert batches > 1
-        assert not p.server.extra_info()["read_paused"]
+        assert not p.server.stats().read_paused

@@ -58,9 +58,9 @@ async def test_nodes_talk_over_mutual_tls(keys):
         got = await a.recv("big", timeout=10)
         assert np.array_equal(got, arr)
         conns = a.info()["peers"]["b"]["connections"]
-        assert conns and conns[0]["tls_version"] == "TLSv1.3"
+        assert conns and conns[0]["extra"]["tls_version"] == "TLSv1.3"
         assert conns[0]["remote"].startswith("tls://")
-        assert conns[0]["tls_peer_subject"] == "aionet node"
+        assert conns[0]["extra"]["tls_peer_subject"] == "aionet node"
 
 
 async def test_without_ca_is_encrypted_but_unverified(keys):
@@ -70,8 +70,8 @@ async def test_without_ca_is_encrypted_but_unverified(keys):
     ):
         assert await b.request("a", "aionet.echo", 5, timeout=5) == 5
         conns = b.info()["peers"]["a"]["connections"]
-        assert conns[0]["tls_version"] == "TLSv1.3"
-        assert "tls_peer_subject" not in conns[0]  # nothing verified, nothing reported
+        assert conns[0]["extra"]["tls_version"] == "TLSv1.3"
+        assert "tls_peer_subject" not in conns[0]["extra"]  # nothing verified, nothing reported
 
 
 async def test_no_certificate_is_a_clear_error():

@@ -182,8 +182,8 @@ async def test_two_curve_nodes_send_and_request(cluster: KeySet) -> None:
         assert await a.request("b", "aionet.echo", [1, 2, 3], timeout=T) == [1, 2, 3]
         # the snippet's options really reached the transport: the connections say CURVE
         for node, peer in ((a, "b"), (b, "a")):
-            conns = node.info()["peers"][peer]["connections"]
-            assert conns and all(c["curve"] is True for c in conns), conns
+            conns = node.stats().peers[peer].connections
+            assert conns and all(c.extra["curve"] is True for c in conns), conns
 
 
 @pytest.mark.timeout(40)

@@ -181,7 +181,7 @@ async def _abrupt_session(url: str) -> None:
     for _ in range(64):  # 16 MiB against hwm=4 and an unread receiver: back-pressure
         client.write_nowait([big])
     server.abort()
-    await wait_for(lambda: client.closed or client.extra_info()["eof"] is not None, T)
+    await wait_for(lambda: client.closed or client.stats().extra["eof"] is not None, T)
     with pytest.raises(ConnectionClosed):
         await client.recv()
 

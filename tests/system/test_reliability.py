@@ -291,9 +291,9 @@ async def test_unread_mailbox_holds_bounded_bytes_then_backpressures():
         task = asyncio.ensure_future(flood())
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), 2.0)
-        queued = a.info()["mailbox_bytes"]["sink"]
+        queued = a.info()["router"]["mailbox_bytes"]["sink"]
         assert 3 << 20 <= queued <= (4 << 20) + payload.nbytes + 4096
-        assert a.info()["mailboxes"]["sink"] < 20  # the byte bound, not the 65536-message one
+        assert a.info()["router"]["mailboxes"]["sink"] < 20  # the byte bound, not the 65536-message one
         # sender: window + what sits in socket buffers; far from the 2 s of unbounded sending
         assert sent * payload.nbytes < 64 << 20
         task.cancel()
@@ -324,7 +324,7 @@ async def test_peer_naming_many_channels_is_bounded_over_all_mailboxes():
         task = asyncio.ensure_future(flood())
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), 2.0)
-        held = sum(a.info()["mailbox_bytes"].values())
+        held = sum(a.info()["router"]["mailbox_bytes"].values())
         assert held <= (4 << 20) + payload.nbytes + 4096  # one budget for all channels together
         assert sent < 200  # 2 s unbounded would be thousands of channels
         before = sent
@@ -346,6 +346,6 @@ async def test_idle_mailboxes_are_forgotten():
         for i in range(5000):
             await b.send("a", f"once-{i}", i)
             assert await a.recv(f"once-{i}", timeout=5) == i
-        assert len(a.info()["mailboxes"]) < 2100
+        assert len(a.info()["router"]["mailboxes"]) < 2100
         await b.send("a", "once-7", "again")
         assert await a.recv("once-7", timeout=5) == "again"

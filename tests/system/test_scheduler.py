@@ -95,7 +95,7 @@ async def test_large_result_stays_where_it_ran_and_dependents_fetch_it_there():
         assert await s == float(np.arange(n).sum())
         rec = big._rec
         assert rec.holder == "n1" and not rec.has_value  # n0 never had the data
-        assert b.scheduler.worker.stats["results_held"] == 1
+        assert b.scheduler.worker.stats().results_held == 1
         got = await big  # the owner fetches it only when asked
         assert isinstance(got, np.ndarray) and got.shape == (n,) and got[-1] == n - 1
         # dropping the last reference frees the result on the node that held it
@@ -217,13 +217,13 @@ async def test_preemption_requeues_with_checkpoint():
         assert res_high == "high:1"
         assert res_low == "low:2"  # re-run from its checkpoint (started once before)
         assert time.monotonic() >= t_high
-        assert b.scheduler.worker.stats["preempted"] == 1
+        assert b.scheduler.worker.stats().preempted == 1
         # not preemptible: the high-priority task waits instead
         keep = a.submit(F + "hold", 0.3, "keep", priority=0)
         await wait_for(lambda: b.scheduler.worker.n_running == 1)
         assert await a.submit(F + "hold", 0.01, "h2", priority=10) == "h2:1"
         assert await keep == "keep:1"
-        assert b.scheduler.worker.stats["preempted"] == 1
+        assert b.scheduler.worker.stats().preempted == 1
 
 
 async def test_idle_node_steals_queued_tasks():
@@ -242,10 +242,10 @@ async def test_idle_node_steals_queued_tasks():
         out = await asyncio.wait_for(a.gather(refs), 10)
         assert sorted(o[0] for o in out) == list(range(60))
         assert "n2" in {o[1] for o in out}
-        assert c.scheduler.worker.stats["stolen_in"] > 0
-        assert b.scheduler.worker.stats["stolen_out"] == c.scheduler.worker.stats["stolen_in"]
-        assert a.scheduler.owner.stats["moved"] == c.scheduler.worker.stats["stolen_in"]
-        assert a.scheduler.owner.stats["completed"] == 60
+        assert c.scheduler.worker.stats().stolen_in > 0
+        assert b.scheduler.worker.stats().stolen_out == c.scheduler.worker.stats().stolen_in
+        assert a.scheduler.owner.stats().moved == c.scheduler.worker.stats().stolen_in
+        assert a.scheduler.owner.stats().completed == 60
     finally:
         for n in (c, b, a):
             if n is not None:
@@ -261,9 +261,9 @@ async def test_node_declared_dead_resubmits_exactly_once():
         a.scheduler.node_down("n1", graceful=False, reason="test verdict")
         out = await asyncio.wait_for(a.gather(refs), 10)
         assert sorted(o[0] for o in out) == list(range(16))
-        st = a.scheduler.owner.stats
-        assert st["resubmitted"] >= 1 and st["completed"] == 16
-        await wait_for(lambda: a.scheduler.owner.stats["duplicates_dropped"] >= 1, timeout=5)
+        st = a.scheduler.owner.stats()
+        assert st.resubmitted >= 1 and st.completed == 16
+        await wait_for(lambda: a.scheduler.owner.stats().duplicates_dropped >= 1, timeout=5)
         assert all(r.attempts >= 1 for r in refs)
 
 
@@ -347,7 +347,7 @@ async def test_default_config_runs_no_task_and_says_how_to_allow(tmp_path):
             assert "allow_modules = ['tests']" in msg and "--app" in msg, msg
         assert "tests.tasks_forbidden" not in sys.modules
         assert not (tmp_path / "x").exists()
-        assert [n.scheduler.worker.stats["refused"] for n in nodes] == [1, 1]
+        assert [n.scheduler.worker.stats().refused for n in nodes] == [1, 1]
 
 
 class _Unpickled:
@@ -380,7 +380,7 @@ async def test_stdlib_is_refused_even_with_allow_star(tmp_path, monkeypatch):
         # and a raw spec sent straight to the worker's channel, as a hostile peer would
         spec = [999, "os:system", [f"touch {marker}"], None, 0, None, 0, 0, None, 1, None, None, None]
         await a.send("n1", CHANNEL, [M_SUBMIT, "n0", [spec]])
-        await wait_for(lambda: b.scheduler.worker.stats["refused"] == 4)
+        await wait_for(lambda: b.scheduler.worker.stats().refused == 4)
         assert not marker.exists()
         # "*" still runs ordinary installed code
         assert await a.submit(F + "inc", 1) == 2
@@ -460,8 +460,8 @@ async def test_many_tasks_with_small_windows_complete_once():
     async with cluster(cfg(run_local=False, batch_size=7, max_queued_per_slot=1), cfg(), cfg()) as (a, _b, _c):
         out = await a.map(F + "inc", range(3000))
         assert out == list(range(1, 3001))
-        st = a.scheduler.owner.stats
-        assert st["completed"] == 3000 and st["duplicates_dropped"] == 0
+        st = a.scheduler.owner.stats()
+        assert st.completed == 3000 and st.duplicates_dropped == 0
         assert not a.scheduler.owner.recs  # nothing left in the ownership table
 
 
@@ -476,7 +476,7 @@ async def test_shortest_expected_beats_round_robin_on_heterogeneous_nodes():
             out = await a.map(F + "work", range(n), [base] * n, [slow] * n)
             times[policy] = time.monotonic() - t
             assert len(out) == n
-            ran = (b.scheduler.worker.stats["ran"], c.scheduler.worker.stats["ran"])
+            ran = (b.scheduler.worker.stats().ran, c.scheduler.worker.stats().ran)
             if policy == "round-robin":
                 assert ran == (n // 2, n // 2)
             else:

@@ -91,9 +91,9 @@ async def test_killing_one_of_three_workers_loses_no_result(spawn):
         # barrier: a task on each survivor; its result follows any earlier one on the same link
         await node.gather([node.submit(F + "where", affinity=w) for w in ("w0", "w2")])
         assert len(deliveries) == n and set(deliveries.values()) == {1}
-        st = node.scheduler.stats()["owner"]
-        assert st["completed"] == n + 2 and st["failed"] == 0  # + the two barrier tasks
-        assert st["resubmitted"] > 0  # the victim's running and queued tasks were re-run
+        st = node.scheduler.stats().owner
+        assert st.completed == n + 2 and st.failed == 0  # + the two barrier tasks
+        assert st.resubmitted > 0  # the victim's running and queued tasks were re-run
         ran_on = Counter(v[1] for v in results)
         assert set(ran_on) == {"w0", "w1", "w2"} and ran_on["w1"] < ran_on["w0"]
         assert "w1" in node.scheduler.down

@@ -121,7 +121,7 @@ class RdmaProtocol:
         self._ready: deque[list[memoryview]] = deque()
         self._ready_bytes = 0
         self.fin_received = False
-        self.stats = {"segments_sent": 0, "segments_received": 0, "control_sent": 0, "messages_received": 0}
+        self.counts = {"segments_sent": 0, "segments_received": 0, "control_sent": 0, "messages_received": 0}
 
     # ------------------------------------------------------------------ sending
     def queue(self, frames: Sequence[bytes | bytearray | memoryview]) -> int:
@@ -163,7 +163,7 @@ class RdmaProtocol:
         SEG_HEADER.pack_into(buf, 0, flags, VERSION, self._take_credits_field(), self._send_seq)
         self._send_seq = (self._send_seq + 1) & 0xFFFFFFFF
         self.credits -= 1
-        self.stats["segments_sent"] += 1
+        self.counts["segments_sent"] += 1
 
     def fill(self, buf: memoryview) -> tuple[int, int | None] | None:
         """Write the next data segment into ``buf`` (a registered send buffer).
@@ -215,7 +215,7 @@ class RdmaProtocol:
         if not self.wants_credit_update():
             return None
         self._header(buf, SegmentFlags.CONTROL)
-        self.stats["control_sent"] += 1
+        self.counts["control_sent"] += 1
         return SEG_HEADER.size
 
     def fill_fin(self, buf: memoryview) -> int | None:
@@ -245,7 +245,7 @@ class RdmaProtocol:
             raise DecodeError("RDMA segment after FIN")
         self._recv_seq = (self._recv_seq + 1) & 0xFFFFFFFF
         self._received += 1
-        self.stats["segments_received"] += 1
+        self.counts["segments_received"] += 1
         self.credits += credits
         payload = data[SEG_HEADER.size :]
         if flags & SegmentFlags.CONTROL:
@@ -328,7 +328,7 @@ class RdmaProtocol:
         self._cur = None
         self._ready.append(frames)
         self._ready_bytes += len(cur.body)
-        self.stats["messages_received"] += 1
+        self.counts["messages_received"] += 1
 
     def next_message(self) -> list[memoryview] | None:
         """The next complete message (frames are writable views the caller owns), or None."""

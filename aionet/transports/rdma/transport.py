@@ -50,6 +50,7 @@ from typing import Any, NamedTuple, Protocol
 from ...devices.buffers import BufferPool, MemoryRegistrar, PooledBuffer
 from ...errors import ConfigError, ConnectionClosed, HandshakeError, ProtocolError, TransportError, TransportUnavailable
 from ...log import get_logger
+from ...stats import ConnectionStats
 from ..base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
 from ..options import Option, integer, non_negative, number, parse_options, positive, size, string
 from .protocol import RdmaProtocol
@@ -347,9 +348,10 @@ class RDMAConnection(Connection):
         self._pump()
         return out
 
-    def extra_info(self) -> dict[str, Any]:
+    def stats(self) -> ConnectionStats:
         p = self._proto
-        return {"credits": p.credits, "outstanding_sends": len(self._send_bufs), **p.stats}
+        extra = {"credits": p.credits, "outstanding_sends": len(self._send_bufs), **p.counts}
+        return ConnectionStats(local=self.local_address, remote=self.peer_address, extra=extra)
 
     async def close(self) -> None:
         if self._closed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -15,6 +16,7 @@ import zmq
 
 from ...errors import ConnectionClosed, HandshakeError, ProtocolError, TransportError
 from ...log import get_logger
+from ...stats import ConnectionStats
 from ..base import Buffer, Connection, Message
 from . import wire
 from .pump import DIAL_FAIL_EVENTS, EVENT_NAMES, MORE, NOBLOCK, Monitor, Pump, bsend, zmq_error
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from .options import Options
 
 log = get_logger("aionet.transports.zmq")
+
 
 def _nbytes(frame: Any) -> int:
     if type(frame) is bytes or type(frame) is bytearray:
@@ -89,6 +92,7 @@ def _chain_send(loop: asyncio.AbstractEventLoop, done: asyncio.Future[None], ite
         _all_done(loop, item.result()).add_done_callback(lambda _f: _set_done(done))
     else:
         done.set_result(None)
+
 
 class PendingSend:
     __slots__ = ("fut", "large", "parts")
@@ -373,13 +377,15 @@ class ZConnection(Connection):
     def closed(self) -> bool:
         return self._closed
 
-    def extra_info(self) -> dict[str, Any]:
-        return {
-            "queued_in_messages": len(self._rq),
-            "queued_in_bytes": self._rq_bytes,
-            "queued_send_waiters": len(self._sendq),
-            "eof": str(self._eof) if self._eof else None,
-        }
+    def stats(self) -> ConnectionStats:
+        return ConnectionStats(
+            local=self.local_address,
+            remote=self.peer_address,
+            queued_recv_bytes=self._rq_bytes,
+            queued_recv_messages=len(self._rq),
+            extra={"queued_send_waiters": len(self._sendq), "eof": str(self._eof) if self._eof else None},
+        )
+
 
 # ======================================================================================
 # Dialer side: one DEALER socket per Connection
@@ -578,5 +584,6 @@ class DealerConnection(Pump, ZConnection):
             self._sock.send_multipart([EMPTY, BYE], NOBLOCK)
         self._release(self._opts.linger_ms)
 
-    def extra_info(self) -> dict[str, Any]:
-        return {**super().extra_info(), "socket": "DEALER", "curve": self._transport.curve}
+    def stats(self) -> ConnectionStats:
+        st = super().stats()
+        return dataclasses.replace(st, extra={**st.extra, "socket": "DEALER", "curve": self._transport.curve})

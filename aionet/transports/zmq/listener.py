@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import os
 import socket as _socket
 from typing import Any
@@ -13,6 +14,7 @@ import zmq
 
 from ...errors import ConnectionClosed, ProtocolError, TransportError
 from ...log import get_logger
+from ...stats import ConnectionStats
 from ..base import ConnectionHandler, Listener
 from . import wire
 from .connection import ZConnection
@@ -21,6 +23,7 @@ from .pump import EVENT_NAMES, MON_EVENTS, MORE, NOBLOCK, PROTOCOL_ERRORS, Monit
 from .wire import BYE, EMPTY, HELLO, MALFORMED
 
 log = get_logger("aionet.transports.zmq")
+
 
 # ======================================================================================
 # Listener side: one ROUTER socket, one PeerConnection per routing id
@@ -75,13 +78,15 @@ class PeerConnection(ZConnection):
     async def close(self) -> None:
         self.abort()
 
-    def extra_info(self) -> dict[str, Any]:
-        return {
-            **super().extra_info(),
+    def stats(self) -> ConnectionStats:
+        st = super().stats()
+        extra = {
+            **st.extra,
             "socket": "ROUTER",
             "routing_id": self._rid.hex(),
             "curve": self._listener._transport.curve,
         }
+        return dataclasses.replace(st, extra=extra)
 
 
 class RouterListener(Pump, Listener):

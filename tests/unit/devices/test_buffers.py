@@ -27,7 +27,7 @@ async def test_size_classes_and_reuse():
     assert b2.address == addr  # reused, not reallocated
     big = await p.acquire(5000)
     assert big.capacity == 64 * KiB
-    assert p.stats()["allocations"] == 2
+    assert p.stats().allocations == 2
     b2.release()
     big.release()
 
@@ -43,7 +43,7 @@ async def test_never_exceeds_bound_and_waits():
     b = await p.acquire(1)
     assert p.try_acquire(1) is None
     waiter = asyncio.ensure_future(p.acquire(1))
-    while p.stats()["waiters"] < 1:  # parked, not failed or served
+    while p.stats().waiters < 1:  # parked, not failed or served
         await asyncio.sleep(0)
     assert not waiter.done()
     assert p.allocated_bytes == 128 * KiB
@@ -67,14 +67,14 @@ async def test_waiters_are_served_fifo_and_cancellation_is_clean():
     t1 = asyncio.ensure_future(take(1))
     tc = asyncio.ensure_future(p.acquire(1))
     t2 = asyncio.ensure_future(take(2))
-    while p.stats()["waiters"] < 3:  # all three queued, in order
+    while p.stats().waiters < 3:  # all three queued, in order
         await asyncio.sleep(0)
     tc.cancel()
     await asyncio.sleep(0)
     held.release()
     await asyncio.wait_for(asyncio.gather(t1, t2), 1)
     assert order == [1, 2]
-    assert p.in_use == 0 and p.stats()["waiters"] == 0
+    assert p.in_use == 0 and p.stats().waiters == 0
 
 
 async def test_idle_buffers_of_other_classes_are_evicted_to_fit():
@@ -83,7 +83,7 @@ async def test_idle_buffers_of_other_classes_are_evicted_to_fit():
     for s in smalls:
         s.release()
     big = await asyncio.wait_for(p.acquire(64 * KiB), 1)
-    assert p.allocated_bytes <= p.max_bytes and p.stats()["evictions"] >= 1
+    assert p.allocated_bytes <= p.max_bytes and p.stats().evictions >= 1
     big.release()
 
 

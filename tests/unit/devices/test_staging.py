@@ -417,7 +417,7 @@ async def test_host_target_receives_straight_into_the_array():
         await rx.feed(buf)
     out = await rx.finish()
     assert np.array_equal(out, a) and rx.copies == 0
-    assert st.pool.stats()["acquires"] == 0  # no staging buffer either
+    assert st.pool.stats().acquires == 0  # no staging buffer either
     assert rx.alloc(4096) is None  # nothing more expected: the transport uses its own buffer
 
 
@@ -436,7 +436,7 @@ async def test_simulated_device_never_receives_in_place():
         await asyncio.sleep(0)  # the pool gets the buffer back on the loop
         assert st.pool.in_use == 0
     assert np.array_equal(await rx.finish(), a)
-    assert rx.copies == 3 and st.pool.stats()["allocations"] == 1
+    assert rx.copies == 3 and st.pool.stats().allocations == 1
 
 
 async def test_alloc_declines_other_frames_and_a_full_pool():

@@ -194,7 +194,7 @@ async def test_an_unconfirmable_suspicion_is_death_after_suspect_timeout_of_fed_
     assert [e.kind for e in events] == ["suspect", "dead"]
     assert ms.state_of("b") == "dead" and ports.declared == [("b", "silent")]
     assert rounds == 10 and clock() == 55.0  # 5 s of 0.5 s rounds, on the fake clock only
-    assert ms.stats.deaths_declared == 1
+    assert ms.stats().deaths_declared == 1
 
 
 async def test_a_probe_that_answers_ends_the_verification_alive():
@@ -210,5 +210,5 @@ async def test_a_probe_that_answers_ends_the_verification_alive():
     await asyncio.wait_for(ms._verify_rounds("b", "id-b", "silent"), 5)
     m = ms.table.members["b"]
     assert m.state == SUSPECT and m.verified_at == ms.clock() == 51.5  # told to refute, never dead
-    assert ports.declared == [] and ms.stats.deaths_declared == 0
+    assert ports.declared == [] and ms.stats().deaths_declared == 0
     assert any(peer == "b" for peer, _ in ports.sent)  # b heard it is suspected (so it refutes)

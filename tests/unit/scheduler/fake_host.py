@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aionet.config import Config
+from aionet.instrument import Instruments
 from aionet.scheduler.instructions import AcceptLocal, FailFuture, Resolve, SendCtrl, SendSpecs
 
 
@@ -72,6 +73,7 @@ class FakeHost:
         self.cfg = Config.from_dict({"scheduler": sched}).scheduler
         self.loop = ManualLoop()
         self.log = _NullLog()
+        self.instruments = Instruments()
         self.spec_sends: list[str] = []
         self.local_specs: list[list[Any]] = []
         self.local_ctrl: list[tuple[int, list[int]]] = []

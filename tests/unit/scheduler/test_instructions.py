@@ -69,7 +69,7 @@ def test_duplicate_result_is_dropped_and_a_held_copy_freed(host: FakeHost) -> No
     assert o.on_results("w1", [[tid, 1, R_VALUE, 3, 0.001, 8]], None) == []  # nothing resolves twice
     # a late held duplicate (an attempt wrongly presumed lost): the worker is told to drop it
     assert o.on_results("w2", [[tid, 2, R_HELD, None, 0.001, 1 << 20]], None) == [SendCtrl("w2", M_FREE, (tid,))]
-    assert ref._rec.value == 2 and o.stats["duplicates_dropped"] == 2
+    assert ref._rec.value == 2 and o.stats().duplicates_dropped == 2
 
 
 def test_node_death_resubmits_up_to_retries_then_fails(host: FakeHost) -> None:
@@ -156,7 +156,7 @@ def test_lost_attempt_is_resubmitted_and_only_the_current_attempt_counts(host: F
     assert o.on_results(where, [[tid, 7, R_LOST, "gone", 0.0, 0]], None) == []  # not the current attempt
     out = o.on_results(where, [[tid, 1, R_LOST, "not on node x", 0.0, 0]], None)
     assert kinds(out) == [Resubmit] and ref._rec.state is T.READY
-    assert o.stats["reconciled_lost"] == 1
+    assert o.stats().reconciled_lost == 1
     assert o.on_results(where, [[tid, 1, R_LOST, "again", 0.0, 0]], None) == []  # answered once
     place(o, host, ref)
     # the dropped attempt's result turns up after all: the first completion wins, once

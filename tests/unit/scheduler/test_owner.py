@@ -68,7 +68,7 @@ def test_ran(host: FakeHost) -> None:
     assert o.path(ref.id) == [T.WAITING, T.READY, T.PLACED, T.DONE]
     # a late duplicate (an old attempt) is dropped: no second completion
     host.perform(o.on_results("w1", [[ref._rec.tid, 1, R_VALUE, 3, 0.001, 8]], None))
-    assert ref._rec.value == 2 and o.stats["duplicates_dropped"] == 1
+    assert ref._rec.value == 2 and o.stats().duplicates_dropped == 1
 
 
 def test_failed(host: FakeHost) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from aionet.instrument import Instrument
 from aionet.scheduler.instructions import Interrupt
 from aionet.scheduler.state import InvalidTransition, Job, JobState
 from aionet.scheduler.wire import R_REJECT, R_VALUE
@@ -79,7 +80,7 @@ def test_refused_function_finishes_from_fetching(host: FakeHost) -> None:
     w = RecordingWorker(host)
     w.start({"cpu": 1.0})
     w.accept("me", [spec(1, "os:getcwd", [])], local=True)
-    assert w.path(1) == [J.FETCHING, J.FINISHED] and w.stats["refused"] == 1
+    assert w.path(1) == [J.FETCHING, J.FINISHED] and w.stats().refused == 1
 
 
 def test_task_that_cannot_fit_is_rejected_unqueued(host: FakeHost) -> None:
@@ -99,3 +100,22 @@ def test_illegal_edge_raises(host: FakeHost) -> None:
     job.state = J.FINISHED
     with pytest.raises(InvalidTransition, match="finished -> queued"):
         w._transition(job, J.QUEUED)
+
+
+def test_task_changed_hook_sees_every_transition_on_the_loop(host: FakeHost) -> None:
+    """The ``task_changed`` instrument hook gets the same path the transition table checks."""
+    seen: list[tuple[str, int, int, str, str]] = []
+
+    class Rec(Instrument):
+        def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str) -> None:
+            seen.append((owner, task_id, attempt, name, state))
+
+    host.instruments.add(Rec())
+    w = Worker(host)  # type: ignore[arg-type]
+    w.start({"cpu": 1.0})
+    w.accept("own", [spec(7, "tests.tasks_fns:async_add", [1, 2])], local=False)
+    job = w.jobs[("own", 7)]
+    host.loop.real.run_until_complete(job.task)
+    host.loop.run_soon()
+    assert [s[4] for s in seen] == ["queued", "running", "finished"]
+    assert {s[:3] for s in seen} == {("own", 7, 1)}
