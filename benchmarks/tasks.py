@@ -162,7 +162,7 @@ async def aionet_basic(seeds: list[str], p: dict[str, Any]) -> dict[str, Any]:
         last = await ref
         out["chain_s"] = time.perf_counter() - t
         assert last == p["chain"], last
-        out["stats"] = node.scheduler.stats()["owner"]
+        out["stats"] = node.scheduler.stats().owner.as_dict()
     finally:
         await node.stop()
     return out
@@ -182,7 +182,7 @@ async def aionet_kill(seeds: list[str], cluster: AionetCluster, p: dict[str, Any
                 cluster.kill(1)
                 killed_at = time.perf_counter() - t
         dt = time.perf_counter() - t
-        stats = node.scheduler.stats()["owner"]
+        stats = node.scheduler.stats().owner.as_dict()
     finally:
         await node.stop()
     ok = sorted(got) == list(range(n))

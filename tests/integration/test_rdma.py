@@ -224,7 +224,7 @@ async def test_buffers_return_to_pool_and_stay_registered():
     await a.close()
     await b.close()
     assert pool.in_use == 0
-    assert reg.live == pool.stats()["idle"]  # every pooled buffer is registered exactly once
+    assert reg.live == pool.stats().idle  # every pooled buffer is registered exactly once
     pool.close()
     assert reg.live == 0
 
@@ -302,7 +302,7 @@ def test_transport_registers_and_uses_a_shared_pool(monkeypatch):
     t.use_pool(shared)
     t.use_pool(shared)  # idempotent
     dev, pool = t._ensure_device()
-    assert pool is shared and shared.stats()["registered_with"] == 1
+    assert pool is shared and shared.stats().registered_with == 1
     buf = shared.try_acquire(65536)
     assert buf is not None and buf.region(dev.registrar) is not None  # registered on creation
     buf.release()

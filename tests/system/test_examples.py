@@ -28,7 +28,7 @@ def test_gpu_pingpong_runs_and_arrays_arrive_equal(extra):
     rounds = [line for line in out.stdout.splitlines() if line.startswith("round ")]
     assert len(rounds) == 2 and all("equal=True" in r for r in rounds), out.stdout[-2000:]
     if extra:
-        assert "'sent_staged': 2" in out.stdout
+        assert "sent_staged=2," in out.stdout
 
 
 # --- issue 11: the README's first snippet is quiet, shipped configs work and dial nowhere --------

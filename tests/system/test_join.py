@@ -124,7 +124,7 @@ async def test_dialing_this_node_itself_is_recognised():
     async with Node(name="a", listen="tcp://127.0.0.1:0") as a:
         with capture_logs() as logs, pytest.raises(HandshakeError, match="is this node itself"):
             await a.connect(a.address)
-        await wait_for(lambda: not a._handshaking, 5)
+        await wait_for(lambda: not a._connector.handshaking, 5)
         assert not [e for e in logs if e["log_level"] in ("warning", "error")], logs
         assert a.peers() == {}
 
