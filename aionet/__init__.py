@@ -13,6 +13,7 @@ from ._version import __version__
 from .config import Config
 from .errors import (
     AionetError,
+    CollectiveError,
     ConfigError,
     ConnectionClosed,
     ConnectTimeout,
@@ -36,6 +37,7 @@ _LAZY = {"Node": ".node", "TaskRef": ".scheduler", "task_context": ".scheduler"}
 
 __all__ = [
     "AionetError",
+    "CollectiveError",
     "Config",
     "ConfigError",
     "ConnectTimeout",

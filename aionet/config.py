@@ -116,6 +116,15 @@ class HeartbeatSection:
 
 
 @dataclass
+class CollectivesSection:
+    """``node.group()`` collectives (aionet/collectives/)."""
+
+    small_bytes: int = 65536  # allreduce at or below this: recursive doubling; above: the ring
+    segment_bytes: int = 4 * 2**20  # ring chunks travel in pieces this large (pipelined)
+    timeout: float = 0.0  # s a collective may take before it raises CollectiveError (0: no limit)
+
+
+@dataclass
 class SchedulerSection:
     policy: str = "least-loaded"  # round-robin | least-loaded | shortest-expected | locality
     run_local: bool = True  # this node runs tasks too (false: it only submits)
@@ -207,6 +216,7 @@ class Config:
     link: LinkSection = field(default_factory=LinkSection)
     heartbeat: HeartbeatSection = field(default_factory=HeartbeatSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    collectives: CollectivesSection = field(default_factory=CollectivesSection)
     buffers: BuffersSection = field(default_factory=BuffersSection)
     security: SecuritySection = field(default_factory=SecuritySection)
     http: HttpSection = field(default_factory=HttpSection)
@@ -251,6 +261,12 @@ class Config:
             if getattr(self.limits, name) <= 0:
                 raise ConfigError(f"limits.{name} must be positive")
         validate_heartbeat(self.heartbeat)
+        co = self.collectives
+        if co.small_bytes < 0 or co.segment_bytes < 4096 or not co.timeout >= 0:
+            raise ConfigError(
+                "collectives.small_bytes must be >= 0, collectives.segment_bytes >= 4096 and "
+                "collectives.timeout >= 0 (0: no limit)"
+            )
         if self.link.max_inflight_bytes <= 0:
             raise ConfigError("link.max_inflight_bytes must be positive")
         if not self.link.death_grace >= 0:

@@ -93,9 +93,22 @@ class TaskError(AionetError):
     """A task failed: not importable, raised, or exhausted its retries."""
 
 
+class CollectiveError(AionetError):
+    """A collective cannot complete: a member died or left (``member`` names it), the call
+    timed out, or the group was closed. The group is broken: ``grp.shrink()`` to go on."""
+
+    def __init__(self, message: str, member: str | None = None) -> None:
+        super().__init__(message)
+        self.member = member
+
+    def __reduce__(self):  # keep picklable
+        return (type(self), (str(self), self.member))
+
+
 __all__ = [
     "AionetError",
     "BadMagic",
+    "CollectiveError",
     "ConfigError",
     "ConnectionClosed",
     "DecodeError",

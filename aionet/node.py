@@ -15,6 +15,7 @@ from ._version import __version__
 from .codecs import handshake
 from .codecs.envelope import CONTROL_MIN, REQ, SEND
 from .codecs.serialize import Serializer
+from .collectives import Collectives, Group
 from .config import Config
 from .core.connect import Connector
 from .core.device_transfer import DeviceTransfers, StagingRequired
@@ -151,6 +152,7 @@ class Node:
             instruments=self.instruments,
         )
         self._directory.member_state = self.membership.state_of
+        self.collectives = Collectives(cfg.collectives, messaging=self, members=self.membership, spawn=self._spawn)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -196,6 +198,7 @@ class Node:
         self._closing = True
         await self.membership.stop()  # announces a graceful leave before anything closes
         await self.scheduler.stop()  # fails tasks still owned here; drops queued work
+        await self.collectives.close()  # pending collectives raise CollectiveError
         for lst in self._listeners:
             with contextlib.suppress(Exception):
                 await lst.close()
@@ -245,6 +248,12 @@ class Node:
         """name -> state (alive/suspect/dead/left), address, incarnation, load, devices, age;
         this node included. Nodes that only connected (e.g. `aionet status`) are not members."""
         return self.membership.members()
+
+    def group(self, members: Sequence[str] | None = None, name: str | None = None) -> Group:
+        """A process group for collectives: ``members`` in rank order, default every alive member
+        sorted by name. Every member must create the same group. See aionet.collectives."""
+        alive = sorted(n for n, m in self.members().items() if m["state"] == "alive")
+        return self.collectives.group(alive if members is None else members, name)
 
     def on_member_change(self, fn: Callable[[MemberEvent], Any]) -> Callable[[], None]:
         """Call ``fn(event)`` on every membership change; returns an unsubscribe function."""

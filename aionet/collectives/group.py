@@ -1,0 +1,449 @@
+"""A process group: ranks over node names, and the collectives performed over the node's links.
+
+Each collective call takes the group's next sequence number, so concurrent calls and calls that
+overlap in time on different ranks never mix their messages. Messages travel on the group's own
+mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`); a dispatcher task drains
+the channel into waiting futures, keeping messages for calls this rank has not reached yet.
+
+Failure semantics: when membership declares a member dead (or it leaves), every pending and
+later call on every group containing it raises :class:`~aionet.errors.CollectiveError` naming
+it, within the failure-detection time; nothing waits for a dead rank. ``shrink()`` gives the
+survivors a new group on which the next call is correct (MPI ULFM's revoke + shrink).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core.ports import Messaging
+from ..errors import CollectiveError, PeerUnavailable
+from ..log import get_logger
+from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
+from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, write_out
+from .wire import CHANNEL_PREFIX, Tag, tag
+
+ALGORITHMS = ("auto", "ring", "doubling", "tree")
+
+
+class Group:
+    """``grp = node.group()``: ``grp.rank``, ``grp.size``, ``grp.members`` and the collectives.
+    Every member must create the same group (same members in the same order, same name)."""
+
+    def __init__(
+        self,
+        messaging: Messaging,
+        members: Sequence[str],
+        name: str,
+        *,
+        small_bytes: int,
+        segment_bytes: int,
+        timeout: float | None,
+        spawn: Callable[[Awaitable[Any], str], asyncio.Task[Any]],
+        alive: Callable[[str], bool],
+        on_close: Callable[[Group], None],
+        factory: Callable[[list[str], str, int], Group],
+        epoch: int = 0,
+    ) -> None:
+        if messaging.name not in members:
+            raise ValueError(f"node {messaging.name!r} is not in the group's members {list(members)}")
+        if len(set(members)) != len(members):
+            raise ValueError(f"a group's members must be distinct: {list(members)}")
+        self.members: tuple[str, ...] = tuple(members)
+        self.name = name
+        self.epoch = epoch
+        self.rank = self.members.index(messaging.name)
+        self.size = len(self.members)
+        self.small_bytes = small_bytes
+        self.segment_bytes = max(1, segment_bytes)
+        self.timeout = timeout
+        digest = hashlib.blake2b("\0".join(self.members).encode(), digest_size=6).hexdigest()
+        # the member list is part of the channel: groups whose members disagree never mix
+        self.channel = f"{CHANNEL_PREFIX}{name}#{epoch}.{digest}"
+        self._msg = messaging
+        self._alive = alive
+        self._on_close = on_close
+        self._factory = factory
+        self._seq = 0
+        self._active: set[int] = set()  # sequence numbers of calls in progress
+        self._sends: dict[int, list[asyncio.Task[None]]] = {}
+        self._waiting: dict[tuple[int, Tag, int], asyncio.Future[Any]] = {}
+        self._early: dict[tuple[int, Tag, int], Any] = {}
+        self._broken: CollectiveError | None = None
+        self.lost: set[str] = set()
+        self._closed = False
+        self.log = get_logger("aionet.collectives", node=messaging.name, group=name)
+        self._pump = spawn(self._dispatch(), f"aionet-collectives-{name}")
+
+    def __repr__(self) -> str:
+        return f"<Group {self.name!r} rank {self.rank}/{self.size}>"
+
+    # ------------------------------------------------------------------ membership
+    def member_lost(self, name: str, reason: str) -> None:
+        """Membership says ``name`` is gone: fail what waits, refuse what comes."""
+        if name not in self.members or name == self.members[self.rank]:
+            return
+        self.lost.add(name)
+        self._break(CollectiveError(f"group {self.name!r}: member {name!r} is {reason}", member=name))
+
+    def _break(self, exc: CollectiveError) -> None:
+        if self._broken is None:
+            self._broken = exc
+            self.log.warning("collective group broken: shrink() it to go on", error=str(exc))
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(self._broken)
+                fut.exception()  # retrieved here: a waiter that is gone must not log it
+        self._waiting.clear()
+
+    def shrink(self) -> Group:
+        """A new group of the members still alive (without the lost ones), ranks renumbered in
+        the same order. Every survivor calls it; the next collective on it is correct."""
+        survivors = [m for m in self.members if m not in self.lost and self._alive(m)]
+        return self._factory(survivors, self.name, self.epoch + 1)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._break(CollectiveError(f"group {self.name!r} is closed"))
+        self._pump.cancel()
+        await asyncio.gather(self._pump, return_exceptions=True)
+        self._on_close(self)
+
+    # ------------------------------------------------------------------ messages
+    async def _dispatch(self) -> None:
+        while True:
+            for seq, t, src, payload in await self._msg.recv_batch(self.channel):
+                key = (seq, t, src)
+                fut = self._waiting.pop(key, None)
+                if fut is not None:
+                    if not fut.done():
+                        fut.set_result(payload)
+                elif seq >= self._low_seq():
+                    self._early[key] = payload  # for a call this rank has not reached yet
+
+    def _low_seq(self) -> int:
+        """Messages below this belong to calls that ended (failed ones leave some behind)."""
+        return min(self._active, default=self._seq)
+
+    def _recv(self, seq: int, t: Tag, src: int) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        key = (seq, t, src)
+        if key in self._early:
+            fut.set_result(self._early.pop(key))
+        elif self._broken is not None:
+            fut.set_exception(self._broken)
+        else:
+            self._waiting[key] = fut
+        return fut
+
+    async def _send(self, dst: int, seq: int, t: Tag, payload: Any) -> None:
+        peer = self.members[dst]
+        try:
+            await self._msg.send(peer, self.channel, [seq, t, self.rank, payload])
+        except PeerUnavailable as exc:
+            self.member_lost(peer, f"unreachable ({exc})")
+            raise self._broken or CollectiveError(str(exc), member=peer) from exc
+
+    async def _run(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None) -> Any:
+        """One collective call: its sequence number, the failure and timeout rules."""
+        if self._broken is not None:
+            raise self._broken
+        if self._closed:
+            raise CollectiveError(f"group {self.name!r} is closed")
+        seq = self._seq
+        self._seq += 1
+        self._active.add(seq)
+        low = self._low_seq()
+        for k in [k for k in self._early if k[0] < low]:  # leftovers of failed calls
+            del self._early[k]
+        limit = self.timeout if timeout is None else timeout
+        sends = self._sends[seq] = []
+        try:
+            async with asyncio.timeout(limit):
+                out = await fn(seq)
+                if sends:
+                    await asyncio.gather(*sends)
+                return out
+        except TimeoutError:
+            exc = CollectiveError(f"group {self.name!r}: {what} timed out after {limit} s (rank {self.rank})")
+            self._break(exc)
+            raise exc from None
+        finally:
+            self._active.discard(seq)
+            del self._sends[seq]
+            for t in sends:
+                if not t.done():
+                    t.cancel()
+            if sends:
+                await asyncio.gather(*sends, return_exceptions=True)
+
+    def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> None:
+        """Send without waiting (large messages wait for the peer's ack: pipelining needs many
+        in flight); the call awaits them all before it returns."""
+        self._sends[seq].append(asyncio.ensure_future(self._send(dst, seq, t, payload)))
+
+    # ------------------------------------------------------------------ reductions
+    async def allreduce(
+        self, x: Any, op: str = "sum", *, out: Any = None, algorithm: str = "auto", timeout: float | None = None
+    ) -> Any:
+        """The reduction of every rank's ``x`` (same shape and dtype everywhere), on every rank.
+        A list or tuple of arrays is fused into one message per dtype (tensor fusion) and comes
+        back as a list. ``out=``: write the result there (may be ``x`` itself)."""
+        fn = ufunc(op)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}")
+        if isinstance(x, (list, tuple)):
+            return await self._allreduce_many(list(x), op, algorithm, timeout)
+        c = to_numpy(x)
+
+        async def go(seq: int) -> Any:
+            res = await self._allreduce_flat(seq, c.flat, fn, algorithm)
+            return self._finish(c, res, op, out)
+
+        return await self._run("allreduce", go, timeout)
+
+    def _finish(self, c: Converted, res: np.ndarray, op: str, out: Any) -> Any:
+        if op == "mean":
+            res = finish_mean(res, self.size)
+        if out is not None:
+            return write_out(out, res)
+        return from_numpy(c, res)
+
+    async def _allreduce_many(self, xs: list[Any], op: str, algorithm: str, timeout: float | None) -> list[Any]:
+        fn = ufunc(op)
+        cs = [to_numpy(x) for x in xs]
+        by_dtype: dict[np.dtype[Any], list[int]] = {}
+        for i, c in enumerate(cs):
+            by_dtype.setdefault(c.flat.dtype, []).append(i)
+
+        async def go(seq: int) -> list[Any]:
+            results: list[Any] = [None] * len(cs)
+            for bucket, idx in enumerate(by_dtype.values()):
+                fused = np.concatenate([cs[i].flat for i in idx]) if len(idx) > 1 else cs[idx[0]].flat
+                res = await self._allreduce_flat(seq, fused, fn, algorithm, bucket)
+                start = 0
+                for i in idx:
+                    n = cs[i].flat.size
+                    results[i] = self._finish(cs[i], res[start : start + n], op, None)
+                    start += n
+            return results
+
+        return await self._run("allreduce", go, timeout)
+
+    async def _allreduce_flat(self, seq: int, flat: np.ndarray, fn: Any, algorithm: str, bucket: int = 0) -> np.ndarray:
+        if self.size == 1:
+            return flat.copy()
+        if algorithm == "auto":
+            algorithm = "doubling" if flat.nbytes <= self.small_bytes or flat.size < self.size else "ring"
+        if algorithm == "ring" and flat.size >= self.size:
+            return await self._ring_allreduce(seq, flat, fn, bucket)
+        if algorithm == "tree":
+            red = await self._tree_reduce(seq, flat, fn, 0, bucket)
+            return await self._tree_bcast(seq, red, 0, bucket, phase=3)
+        return await self._doubling(seq, flat, fn, bucket)
+
+    async def _doubling(self, seq: int, acc: np.ndarray, fn: Any, bucket: int) -> np.ndarray:
+        plan = recursive_doubling(self.size, self.rank)
+        if plan.fold_to is not None:
+            self._post(plan.fold_to, seq, tag(bucket, 0, 0), acc)
+            return np.asarray(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to)).copy()
+        acc = acc.copy()
+        if plan.fold_from is not None:
+            fn(acc, await self._recv(seq, tag(bucket, 0, 0), plan.fold_from), out=acc)
+        for k, partner in enumerate(plan.partners):
+            self._post(partner, seq, tag(bucket, 1, k), acc)
+            got = await self._recv(seq, tag(bucket, 1, k), partner)
+            # the same operand order on both sides: results agree bit for bit (floats too)
+            acc = fn(acc, got) if self.rank < partner else fn(got, acc)
+        if plan.unfold_to is not None:
+            self._post(plan.unfold_to, seq, tag(bucket, 2, 0), acc)
+        return acc
+
+    async def _ring_allreduce(self, seq: int, flat: np.ndarray, fn: Any, bucket: int) -> np.ndarray:
+        n, r = self.size, self.rank
+        left, right = (r - 1) % n, (r + 1) % n
+        bounds = chunk_bounds(flat.size, n)
+        buf = flat.copy()  # reduced into; chunks once sent are never written again
+        seg = max(1, self.segment_bytes // max(1, flat.itemsize))
+
+        def segments(c: int) -> list[tuple[int, int]]:
+            a, b = bounds[c]
+            return [(s, min(s + seg, b)) for s in range(a, b, seg)] or [(a, a)]
+
+        rs = ring_reduce_scatter(n, r)
+        for j, (a, b) in enumerate(segments(rs[0].send)):
+            self._post(right, seq, tag(bucket, 4, 0, j), buf[a:b])
+        for s, step in enumerate(rs):
+            for j, (a, b) in enumerate(segments(step.recv)):
+                got = await self._recv(seq, tag(bucket, 4, s, j), left)
+                view = buf[a:b]
+                fn(view, got, out=view)  # each chunk is reduced along one chain: all ranks agree
+                if s + 1 < len(rs):  # pipelined: this segment goes on while the next arrives
+                    self._post(right, seq, tag(bucket, 4, s + 1, j), view)
+        chunks: list[np.ndarray | None] = [None] * n
+        own = (r + 1) % n
+        a, b = bounds[own]
+        chunks[own] = buf[a:b]
+        for s, step in enumerate(ring_allgather(n, r)):
+            send = chunks[step.send]
+            assert send is not None
+            self._post(right, seq, tag(bucket, 5, s), send)
+            chunks[step.recv] = np.asarray(await self._recv(seq, tag(bucket, 5, s), left))
+        return np.concatenate(chunks)  # type: ignore[arg-type]
+
+    async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, bucket: int) -> np.ndarray | None:
+        node = binomial_tree(self.size, root, self.rank)
+        acc = flat.copy()
+        for child in reversed(node.children):  # smallest subtree first: it finishes first
+            got = await self._recv(seq, tag(bucket, 6, child), child)
+            acc = fn(acc, got) if self.rank < child else fn(got, acc)
+        if node.parent is not None:
+            self._post(node.parent, seq, tag(bucket, 6, self.rank), acc)
+            return None
+        return acc
+
+    async def _tree_bcast(self, seq: int, value: Any, root: int, bucket: int, phase: int = 7) -> Any:
+        node = binomial_tree(self.size, root, self.rank)
+        if node.parent is not None:
+            value = await self._recv(seq, tag(bucket, phase, 0), node.parent)
+        for child in node.children:
+            self._post(child, seq, tag(bucket, phase, 0), value)
+        return value
+
+    async def reduce(
+        self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
+    ) -> Any:
+        """The reduction on rank ``root`` (None elsewhere), over a binomial tree."""
+        fn, c = ufunc(op), to_numpy(x)
+        self._check_root(root)
+
+        async def go(seq: int) -> Any:
+            res = await self._tree_reduce(seq, c.flat, fn, root, 0)
+            return None if res is None else self._finish(c, res, op, out)
+
+        return await self._run("reduce", go, timeout)
+
+    async def reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
+        """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
+        ``size`` near-equal blocks (as ``numpy.array_split``), reduced around the ring."""
+        fn, c = ufunc(op), to_numpy(x)
+        if not c.shape:
+            raise ValueError("reduce_scatter needs an array with at least one axis")
+        rows = chunk_bounds(c.shape[0], self.size)
+        per_row = c.flat.size // max(1, c.shape[0])
+        bounds = [(a * per_row, b * per_row) for a, b in rows]
+
+        async def go(seq: int) -> Any:
+            n, r = self.size, self.rank
+            if n == 1:
+                res = c.flat.copy()
+            else:
+                res = await self._ring_reduce_scatter(seq, c.flat, fn, bounds)
+            if op == "mean":
+                res = finish_mean(res, n)
+            a, b = rows[r]
+            return from_numpy(Converted(res, (b - a, *c.shape[1:]), c.kind, x), res)
+
+        return await self._run("reduce_scatter", go, timeout)
+
+    async def _ring_reduce_scatter(
+        self, seq: int, flat: np.ndarray, fn: Any, bounds: list[tuple[int, int]]
+    ) -> np.ndarray:
+        """The ring schedule with chunk ``c`` standing for block ``c - 1``, so that rank ``r``
+        ends holding block ``r``."""
+        n, r = self.size, self.rank
+        left, right = (r - 1) % n, (r + 1) % n
+        buf = flat.copy()
+        rs = ring_reduce_scatter(n, r)
+        a, b = bounds[(rs[0].send - 1) % n]
+        self._post(right, seq, tag(0, 8, 0), buf[a:b])
+        for s, step in enumerate(rs):
+            a, b = bounds[(step.recv - 1) % n]
+            got = await self._recv(seq, tag(0, 8, s), left)
+            view = buf[a:b]
+            fn(view, got, out=view)
+            if s + 1 < len(rs):
+                self._post(right, seq, tag(0, 8, s + 1), view)
+        a, b = bounds[r]
+        return buf[a:b].copy()
+
+    # ------------------------------------------------------------------ data movement
+    async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
+        """``root``'s ``x`` on every rank (any serializable object), over a binomial tree."""
+        self._check_root(root)
+        return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, 0), timeout)
+
+    async def allgather(self, x: Any, *, timeout: float | None = None) -> list[Any]:
+        """Every rank's ``x``, in rank order, on every rank (around the ring)."""
+
+        async def go(seq: int) -> list[Any]:
+            n, r = self.size, self.rank
+            items: list[Any] = [None] * n
+            items[r] = x
+            for s, step in enumerate(ring_allgather(n, r, first=r)):
+                self._post((r + 1) % n, seq, tag(0, 9, s), items[step.send])
+                items[step.recv] = await self._recv(seq, tag(0, 9, s), (r - 1) % n)
+            return items
+
+        return await self._run("allgather", go, timeout)
+
+    async def gather(self, x: Any, root: int = 0, *, timeout: float | None = None) -> list[Any] | None:
+        """Every rank's ``x`` in rank order on ``root`` (None elsewhere)."""
+        self._check_root(root)
+
+        async def go(seq: int) -> list[Any] | None:
+            if self.rank != root:
+                self._post(root, seq, tag(0, 10, 0), x)
+                return None
+            futs = {src: self._recv(seq, tag(0, 10, 0), src) for src in range(self.size) if src != root}
+            return [x if src == root else await futs[src] for src in range(self.size)]
+
+        return await self._run("gather", go, timeout)
+
+    async def scatter(self, xs: Sequence[Any] | None = None, root: int = 0, *, timeout: float | None = None) -> Any:
+        """Rank ``r`` gets ``xs[r]`` from ``root`` (``xs`` only matters on the root)."""
+        self._check_root(root)
+        if self.rank == root and (xs is None or len(xs) != self.size):
+            raise ValueError(f"scatter needs one item per rank on the root ({self.size})")
+
+        async def go(seq: int) -> Any:
+            if self.rank == root:
+                assert xs is not None
+                for dst in range(self.size):
+                    if dst != root:
+                        self._post(dst, seq, tag(0, 11, 0), xs[dst])
+                return xs[root]
+            return await self._recv(seq, tag(0, 11, 0), root)
+
+        return await self._run("scatter", go, timeout)
+
+    async def alltoall(self, xs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
+        """Rank ``r`` sends ``xs[d]`` to rank ``d`` and gets everyone's item for ``r``, in rank order."""
+        if len(xs) != self.size:
+            raise ValueError(f"alltoall needs one item per rank ({self.size})")
+
+        async def go(seq: int) -> list[Any]:
+            futs = {src: self._recv(seq, tag(0, 12, 0), src) for src in range(self.size) if src != self.rank}
+            for dst in range(self.size):
+                if dst != self.rank:
+                    self._post(dst, seq, tag(0, 12, 0), xs[dst])
+            return [xs[self.rank] if src == self.rank else await futs[src] for src in range(self.size)]
+
+        return await self._run("alltoall", go, timeout)
+
+    async def barrier(self, *, timeout: float | None = None) -> None:
+        """Returns once every rank has entered it."""
+        await self.allreduce(0, timeout=timeout)
+
+    def _check_root(self, root: int) -> None:
+        if not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank in [0, {self.size})")
+
+
+__all__ = ["ALGORITHMS", "Group"]

@@ -1,0 +1,95 @@
+"""Reduction operators and the inputs collectives accept, kept apart from any I/O.
+
+Inputs: numpy arrays of any numeric dtype, CPU torch tensors (viewed through DLPack without a
+copy, and without importing torch unless the caller passed a tensor), Python scalars and small
+objects. Results come back in the caller's kind: a tensor for a tensor, a scalar for a scalar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+OPS: dict[str, Callable[..., Any]] = {
+    "sum": np.add,
+    "mean": np.add,  # summed, then divided by the group size
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+}
+
+
+def ufunc(op: str) -> Callable[..., Any]:
+    try:
+        return OPS[op]
+    except KeyError:
+        raise ConfigError(f"unknown reduction op {op!r}: use one of {', '.join(OPS)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Converted:
+    """An input as a flat contiguous numpy array, and how to give the result back."""
+
+    flat: np.ndarray
+    shape: tuple[int, ...]
+    kind: str  # "numpy", "torch", "scalar"
+    original: Any
+
+
+def to_numpy(x: Any) -> Converted:
+    """``x`` as a flat numpy array (a view when it already is contiguous numeric memory)."""
+    if isinstance(x, np.ndarray):
+        arr, kind = x, "numpy"
+    elif type(x).__module__.startswith("torch"):
+        if getattr(x, "device", None) is not None and x.device.type != "cpu":
+            raise TypeError("collectives take CPU torch tensors; move CUDA tensors with .cpu() or pass a CuPy array")
+        arr, kind = np.from_dlpack(x.detach()), "torch"
+    elif isinstance(x, (int, float, complex, bool, np.number, np.bool_)):
+        arr, kind = np.asarray(x), "scalar"
+    else:
+        raise TypeError(
+            f"cannot reduce a {type(x).__name__}: pass a numpy array, a CPU torch tensor or a number "
+            "(allgather, gather, broadcast and scatter also carry any serializable object)"
+        )
+    if arr.dtype.kind not in "biufc":
+        raise TypeError(f"cannot reduce dtype {arr.dtype}: numeric dtypes only")
+    return Converted(np.ascontiguousarray(arr).reshape(-1), tuple(arr.shape), kind, x)
+
+
+def from_numpy(c: Converted, result: np.ndarray) -> Any:
+    """The reduced ``result`` (flat) in the input's kind and shape."""
+    shaped = result.reshape(c.shape)
+    if c.kind == "scalar":
+        return shaped.item()
+    if c.kind == "torch":
+        import torch  # the caller passed a tensor, so torch is importable
+
+        return torch.from_dlpack(shaped)
+    return shaped
+
+
+def write_out(out: Any, result: np.ndarray) -> Any:
+    """Copy the flat ``result`` into the caller's ``out`` (numpy array or CPU tensor)."""
+    dst = to_numpy(out).flat if not isinstance(out, np.ndarray) else out.reshape(-1)
+    if dst.size != result.size:
+        raise ValueError(f"out has {dst.size} elements, the result {result.size}")
+    if not np.shares_memory(dst, out if isinstance(out, np.ndarray) else dst):
+        raise ValueError("out must be contiguous so the result can be written into it")
+    np.copyto(dst, result, casting="same_kind")
+    return out
+
+
+def finish_mean(result: np.ndarray, n: int) -> np.ndarray:
+    """Sum -> mean: floats in place, integers become float64 (like ``numpy.mean``)."""
+    if result.dtype.kind in "fc":
+        np.divide(result, n, out=result)
+        return result
+    return result / n
+
+
+__all__ = ["OPS", "Converted", "finish_mean", "from_numpy", "to_numpy", "ufunc", "write_out"]

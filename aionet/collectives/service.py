@@ -1,0 +1,83 @@
+"""The node's collectives service: builds groups, and tells them when a member is gone.
+
+It gets the node's messaging and membership events through :mod:`aionet.core.ports` (never
+the Node), keeps a member's state as membership's events last said, and breaks every group that
+holds a member declared dead, restarted or gone, so no collective ever waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ..config import CollectivesSection
+from ..core.ports import MemberEventInfo, MemberEvents, Messaging
+from .group import Group
+
+
+class Collectives:
+    def __init__(
+        self,
+        cfg: CollectivesSection,
+        *,
+        messaging: Messaging,
+        members: MemberEvents,
+        spawn: Callable[[Awaitable[Any], str], asyncio.Task[Any]],
+    ) -> None:
+        self.cfg = cfg
+        self._msg = messaging
+        self._spawn = spawn
+        self._groups: set[Group] = set()
+        self._states: dict[str, str] = {}  # member -> last state membership reported
+        self._gone: dict[str, str] = {}  # member -> why, for members dead or left
+        members.on_member_change(self._on_member)
+
+    def group(self, members: Sequence[str], name: str | None = None) -> Group:
+        """A group over ``members`` (in this order: rank i is ``members[i]``)."""
+        members = list(members)
+        return self.make(members, name or "g:" + ",".join(members), 0)
+
+    def make(self, members: list[str], name: str, epoch: int) -> Group:
+        cfg = self.cfg
+        g = Group(
+            self._msg,
+            members,
+            name,
+            small_bytes=cfg.small_bytes,
+            segment_bytes=cfg.segment_bytes,
+            timeout=cfg.timeout or None,
+            spawn=self._spawn,
+            alive=self.alive,
+            on_close=self._groups.discard,
+            factory=self.make,
+            epoch=epoch,
+        )
+        self._groups.add(g)
+        for m in members:  # a member already gone: the group cannot work, say so at once
+            if m in self._gone:
+                g.member_lost(m, self._gone[m])
+        return g
+
+    def alive(self, name: str) -> bool:
+        return name == self._msg.name or (name not in self._gone and self._states.get(name, "alive") != "dead")
+
+    def _on_member(self, ev: MemberEventInfo) -> None:
+        name, state, kind = ev.name, ev.state, ev.kind
+        if name == self._msg.name:
+            return
+        self._states[name] = state
+        if state in ("dead", "left") or kind == "restarted":
+            why = "restarted" if kind == "restarted" else state
+            if state in ("dead", "left"):
+                self._gone[name] = why
+            for g in list(self._groups):
+                g.member_lost(name, why)
+        elif state == "alive":
+            self._gone.pop(name, None)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(g.close() for g in list(self._groups)), return_exceptions=True)
+
+
+__all__ = ["Collectives"]
