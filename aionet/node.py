@@ -72,8 +72,7 @@ class Node:
         self.log = get_logger("aionet.node", node=self.name)
         self.instruments = Instruments(instruments, self.log)  # hooks for metrics and tracing
         self.serializer = Serializer.from_config(cfg)
-        # what compute this node has: the node's one Devices, handed to everything that asks
-        # (device transfers, membership's load reports, the scheduler's resources, aionet.info)
+        # what compute this node has: one Devices, handed to all that ask (transfers, load, scheduler)
         self.devices = Devices()
         # device arrays in messages (aionet/core/device_transfer.py); ``device_backend`` overrides the
         # array backend (tests and benchmarks pass aionet.devices.SimulatedDeviceBackend())
@@ -128,7 +127,7 @@ class Node:
         )
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, self._info_service)
-        # membership (issue 5): gossip, heartbeats, failure detection, load reports
+        # the services, each on ports (aionet/core/ports.py): membership (gossip, failure detection, load)
         self.membership = Membership(
             cfg.heartbeat,
             messaging=self,
@@ -140,7 +139,7 @@ class Node:
             token=self._token,
             instruments=self.instruments,
         )
-        # tasks (issue 6): this node's ownership table and executor
+        # ... tasks (ownership table and executor), collectives (process groups)
         self.scheduler = Scheduler(
             cfg.scheduler,
             messaging=self,
@@ -235,15 +234,11 @@ class Node:
             raise AionetError("node is not listening (not started?)")
         return addrs[0]
 
-    def _advertised(self) -> list[str]:
-        adv = self.config.node.advertise
-        return [adv] if adv else self.addresses
-
     def peers(self) -> dict[str, dict[str, Any]]:
         """Known peers: name -> {addresses, connected}."""
         return self._directory.summary()
 
-    # --- membership (issue 5) ---------------------------------------------------------
+    # ------------------------------------------------------------------ membership, collectives
     def members(self) -> dict[str, dict[str, Any]]:
         """name -> state (alive/suspect/dead/left), address, incarnation, load, devices, age;
         this node included. Nodes that only connected (e.g. `aionet status`) are not members."""
@@ -322,11 +317,9 @@ class Node:
 
     def send_control(self, peer: str, envelope: list[Any]) -> bool:
         """Best-effort, unsequenced, not replayed (heartbeats, probes). False if not connected."""
-        link = self._directory.live_link(peer)
-        if link is None:
-            return False
-        link.send_control(self.serializer.dumps(envelope))
-        return True
+        if (link := self._directory.live_link(peer)) is not None:
+            link.send_control(self.serializer.dumps(envelope))
+        return link is not None
 
     def on_connection_event(self, fn: Callable[[str, str, dict[str, Any]], None]) -> None:
         """``fn(peer, event, details)`` for event in "connected", "lost", "left", "dead".

@@ -37,3 +37,14 @@ def setup(node):
         else:
             sum(range(int(amount)))
         return time.monotonic() - t0
+
+    @node.service("test.allreduce_loop")
+    async def allreduce_loop(arg):
+        """Join group ``members`` and allreduce ``n`` float32 ones forever (until killed)."""
+        import numpy as np
+
+        members, n = arg
+        grp = node.group(members=members, name="loop")
+        x = np.ones(n, dtype=np.float32)
+        while True:
+            await grp.allreduce(x)

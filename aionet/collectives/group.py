@@ -88,12 +88,14 @@ class Group:
         if name not in self.members or name == self.members[self.rank]:
             return
         self.lost.add(name)
-        self._break(CollectiveError(f"group {self.name!r}: member {name!r} is {reason}", member=name))
+        exc = CollectiveError(f"group {self.name!r}: member {name!r} is {reason}", member=name)
+        self._break(exc, quiet=reason == "left")  # a graceful leave with nothing pending is routine
 
-    def _break(self, exc: CollectiveError) -> None:
+    def _break(self, exc: CollectiveError, quiet: bool = False) -> None:
         if self._broken is None:
             self._broken = exc
-            self.log.warning("collective group broken: shrink() it to go on", error=str(exc))
+            if self._waiting or not quiet:
+                self.log.warning("collective group broken: shrink() it to go on", error=str(exc))
         for fut in self._waiting.values():
             if not fut.done():
                 fut.set_exception(self._broken)
@@ -110,7 +112,7 @@ class Group:
         if self._closed:
             return
         self._closed = True
-        self._break(CollectiveError(f"group {self.name!r} is closed"))
+        self._break(CollectiveError(f"group {self.name!r} is closed"), quiet=True)
         self._pump.cancel()
         await asyncio.gather(self._pump, return_exceptions=True)
         self._on_close(self)

@@ -1,0 +1,161 @@
+"""Collectives between real nodes in one process over tcp://127.0.0.1:0: every op, several
+dtypes and sizes, every algorithm, concurrent calls and groups, timeouts, a member leaving,
+and shrink. #wrong must be 0: results are compared exactly (integers) or to the reduction
+numpy computes over the same inputs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aionet import CollectiveError, Node
+from aionet.collectives import Group
+from aionet.config import Config
+from aionet.testing import cluster
+
+pytestmark = pytest.mark.timeout(60)
+N = 4
+
+
+@pytest.fixture
+async def groups() -> AsyncIterator[list[Group]]:
+    cfg = {"collectives": {"small_bytes": 4096, "segment_bytes": 16384}}  # ring and segments at small sizes
+    async with cluster(N, "tcp", config=cfg) as nodes:
+        yield [n.group() for n in nodes]
+
+
+async def each(groups: list[Group], fn: Any) -> list[Any]:
+    return await asyncio.wait_for(asyncio.gather(*(fn(g) for g in groups)), 20)
+
+
+REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "min": np.minimum.reduce, "max": np.maximum.reduce}
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "float32", "float64", "complex64"])
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "doubling", "tree"])
+async def test_allreduce_every_op_dtype_algorithm(groups: list[Group], dtype: str, algorithm: str) -> None:
+    rng = np.random.default_rng(7)
+    for size in (1, 3, 1000, 20_000):
+        xs = [
+            (rng.integers(-3, 4, size) if dtype != "int8" else rng.integers(-1, 2, size)).astype(dtype) for _ in groups
+        ]
+        for op, red in REDUCE.items():
+            if dtype.startswith("complex") and op in ("min", "max"):
+                continue
+            outs = await each(groups, lambda g, xs=xs, op=op: g.allreduce(xs[g.rank], op=op, algorithm=algorithm))
+            expect = red(np.stack(xs))
+            wrong = sum(int(not np.array_equal(o, expect)) for o in outs)
+            assert wrong == 0, (op, size, dtype, algorithm)
+            assert all(o.dtype == np.dtype(dtype) and o.shape == (size,) for o in outs)
+
+
+async def test_floats_agree_bit_for_bit_and_mean_divides(groups: list[Group]) -> None:
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((64, 33)).astype(np.float32) for _ in groups]
+    for algorithm in ("ring", "doubling", "tree"):
+        outs = await each(groups, lambda g, a=algorithm: g.allreduce(xs[g.rank], algorithm=a))
+        assert all(np.array_equal(o, outs[0]) for o in outs)  # every rank the same bits
+        np.testing.assert_allclose(outs[0], np.sum(xs, axis=0), rtol=1e-5, atol=1e-5)
+        assert outs[0].shape == (64, 33)
+    means = await each(groups, lambda g: g.allreduce(xs[g.rank], op="mean"))
+    np.testing.assert_allclose(means[2], np.mean(xs, axis=0), rtol=1e-5, atol=1e-6)
+
+
+async def test_in_place_scalars_and_fused_lists(groups: list[Group]) -> None:
+    bufs = [np.full((3, 5), g.rank, dtype=np.float64) for g in groups]
+    outs = await each(groups, lambda g: g.allreduce(bufs[g.rank], out=bufs[g.rank]))
+    assert all(o is b for o, b in zip(outs, bufs, strict=True)) and all((b == 6).all() for b in bufs)
+    assert await each(groups, lambda g: g.allreduce(g.rank + 1, op="prod")) == [24] * N
+    assert await each(groups, lambda g: g.allreduce(0.5 * g.rank, op="max")) == [1.5] * N
+    grads = [[np.ones(3) * g.rank, np.arange(4, dtype=np.int32), np.ones((2, 2), np.float32)] for g in groups]
+    outs = await each(groups, lambda g: g.allreduce(grads[g.rank]))
+    for o in outs:
+        assert np.array_equal(o[0], np.full(3, 6.0)) and np.array_equal(o[1], np.arange(4) * N)
+        assert o[2].dtype == np.float32 and np.array_equal(o[2], np.full((2, 2), N))
+
+
+async def test_data_movement_ops(groups: list[Group]) -> None:
+    assert (
+        await each(groups, lambda g: g.broadcast({"w": [1, 2]} if g.rank == 2 else None, root=2)) == [{"w": [1, 2]}] * N
+    )
+    assert await each(groups, lambda g: g.allgather(("r", g.rank))) == [[("r", r) for r in range(N)]] * N
+    assert await each(groups, lambda g: g.gather(g.rank * 2, root=1)) == [None, [0, 2, 4, 6], None, None]
+    assert await each(groups, lambda g: g.scatter(list("abcd") if g.rank == 3 else None, root=3)) == list("abcd")
+    got = await each(groups, lambda g: g.alltoall([g.rank * 10 + d for d in range(N)]))
+    assert got == [[s * 10 + r for s in range(N)] for r in range(N)]
+    x = np.arange(10 * 3, dtype=np.int64).reshape(10, 3)
+    blocks = await each(groups, lambda g: g.reduce_scatter(x))
+    assert [b.shape for b in blocks] == [(3, 3), (3, 3), (2, 3), (2, 3)]
+    assert np.array_equal(np.concatenate(blocks), x * N)
+    red = await each(groups, lambda g: g.reduce(np.full(5, g.rank), root=3, op="max"))
+    assert red[:3] == [None] * 3 and np.array_equal(red[3], np.full(5, 3))
+    await each(groups, lambda g: g.barrier())
+
+
+async def test_concurrent_calls_and_groups_do_not_mix(groups: list[Group]) -> None:
+    nodes = [g._msg for g in groups]
+    pairs = [n.group(members=["n0", "n2"] if n.name in ("n0", "n2") else ["n1", "n3"], name="pair") for n in nodes]  # type: ignore[attr-defined]
+
+    async def many(g: Group, p: Group) -> list[Any]:
+        calls = [g.allreduce(np.full(100, g.rank + k)) for k in range(5)] + [p.allreduce(p.rank + 1)]
+        return await asyncio.gather(*calls)
+
+    outs = await asyncio.wait_for(asyncio.gather(*(many(g, p) for g, p in zip(groups, pairs, strict=True))), 20)
+    for o in outs:
+        for k in range(5):
+            assert np.array_equal(o[k], np.full(100, 6 + 4 * k))
+        assert o[5] == 3
+
+
+async def test_timeout_breaks_the_group_and_shrink_goes_on(groups: list[Group]) -> None:
+    with pytest.raises(CollectiveError, match="timed out"):
+        await groups[0].allreduce(1, timeout=0.2)  # the others never join this call
+    with pytest.raises(CollectiveError):
+        await groups[0].allreduce(1)  # broken until shrunk
+    # the others join that call one by one: those still missing someone time out too (the
+    # last may complete: rank 0 had sent its part before it gave up)
+    outcomes = []
+    for g in groups[1:]:
+        try:
+            outcomes.append(await g.allreduce(1, timeout=0.2))
+        except CollectiveError:
+            outcomes.append("timeout")
+    assert outcomes[0] == "timeout"
+    fresh = [g.shrink() for g in groups]
+    assert [f.members for f in fresh] == [g.members for g in groups] and fresh[0].channel != groups[0].channel
+    assert await each(fresh, lambda g: g.allreduce(1)) == [N] * N
+
+
+async def test_a_member_leaving_fails_pending_calls_and_the_survivors_shrink() -> None:
+    async with cluster(3, "tcp") as nodes:
+        gs = [n.group() for n in nodes]
+        pending = [asyncio.ensure_future(g.allreduce(np.ones(10))) for g in gs[:2]]  # n2 never joins
+        await asyncio.sleep(0.05)
+        await nodes[2].stop()
+        for p in pending:
+            with pytest.raises(CollectiveError, match="n2") as info:
+                await asyncio.wait_for(p, 5)
+            assert info.value.member == "n2"
+        small = [g.shrink() for g in gs[:2]]
+        assert [s.size for s in small] == [2, 2] and small[1].rank == 1
+        outs = await asyncio.wait_for(asyncio.gather(*(s.allreduce(np.ones(10)) for s in small)), 10)
+        assert all(np.array_equal(o, np.full(10, 2.0)) for o in outs)
+
+
+async def test_bad_arguments_are_clear() -> None:
+    async with Node(name="solo", listen="tcp://127.0.0.1:0", config=Config.from_dict({}, env={})) as a:
+        g = a.group()
+        assert (g.rank, g.size) == (0, 1)
+        assert np.array_equal(await g.allreduce(np.arange(3)), np.arange(3))
+        with pytest.raises(ValueError, match="not in the group"):
+            a.group(members=["x", "y"])
+        with pytest.raises(TypeError, match="numeric"):
+            await g.allreduce(np.array(["a"]))
+        with pytest.raises(TypeError, match="cannot reduce a str"):
+            await g.allreduce("text")
+        with pytest.raises(Exception, match="unknown reduction op"):
+            await g.allreduce(1, op="median")
