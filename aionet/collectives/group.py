@@ -28,6 +28,9 @@ from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, write_out
 from .wire import CHANNEL_PREFIX, Tag, tag
 
 ALGORITHMS = ("auto", "ring", "doubling", "tree")
+PIPELINE = 4  # segments per ring chunk, at least
+MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
+LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
 
 
 class Group:
@@ -89,7 +92,13 @@ class Group:
             return
         self.lost.add(name)
         exc = CollectiveError(f"group {self.name!r}: member {name!r} is {reason}", member=name)
-        self._break(exc, quiet=reason == "left")  # a graceful leave with nothing pending is routine
+        if reason != "left":
+            self._break(exc)
+            return
+        # A graceful leave: what the member sent before it left is still arriving (its link
+        # delivers everything before its goodbye, but gossip may tell of the leave sooner), so a
+        # call it already finished its part of can still complete. Break after a short grace.
+        asyncio.get_running_loop().call_later(LEAVE_GRACE, self._break, exc, True)
 
     def _break(self, exc: CollectiveError, quiet: bool = False) -> None:
         if self._broken is None:
@@ -185,10 +194,12 @@ class Group:
             if sends:
                 await asyncio.gather(*sends, return_exceptions=True)
 
-    def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> None:
+    def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> asyncio.Task[None]:
         """Send without waiting (large messages wait for the peer's ack: pipelining needs many
         in flight); the call awaits them all before it returns."""
-        self._sends[seq].append(asyncio.ensure_future(self._send(dst, seq, t, payload)))
+        task = asyncio.ensure_future(self._send(dst, seq, t, payload))
+        self._sends[seq].append(task)
+        return task
 
     # ------------------------------------------------------------------ reductions
     async def allreduce(
@@ -268,11 +279,17 @@ class Group:
         return acc
 
     async def _ring_allreduce(self, seq: int, flat: np.ndarray, fn: Any, bucket: int) -> np.ndarray:
+        """Ring reduce-scatter then ring allgather into one result buffer, every chunk sent in
+        segments so the reduction (or copy) of segment j overlaps the transfer of j + 1."""
         n, r = self.size, self.rank
         left, right = (r - 1) % n, (r + 1) % n
         bounds = chunk_bounds(flat.size, n)
-        buf = flat.copy()  # reduced into; chunks once sent are never written again
-        seg = max(1, self.segment_bytes // max(1, flat.itemsize))
+        res = np.empty_like(flat)
+        # at least PIPELINE segments per chunk (so each step overlaps), none below MIN_SEGMENT
+        chunk_bytes = flat.nbytes // n
+        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, chunk_bytes // PIPELINE))
+        seg = max(1, seg_bytes // max(1, flat.itemsize))
+        holds: dict[int, list[asyncio.Task[None]]] = {}  # sends still reading a chunk of res
 
         def segments(c: int) -> list[tuple[int, int]]:
             a, b = bounds[c]
@@ -280,24 +297,24 @@ class Group:
 
         rs = ring_reduce_scatter(n, r)
         for j, (a, b) in enumerate(segments(rs[0].send)):
-            self._post(right, seq, tag(bucket, 4, 0, j), buf[a:b])
+            self._post(right, seq, tag(bucket, 4, 0, j), flat[a:b])
         for s, step in enumerate(rs):
             for j, (a, b) in enumerate(segments(step.recv)):
                 got = await self._recv(seq, tag(bucket, 4, s, j), left)
-                view = buf[a:b]
-                fn(view, got, out=view)  # each chunk is reduced along one chain: all ranks agree
-                if s + 1 < len(rs):  # pipelined: this segment goes on while the next arrives
-                    self._post(right, seq, tag(bucket, 4, s + 1, j), view)
-        chunks: list[np.ndarray | None] = [None] * n
-        own = (r + 1) % n
-        a, b = bounds[own]
-        chunks[own] = buf[a:b]
-        for s, step in enumerate(ring_allgather(n, r)):
-            send = chunks[step.send]
-            assert send is not None
-            self._post(right, seq, tag(bucket, 5, s), send)
-            chunks[step.recv] = np.asarray(await self._recv(seq, tag(bucket, 5, s), left))
-        return np.concatenate(chunks)  # type: ignore[arg-type]
+                fn(flat[a:b], got, out=res[a:b])  # one chain per chunk: every rank gets the same bits
+                if s + 1 < len(rs):
+                    holds.setdefault(step.recv, []).append(self._post(right, seq, tag(bucket, 4, s + 1, j), res[a:b]))
+        ag = ring_allgather(n, r)
+        for j, (a, b) in enumerate(segments(ag[0].send)):
+            self._post(right, seq, tag(bucket, 5, 0, j), res[a:b])
+        for s, step in enumerate(ag):
+            if step.recv in holds:  # about to overwrite what an earlier send may still be reading
+                await asyncio.gather(*holds.pop(step.recv))
+            for j, (a, b) in enumerate(segments(step.recv)):
+                np.copyto(res[a:b], await self._recv(seq, tag(bucket, 5, s, j), left))
+                if s + 1 < len(ag):
+                    self._post(right, seq, tag(bucket, 5, s + 1, j), res[a:b])
+        return res
 
     async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, bucket: int) -> np.ndarray | None:
         node = binomial_tree(self.size, root, self.rank)

@@ -159,3 +159,15 @@ async def test_bad_arguments_are_clear() -> None:
             await g.allreduce("text")
         with pytest.raises(Exception, match="unknown reduction op"):
             await g.allreduce(1, op="median")
+
+
+async def test_cpu_torch_tensors_travel_through_dlpack(groups: list[Group]) -> None:
+    torch = pytest.importorskip("torch", reason="torch not installed (CI: pip install torch==2.13.0, CPU wheel)")
+    ts = [torch.full((4, 3), float(g.rank), dtype=torch.float32) for g in groups]
+    outs = await each(groups, lambda g: g.allreduce(ts[g.rank], op="mean"))
+    assert all(isinstance(o, torch.Tensor) and o.shape == (4, 3) and torch.all(o == 1.5) for o in outs)
+    dst = [torch.zeros(5, dtype=torch.int64) for _ in groups]
+    outs = await each(groups, lambda g: g.allreduce(torch.arange(5), out=dst[g.rank]))
+    assert all(o is d and torch.equal(d, torch.arange(5) * N) for o, d in zip(outs, dst, strict=True))
+    blocks = await each(groups, lambda g: g.reduce_scatter(torch.ones(8, 2)))
+    assert all(isinstance(b, torch.Tensor) and b.shape == (2, 2) and torch.all(b == N) for b in blocks)
