@@ -147,3 +147,17 @@ def test_tasks_example_runs_without_stray_tracebacks():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     for stray in ("Traceback", "never retrieved", "Exception in callback"):
         assert stray not in out.stdout + out.stderr, out.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("extra", [[], ["--torch"]], ids=["numpy", "torch"])
+def test_data_parallel_weights_equal_a_single_process_run(extra):
+    if extra:
+        pytest.importorskip("torch", reason="torch not installed (CI: pip install torch==2.13.0, CPU wheel)")
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "data_parallel.py"), "--ranks", "4", "--steps", "30", *extra],
+        capture_output=True, text=True, timeout=100, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "weights equal single-process run: True" in out.stdout, out.stdout
+    assert "Traceback" not in out.stderr and "never retrieved" not in out.stderr, out.stderr[-3000:]
