@@ -1,4 +1,4 @@
-"""Command line: ``aionet serve | status | info | keys | demo``.
+"""Command line: ``aionet serve | status | info | keys | demo | bench``.
 
 Subcommands load lazily: this module names each one by import path and imports it only when
 click asks for it (to run it, or for its one-line help). The subcommand modules in turn import
@@ -16,6 +16,7 @@ from .._version import __version__
 
 #: subcommand name -> "module:attribute" of its click command (modules relative to this package)
 SUBCOMMANDS: dict[str, str] = {
+    "bench": "bench:bench",
     "demo": "demo:demo",
     "info": "status:info",
     "keys": "keys:keys",

@@ -1,0 +1,217 @@
+"""``aionet bench allreduce|broadcast|allgather|reduce_scatter``: nccl-tests' table for aionet.
+
+This process is rank 0; it starts ``--nodes - 1`` local node processes (this same module as
+``python -m aionet.cli.bench``) that join it over ``--transport``, forms one group, and for each
+size times the collective out of place and in place, checking every element (``#wrong``).
+Columns as nccl-tests prints them: size, count, type, redop, then time (us), algbw and busbw
+(GB/s) and #wrong for each variant; busbw scales algbw by what each link carries (allreduce
+2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast 1), so group sizes compare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import click
+
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+BUS = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
+LISTEN = {"tcp": "tcp://127.0.0.1:0", "zmq": "zmq+tcp://127.0.0.1:0", "ucx": "ucx://127.0.0.1:0"}
+
+
+def parse_size(text: str) -> int:
+    s = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    try:
+        return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size (e.g. 8, 64K, 1M, 2G)") from None
+
+
+def sizes_between(lo: int, hi: int, factor: int) -> list[int]:
+    out, s = [], max(4, lo)
+    while s <= hi:
+        out.append(s)
+        s *= factor
+    return out
+
+
+async def run_rank(
+    rank: int, n: int, op: str, sizes: list[int], iters: int, warmup: int, listen: str, seed: str | None, report: Any
+) -> None:
+    """One rank of the benchmark (rank 0 reports rows through ``report``)."""
+    import numpy as np
+
+    from ..node import Node
+
+    node = Node(name=f"bench{rank}", listen=listen, join=[seed] if seed else None)
+    await node.start()
+    try:
+        if rank == 0:
+            report({"addr": node.address})
+        names = [f"bench{i}" for i in range(n)]
+        deadline = time.monotonic() + 60
+        while not all(node.members().get(m, {}).get("state") == "alive" for m in names):
+            if time.monotonic() > deadline:
+                raise click.ClickException("the bench nodes did not all join within 60 s")
+            await asyncio.sleep(0.01)
+        grp = node.group(members=names, name="aionet-bench")
+        for size in sizes:
+            count = max(1, size // 4)
+            if op == "allgather":
+                count = max(1, count // n)  # size is the gathered output
+            row: dict[str, Any] = {
+                "size": size,
+                "count": count,
+                "type": "float",
+                "redop": "sum" if op in ("allreduce", "reduce_scatter") else "-",
+            }
+            for variant in ("out", "in"):
+                if variant == "in" and op != "allreduce":
+                    continue  # only allreduce writes into its input (out=)
+                times, wrong = [], 0
+                for i in range(warmup + iters):
+                    x = np.full(count, rank + 1, dtype=np.float32)
+                    await grp.barrier()
+                    t = time.perf_counter()
+                    got = await _call(grp, op, x, variant)
+                    if i >= warmup:
+                        times.append(time.perf_counter() - t)
+                        wrong += _wrong(np, op, got, x, n, rank)
+                wrong = sum(await grp.allgather(wrong))
+                med = statistics.median(times)
+                alg = size / med / 1e9
+                row[variant] = {
+                    "time_us": med * 1e6,
+                    "algbw": alg,
+                    "busbw": alg * BUS.get(op, lambda _n: 1.0)(n),
+                    "wrong": wrong,
+                }
+            if rank == 0:
+                report(row)
+        await grp.barrier()
+    finally:
+        await node.stop()
+
+
+async def _call(grp: Any, op: str, x: Any, variant: str) -> Any:
+    if op == "allreduce":
+        return await grp.allreduce(x, out=x if variant == "in" else None)
+    if op == "broadcast":
+        return await grp.broadcast(x if grp.rank == 0 else None, root=0)
+    if op == "allgather":
+        return await grp.allgather(x)
+    return await grp.reduce_scatter(x)
+
+
+def _wrong(np: Any, op: str, got: Any, x: Any, n: int, rank: int) -> int:
+    total = n * (n + 1) / 2
+    if op in ("allreduce", "reduce_scatter"):
+        return int(np.count_nonzero(np.asarray(got) != total))
+    if op == "broadcast":
+        return int(np.count_nonzero(np.asarray(got) != 1))  # rank 0's value
+    return sum(int(np.count_nonzero(np.asarray(part) != i + 1)) for i, part in enumerate(got))
+
+
+def _row_text(r: dict[str, Any]) -> list[str]:
+    cells = [str(r["size"]), str(r["count"]), r["type"], r["redop"]]
+    for v in ("out", "in"):
+        m = r.get(v)
+        cells += [f"{m['time_us']:.1f}", f"{m['algbw']:.3f}", f"{m['busbw']:.3f}", str(m["wrong"])] if m else ["-"] * 4
+    return cells
+
+
+@click.command()
+@click.argument("op", type=click.Choice(OPS))
+@click.option("--nodes", "-n", default=2, show_default=True, help="Node processes (ranks), this one included.")
+@click.option("--min", "min_size", default="8", show_default=True, help="Smallest size in bytes (K/M/G suffixes).")
+@click.option("--max", "max_size", default="64M", show_default=True, help="Largest size in bytes.")
+@click.option("--factor", default=2, show_default=True, help="Multiply the size by this between rows.")
+@click.option("--iters", default=20, show_default=True, help="Timed calls per size and variant.")
+@click.option("--warmup", default=5, show_default=True, help="Untimed calls first.")
+@click.option("--transport", type=click.Choice(sorted(LISTEN)), default="tcp", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per size on stdout instead of the table.")
+def bench(
+    op: str,
+    nodes: int,
+    min_size: str,
+    max_size: str,
+    factor: int,
+    iters: int,
+    warmup: int,
+    transport: str,
+    as_json: bool,
+) -> None:
+    """Time a collective over NODES local node processes, nccl-tests style (with #wrong)."""
+    if nodes < 2 or factor < 2 or iters < 1 or warmup < 0:
+        raise click.BadParameter("need --nodes >= 2, --factor >= 2, --iters >= 1, --warmup >= 0")
+    sizes = sizes_between(parse_size(min_size), parse_size(max_size), factor)
+    if not sizes:
+        raise click.BadParameter("--min is larger than --max")
+    rows: list[dict[str, Any]] = []
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    with Progress(console=console, transient=True, disable=as_json) as progress:
+        task = progress.add_task(f"{op} over {nodes} nodes", total=len(sizes))
+
+        def report(item: dict[str, Any]) -> None:
+            if "addr" in item:
+                args = [sys.executable, "-m", "aionet.cli.bench", op, str(nodes), json.dumps(sizes), str(iters)]
+                args += [str(warmup), LISTEN[transport], item["addr"]]
+                procs.extend(subprocess.Popen([*args, str(r)], env=os.environ.copy()) for r in range(1, nodes))
+                return
+            rows.append(item)
+            progress.advance(task)
+            if as_json:
+                click.echo(json.dumps({"op": op, "nodes": nodes, "transport": transport, **item}))
+
+        try:
+            asyncio.run(run_rank(0, nodes, op, sizes, iters, warmup, LISTEN[transport], None, report))
+        finally:
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    if as_json:
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"aionet {op}: {nodes} nodes over {transport}://, float32; time = median of {iters} (us), bw in GB/s",
+        caption="columns 5-8 out of place, 9-12 in place (allreduce with out=x)",
+    )
+    for col in ("size", "count", "type", "redop"):
+        table.add_column(col, justify="right")
+    for v in ("", " "):  # rich needs distinct headers: the in-place ones carry a trailing space
+        for col in ("time", "algbw", "busbw", "#wrong"):
+            table.add_column(col + v, justify="right")
+    for r in rows:
+        table.add_row(*_row_text(r))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    if any(r[v]["wrong"] for r in rows for v in ("out", "in") if r.get(v)):
+        raise SystemExit(1)
+
+
+def _worker() -> None:
+    op, n, sizes, iters, warmup, listen, seed, rank = sys.argv[1:9]
+    asyncio.run(run_rank(int(rank), int(n), op, json.loads(sizes), int(iters), int(warmup), listen, seed, print))
+
+
+if __name__ == "__main__":
+    _worker()
