@@ -201,13 +201,7 @@ class Node:
         for lst in self._listeners:
             with contextlib.suppress(Exception):
                 await lst.close()
-        handlers = list(self.router.tasks)
-        if handlers:
-            _done, pending = await asyncio.wait(handlers, timeout=grace)
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
+        await self.router.drain(grace)  # in-flight handlers answer, or are cancelled after grace
         await self._directory.close_links()  # BYE to each connected peer, then close
         self.router.fail_all("local node is shutting down")
         for t in list(self._tasks):
@@ -284,8 +278,7 @@ class Node:
         return self.stats().as_dict()
 
     async def _info_service(self, _arg: Any) -> dict[str, Any]:
-        """The built-in ``aionet.info``: :meth:`info` with a fresh device probe (off the loop:
-        NVML and CUDA probes can block)."""
+        """``aionet.info``: :meth:`info` with devices probed afresh, off the loop (NVML can block)."""
         out = self.info()
         out["devices"] = await asyncio.to_thread(self.devices.discover)
         return out

@@ -407,6 +407,16 @@ class Router:
 
         return timed
 
+    async def drain(self, grace: float) -> None:
+        """Let running handlers answer for up to ``grace`` s, then cancel what still runs."""
+        handlers = list(self.tasks)
+        if handlers:
+            _done, pending = await asyncio.wait(handlers, timeout=grace)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+
     def _spawn_reply(self, aw: Awaitable[None] | None) -> None:
         if aw is not None:  # not with the node's reply (it never blocks); kept for other callers
             task = asyncio.ensure_future(_quiet(aw))
