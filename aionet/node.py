@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._version import __version__
+from .cache import Cache
 from .codecs import handshake
 from .codecs.envelope import CONTROL_MIN, REQ, SEND
 from .codecs.serialize import Serializer
@@ -152,6 +153,7 @@ class Node:
             load_fields=self.membership.load,
             devices=self.devices,
         )
+        self.cache = Cache(cfg.cache, messaging=self, members=self.membership)  # issue 14
         self._directory.member_state = self.membership.state_of
 
     # ------------------------------------------------------------------ construction
@@ -187,6 +189,7 @@ class Node:
                 await self._connector.join(self.config.node.join)
             await self.membership.start()  # fetches the member table from the seeds joined above
             await self.scheduler.start()  # learns the members' resources
+            await self.cache.start()
         except BaseException:
             await self.stop()
             raise
@@ -198,6 +201,7 @@ class Node:
         self._closing = True
         await self.membership.stop()  # announces a graceful leave before anything closes
         await self.scheduler.stop()  # fails tasks still owned here; drops queued work
+        await self.cache.stop()
         for lst in self._listeners:
             with contextlib.suppress(Exception):
                 await lst.close()
@@ -422,6 +426,8 @@ class Node:
     async def gather(self, refs: Any, return_exceptions: bool = False) -> list[Any]:
         """Results of TaskRefs, in order."""
         return await self.scheduler.gather(refs, return_exceptions=return_exceptions)
+
+    lock = property(lambda self: self.cache.lock, doc="``async with node.lock(name, ttl=10) as lease:`` (aionet.cache)")
 
     async def connect(self, url: str) -> str:
         """Dial ``url`` and return the peer's node name (also learns its peers)."""
