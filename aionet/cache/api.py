@@ -113,8 +113,17 @@ class WatchStream:
         self._q: asyncio.Queue[Change | None] = asyncio.Queue()
         self._maxsize = maxsize
         self._seen: dict[str, int] = {}
+        self._subscribing: list[asyncio.Task[Any]] = []
         self.dropped = 0
         self.closed = False
+
+    async def ready(self) -> WatchStream:
+        """Wait until the subscription reached every member (``async with`` does this):
+        changes written after that are all delivered."""
+        if self._subscribing:
+            await asyncio.wait(self._subscribing)
+            self._subscribing.clear()
+        return self
 
     def _push(self, c: Change) -> None:
         if c.version <= self._seen.get(c.key, 0):
@@ -146,7 +155,7 @@ class WatchStream:
             self._q.put_nowait(None)
 
     async def __aenter__(self) -> WatchStream:
-        return self
+        return await self.ready()
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
@@ -323,13 +332,17 @@ class Cache:
 
     # ------------------------------------------------------------------ watches
     def watch(self, prefix: str = "", maxsize: int = 100_000) -> WatchStream:
-        """Changes of keys starting with ``prefix`` from now on (subscribed on return)."""
+        """Changes of keys starting with ``prefix``: ``async with cache.watch(p) as w:
+        async for change in w: ...`` (entering waits until every member has the subscription;
+        see :meth:`WatchStream.ready`)."""
         w = WatchStream(self, prefix, maxsize)
         first = not any(x.prefix == prefix for x in self._watches)
         self._watches.add(w)
         if first:
             for peer in self.service.placement.members:
-                self._subscribe(peer, prefix, True)
+                t = self._subscribe(peer, prefix, True)
+                if t is not None:
+                    w._subscribing.append(t)
         return w
 
     def _unwatch(self, w: WatchStream) -> None:
@@ -338,11 +351,11 @@ class Cache:
             for peer in self.service.placement.members:
                 self._subscribe(peer, w.prefix, False)
 
-    def _subscribe(self, peer: str, prefix: str, on: bool) -> None:
+    def _subscribe(self, peer: str, prefix: str, on: bool) -> asyncio.Task[Any] | None:
         if peer == self.name:
             self.service._h_watch([self.name, prefix, on])
-            return
-        self.service.spawn(self._subscribe_remote(peer, prefix, on), "aionet-cache-subscribe")
+            return None
+        return self.service.spawn(self._subscribe_remote(peer, prefix, on), "aionet-cache-subscribe")
 
     async def _subscribe_remote(self, peer: str, prefix: str, on: bool) -> None:
         try:

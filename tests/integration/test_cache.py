@@ -81,9 +81,8 @@ async def test_get_or_load_runs_the_loader_once_in_the_cluster() -> None:
 
 async def test_watch_sees_every_change_in_version_order() -> None:
     async with aionet.testing.cluster(n=3, config=FAST) as nodes:
-        w = nodes[2].cache.watch("jobs/")
+        w = await nodes[2].cache.watch("jobs/").ready()
         other = nodes[2].cache.watch("zzz/")
-        await asyncio.sleep(0.05)  # subscriptions reach the other nodes (one request each)
 
         async def writer(n, i: int) -> None:
             for j in range(20):
