@@ -40,6 +40,7 @@ from .wire import (
     SVC_CLAIM,
     SVC_LOCK,
     SVC_READ,
+    SVC_READ_SLOW,
     SVC_UNCLAIM,
     SVC_WATCH,
     SVC_WRITE,
@@ -261,7 +262,9 @@ class Cache:
             last: Exception | None = None
             for peer in svc.placement.owners(key):
                 try:
-                    version, value = await svc.call(peer, SVC_READ, [key, MAX_HOPS])
+                    version, value = await svc.call(peer, SVC_READ, [key])
+                    if version < 0:
+                        version, value = await svc.call(peer, SVC_READ_SLOW, [key, MAX_HOPS])
                     return version, _copy(value) if copy and peer == self.name else value
                 except (PeerUnavailable, TimeoutError) as exc:
                     last = exc

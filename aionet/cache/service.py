@@ -41,6 +41,7 @@ from .wire import (
     SVC_LOCK,
     SVC_PEEK,
     SVC_READ,
+    SVC_READ_SLOW,
     SVC_REPL,
     SVC_UNCLAIM,
     SVC_WATCH,
@@ -92,7 +93,8 @@ class CacheService:
         self.on_member_up: Callable[[str], None] = lambda _n: None
         self.handlers: dict[str, Callable[[Any], Any]] = {
             SVC_WRITE: self._h_write,
-            SVC_READ: self._h_read,
+            SVC_READ: self._h_read_fast,
+            SVC_READ_SLOW: self._h_read,
             SVC_PEEK: self._h_peek,
             SVC_CLAIM: self._h_claim,
             SVC_UNCLAIM: self._h_unclaim,
@@ -245,13 +247,24 @@ class CacheService:
                 f"(expired, released or superseded)"
             )
 
+    def _h_read_fast(self, arg: list[Any]) -> list[Any]:
+        """A read answered inline when this node can: it holds the key, or it is a replica and
+        no keys are moving. Else ``[-1, None]``: the caller asks SVC_READ_SLOW."""
+        key = arg[0]
+        e = self.store.get(key)
+        if e is not None:
+            return [e.version, e.value]
+        if self.name in self.placement.owners(key) and not self.unsettled():
+            return [0, None]
+        return [-1, None]
+
     async def _h_read(self, arg: list[Any]) -> list[Any]:
         key, hops = arg
         e = self.store.get(key)
         if e is None:
             owners = self.placement.owners(key)
             if self.name not in owners and hops > 0:
-                return await self.call(owners[0], SVC_READ, [key, hops - 1])  # type: ignore[no-any-return]
+                return await self.call(owners[0], SVC_READ_SLOW, [key, hops - 1])  # type: ignore[no-any-return]
             if self.unsettled():
                 await self._pull(key)
                 e = self.store.get(key)

@@ -4,7 +4,9 @@ wire format.
 Requests (``Messaging.request``) to a key's primary::
 
     SVC_WRITE  [op, key, value, expect, ttl, pin, fence, hops]  -> version (0: cas lost / nothing deleted)
-    SVC_READ   [key, hops]                                  -> [version, value] ([0, None]: absent)
+    SVC_READ   [key]                                        -> [version, value] ([0, None]: absent; [-1, None]:
+                                                               ask SVC_READ_SLOW, which may forward or pull)
+    SVC_READ_SLOW [key, hops]                               -> [version, value] ([0, None]: absent)
     SVC_PEEK   [key]                                        -> entry record | None  (no forwarding)
     SVC_CLAIM  [key, requester, wait, hops]                 -> [version, value] | [0, LOAD] | [0, WAIT]
     SVC_UNCLAIM [key, requester]                            -> None
@@ -20,7 +22,8 @@ Watch changes go with ``Messaging.send`` on channel ``CHANNEL`` as ``[[key, vers
 from __future__ import annotations
 
 SVC_WRITE = "aionet.cache.write"
-SVC_READ = "aionet.cache.read"
+SVC_READ = "aionet.cache.read"  # sync handler: answered inline, no task per request
+SVC_READ_SLOW = "aionet.cache.read_slow"
 SVC_PEEK = "aionet.cache.peek"
 SVC_CLAIM = "aionet.cache.claim"
 SVC_UNCLAIM = "aionet.cache.unclaim"
@@ -58,6 +61,7 @@ __all__ = [
     "SVC_LOCK",
     "SVC_PEEK",
     "SVC_READ",
+    "SVC_READ_SLOW",
     "SVC_REPL",
     "SVC_UNCLAIM",
     "SVC_WATCH",
