@@ -206,7 +206,7 @@ class CacheSection:
     max_bytes: int = 1024 * 2**20  # this node's cache budget; unpinned entries are evicted LRU first
     request_timeout: float = 10.0  # s a cache call keeps retrying while a key's primary is unreachable
     settle: float = 5.0  # s after a membership change a primary asks the other replicas before a first write
-    # "" = embedded (versions and locks on each key's primary replica); "etcd://host:2379" is not built yet
+    # "" = embedded (versions and locks on each key's primary replica); "etcd://host:2379": on etcd
     coordination: str = ""
 
 
@@ -473,7 +473,8 @@ def validate_cache(cfg: CacheSection) -> None:
         if not getattr(cfg, key) > 0:
             raise ConfigError(f"cache.{key} must be positive (seconds)")
     if cfg.coordination:
-        raise ConfigError(
-            f"cache.coordination = {cfg.coordination!r}: only the embedded coordination (\"\") is available in "
-            f"this version; the etcd backend (etcd://host:2379) is not built yet. Remove the key, or see docs/cache.md"
-        )
+        scheme, _, rest = cfg.coordination.partition("://")
+        if scheme != "etcd" or not rest.split(":")[0].strip("/"):
+            raise ConfigError(
+                f'cache.coordination must be "" (embedded) or "etcd://host:port", not {cfg.coordination!r}'
+            )

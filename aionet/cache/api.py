@@ -78,6 +78,7 @@ class Lease:
         self.ttl = ttl
         self.lost = asyncio.Event()
         self._renewer: asyncio.Task[Any] | None = None
+        self._etcd_lease = 0  # etcd coordination: the etcd lease that keeps the lock key
 
     @property
     def fence(self) -> list[Any]:
@@ -393,6 +394,8 @@ class Cache:
         deadline = None if timeout is None else loop.time() + timeout
         owner = f"{self._id}#{next(self._seq)}"
         svc = self.service
+        if svc.coord is not None:
+            return await self._acquire_etcd(name, ttl, owner, deadline, timeout)
         while True:
             left = _LOCK_WAIT if deadline is None else min(_LOCK_WAIT, deadline - loop.time())
             if left <= 0:
@@ -409,6 +412,26 @@ class Cache:
                 lease._renewer = svc.spawn(self._renew(lease), f"aionet-cache-lease-{name}")
                 return lease
 
+    async def _acquire_etcd(
+        self, name: str, ttl: float, owner: str, deadline: float | None, timeout: float | None
+    ) -> Lease:
+        svc = self.service
+        coord = svc.coord
+        assert coord is not None
+        loop = asyncio.get_running_loop()
+        delay = 0.02
+        while True:
+            token, lease_id = await self._retrying(lambda: coord.acquire(name, owner, ttl))
+            if token:
+                lease = Lease(name, token, float(ttl))
+                lease._etcd_lease = lease_id
+                lease._renewer = svc.spawn(self._renew(lease), f"aionet-cache-lease-{name}")
+                return lease
+            if deadline is not None and loop.time() + delay > deadline:
+                raise TimeoutError(f"lock {name!r} not acquired within {timeout} s")
+            await asyncio.sleep(delay)  # held: poll until its holder releases or etcd expires it
+            delay = min(delay * 2, 0.2)
+
     async def release(self, lease: Lease) -> None:
         """End ``lease`` now (stops its renewal)."""
         t = lease._renewer
@@ -419,6 +442,12 @@ class Cache:
         if lease.lost.is_set():
             return
         svc = self.service
+        if svc.coord is not None:
+            try:
+                await svc.coord.release(lease._etcd_lease)
+            except Exception as exc:  # etcd unreachable: the lease runs out there
+                svc.log.debug("lock release not delivered", lock=lease.name, error=repr(exc))
+            return
         try:
             primary = svc.placement.primary(LOCK_PREFIX + lease.name)
             await svc.call(primary, SVC_LOCK, [LOCK_RELEASE, lease.name, "", lease.token, 0.0, 0.0, MAX_HOPS])
@@ -433,9 +462,12 @@ class Cache:
             await asyncio.sleep(lease.ttl / 3)
             while True:
                 try:
+                    started = loop.time()
+                    if svc.coord is not None:
+                        ok = await svc.coord.renew(lease._etcd_lease)
+                        break
                     primary = svc.placement.primary(LOCK_PREFIX + lease.name)
                     payload = [LOCK_RENEW, lease.name, "", lease.token, lease.ttl, 0.0, MAX_HOPS]
-                    started = loop.time()
                     ok = await svc.call(primary, SVC_LOCK, payload, timeout=lease.ttl / 3)
                     break
                 except (PeerUnavailable, TimeoutError):

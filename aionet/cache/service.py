@@ -23,6 +23,7 @@ from ..core.ports import Clock, MemberEventInfo, MemberEvents, Messaging, loop_t
 from ..errors import PeerUnavailable, RemoteError
 from ..log import get_logger
 from .errors import BY_NAME, CacheFull, StaleFenceError
+from .etcd import EtcdCoordination
 from .locks import Granted, LeaseTable
 from .placement import Placement, owners_in, rank
 from .store import Entry, Store, freeze
@@ -75,6 +76,9 @@ class CacheService:
         self.store = Store(cfg.max_bytes, clock)
         self.locks = LeaseTable(clock)
         self.placement = Placement([self.name], cfg.replicas)
+        # locks, tokens and versions on etcd when configured (values stay here): aionet/cache/etcd.py
+        self.coord = EtcdCoordination(cfg.coordination, cfg.request_timeout) if cfg.coordination else None
+        self._key_locks: dict[str, asyncio.Lock] = {}  # etcd mode: one write per key at a time
         self._placed: frozenset[str] = self.placement.members  # member set the last rebalance finished for
         self._restarted: set[str] = set()
         self._changed_at = float("-inf")
@@ -124,6 +128,8 @@ class CacheService:
             if not fut.done():
                 fut.set_result(None)
         self._claims.clear()
+        if self.coord is not None:
+            self.coord.close()
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -205,6 +211,18 @@ class CacheService:
             return await self.call(owners[0], SVC_WRITE, [op, key, value, expect, ttl, pin, fence, hops - 1])  # type: ignore[no-any-return]
         if self.store.peek(key) is None and self.unsettled():
             await self._pull(key)
+        if self.coord is not None:
+            if op == OP_CAS and 0 < expect < self.store.version(key):
+                return 0  # this node applied a newer etcd revision already: cannot match (no etcd call)
+            lock = self._key_locks.get(key)
+            if lock is None:
+                lock = self._key_locks[key] = asyncio.Lock()
+            try:
+                async with lock:  # versions come from etcd: keep this primary's changes of a key in order
+                    return await self._write_etcd(op, key, value, expect, ttl, pin, fence, owners)
+            finally:
+                if not lock.locked() and self._key_locks.get(key) is lock:
+                    del self._key_locks[key]
         if fence is not None:
             await self._check_fence(key, str(fence[0]), int(fence[1]))
         e = self.store.peek(key)
@@ -213,6 +231,40 @@ class CacheService:
         if op == OP_DEL and e is None:
             return 0
         version = self.store.next_version(key)
+        if op == OP_DEL:
+            self.store.remove(key, version)
+            rec = [key, version, None, -1.0, False, {}, True]
+            value = None
+        else:
+            fences = dict(e.fences) if e is not None else {}
+            if fence is not None:
+                fences[str(fence[0])] = max(fences.get(str(fence[0]), 0), int(fence[1]))
+            value = freeze(value, copy=False)
+            self.store.apply(key, value, version, ttl=ttl, pinned=bool(pin), fences=fences)
+            rec = [key, version, value, -1.0 if ttl is None else float(ttl), bool(pin), fences, False]
+            self._release_claim(key)
+        if self._subs:
+            self._notify(key, version, op, value)
+        await self._replicate(owners, [rec], [])
+        return version
+
+    async def _write_etcd(
+        self, op: int, key: str, value: Any, expect: int, ttl: Any, pin: Any, fence: Any, owners: tuple[str, ...]
+    ) -> int:
+        """The write path when etcd is the authority: the version is the etcd revision of the
+        key's version record, and ``cas`` is an etcd transaction."""
+        assert self.coord is not None
+        if fence is not None:
+            await self._check_fence(key, str(fence[0]), int(fence[1]))
+        e = self.store.peek(key)
+        if op == OP_CAS and e is not None and 0 < expect < e.version:
+            return 0  # versions only rise: an older expected version cannot be etcd's current one
+        if op == OP_DEL:
+            version = await self.coord.write(key, None, delete=True)
+        else:
+            version = await self.coord.write(key, expect if op == OP_CAS else None)
+        if not version:
+            return 0
         if op == OP_DEL:
             self.store.remove(key, version)
             rec = [key, version, None, -1.0, False, {}, True]
@@ -239,8 +291,11 @@ class CacheService:
                 f"write to {key!r} fenced by lock {name!r} token {token} refused: "
                 f"token {e.fences[name]} already wrote it"
             )
-        primary = self.placement.primary(LOCK_PREFIX + name)
-        ok = await self.call(primary, SVC_LOCK, [LOCK_VALID, name, "", token, 0.0, 0.0, 1])
+        if self.coord is not None:
+            ok = await self.coord.valid(name, token)
+        else:
+            primary = self.placement.primary(LOCK_PREFIX + name)
+            ok = await self.call(primary, SVC_LOCK, [LOCK_VALID, name, "", token, 0.0, 0.0, 1])
         if not ok:
             raise StaleFenceError(
                 f"write to {key!r} fenced by lock {name!r} token {token} refused: that lease has ended "

@@ -14,12 +14,27 @@ from aionet import ConfigError
 from aionet.cache import StaleFenceError
 from aionet.config import Config
 from tests.conftest import wait_for
+from tests.etcd_server import etcd_server
 
 FAST = {"heartbeat": {"interval": 0.1}}
 
 
-async def test_versions_cas_delete_and_local_replica_reads() -> None:
-    async with aionet.testing.cluster(n=3, config=FAST) as nodes:
+@pytest.fixture(scope="module")
+def etcd_url():
+    with etcd_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["embedded", "etcd"])
+def backend(request) -> dict:
+    """Cluster config for each coordination backend (the lock and cas suites run on both)."""
+    if request.param == "embedded":
+        return FAST
+    return {**FAST, "cache": {"coordination": request.getfixturevalue("etcd_url")}}
+
+
+async def test_versions_cas_delete_and_local_replica_reads(backend) -> None:
+    async with aionet.testing.cluster(n=3, config=backend) as nodes:
         a, b, c = nodes
         v1 = await a.cache.put("k", "one")
         assert [await n.cache.get_versioned("k") for n in nodes] == [("one", v1)] * 3
@@ -104,8 +119,8 @@ async def test_watch_sees_every_change_in_version_order() -> None:
         other.close()
 
 
-async def test_lock_fences_writes_and_tokens_rise() -> None:
-    async with aionet.testing.cluster(n=3, config=FAST) as nodes:
+async def test_lock_fences_writes_and_tokens_rise(backend) -> None:
+    async with aionet.testing.cluster(n=3, config=backend) as nodes:
         a, b, c = nodes
         async with a.lock("res", ttl=2) as first:
             await c.cache.put("data", 1, fence=first)
@@ -119,8 +134,8 @@ async def test_lock_fences_writes_and_tokens_rise() -> None:
         assert await b.cache.get("data") == 3
 
 
-async def test_lock_is_mutually_exclusive_and_renewed() -> None:
-    async with aionet.testing.cluster(n=3, config=FAST) as nodes:
+async def test_lock_is_mutually_exclusive_and_renewed(backend) -> None:
+    async with aionet.testing.cluster(n=3, config=backend) as nodes:
         held: list[int] = []
 
         async def worker(n) -> None:
@@ -143,8 +158,8 @@ async def test_lock_is_mutually_exclusive_and_renewed() -> None:
                 pass
 
 
-async def test_1000_concurrent_cas_increments_from_4_nodes() -> None:
-    async with aionet.testing.cluster(n=4, transport="tcp", config=FAST) as nodes:
+async def test_1000_concurrent_cas_increments_from_4_nodes(backend) -> None:
+    async with aionet.testing.cluster(n=4, transport="tcp", config=backend) as nodes:
         await nodes[0].cache.put("counter", 0)
 
         async def incr(n) -> int:
@@ -196,7 +211,8 @@ async def test_ttl_expires_everywhere() -> None:
 def test_cache_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="cache.replicas"):
         Config.from_dict({"cache": {"replicas": 0}}, env={})
-    with pytest.raises(ConfigError, match="etcd"):
-        Config.from_dict({"cache": {"coordination": "etcd://127.0.0.1:2379"}}, env={})
+    with pytest.raises(ConfigError, match="etcd://host:port"):
+        Config.from_dict({"cache": {"coordination": "redis://127.0.0.1:2379"}}, env={})
+    assert Config.from_dict({"cache": {"coordination": "etcd://10.0.0.1:2379"}}, env={}).cache.coordination
     cfg = Config.from_dict({"cache": {"max_bytes": "64MiB", "replicas": 3}}, env={})
     assert cfg.cache.max_bytes == 64 * 2**20 and cfg.cache.replicas == 3

@@ -4,6 +4,7 @@ lock holder keeps its lock until its lease ends; its token is then stale."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -14,16 +15,19 @@ from aionet import Node
 from aionet.cache import Lease, StaleFenceError
 from aionet.config import Config
 from tests.conftest import wait_for
+from tests.etcd_server import etcd_server
 
 ENV = {"AIONET_HEARTBEAT_INTERVAL": "0.1"}
 CFG = {"heartbeat": {"interval": 0.1}}
 
 
-async def _cluster(spawn) -> tuple[object, list[Node]]:
-    proc, info = spawn("--name", "w0", "--listen", "tcp://127.0.0.1:0", "--app", "tests.cache_apps:setup", env=ENV)
+async def _cluster(spawn, coordination: str = "") -> tuple[object, list[Node]]:
+    env = {**ENV, "AIONET_CACHE_COORDINATION": coordination}
+    proc, info = spawn("--name", "w0", "--listen", "tcp://127.0.0.1:0", "--app", "tests.cache_apps:setup", env=env)
+    cfg = {**CFG, "cache": {"coordination": coordination}}
     nodes = []
     for name in ("a", "b"):
-        n = Node(name=name, listen="tcp://127.0.0.1:0", join=[info["addresses"][0]], config=Config.from_dict(CFG))
+        n = Node(name=name, listen="tcp://127.0.0.1:0", join=[info["addresses"][0]], config=Config.from_dict(cfg))
         await n.start()
         nodes.append(n)
     await wait_for(lambda: all(len(n.cache.service.placement.members) == 3 for n in nodes), timeout=20)
@@ -51,11 +55,19 @@ async def test_killing_one_of_three_nodes_loses_no_key(spawn) -> None:
             await node.stop()
 
 
-# "res" has its lock state on w0 itself (a replica takes over), "guard" on a survivor
-@pytest.mark.parametrize("name", ["res", "guard"])
-async def test_sigkilled_lock_holder_keeps_the_lock_until_its_lease_ends(spawn, name: str) -> None:
-    proc, (a, b) = await _cluster(spawn)
-    assert a.cache.service.placement.primary("\x00lock\x00" + name) == ("w0" if name == "res" else "a")
+# embedded: "res" has its lock state on w0 itself (a replica takes over), "guard" on a survivor;
+# etcd: the lock is an etcd key on an etcd lease
+@pytest.mark.parametrize(("backend", "name"), [("embedded", "res"), ("embedded", "guard"), ("etcd", "res")])
+async def test_sigkilled_lock_holder_keeps_the_lock_until_its_lease_ends(spawn, backend: str, name: str) -> None:
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(etcd_server()) if backend == "etcd" else ""
+        await _lock_holder_killed(spawn, url, name)
+
+
+async def _lock_holder_killed(spawn, url: str, name: str) -> None:
+    proc, (a, b) = await _cluster(spawn, url)
+    if not url:
+        assert a.cache.service.placement.primary("\x00lock\x00" + name) == ("w0" if name == "res" else "a")
     ttl = 1.0
     try:
         old = await a.request("w0", "test.cache.hold", [name, ttl, "guarded"], timeout=10)
