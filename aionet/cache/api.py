@@ -373,6 +373,8 @@ class Cache:
 
     def _on_change(self, batch: list[list[Any]]) -> None:
         for key, version, op, value in batch:
+            if not isinstance(key, str) or not isinstance(version, int):
+                raise TypeError(f"malformed cache change {key!r} version {version!r}")
             c = Change(key, version, OP_NAMES.get(op, "put"), value)
             for w in self._watches:
                 if key.startswith(w.prefix):

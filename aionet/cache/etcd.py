@@ -77,7 +77,7 @@ class EtcdClient:
                     try:
                         status, headers, payload = await self._exchange(conn, req, stream)
                         break
-                    except (OSError, asyncio.IncompleteReadError, ValueError):
+                    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
                         conn[1].close()
                         if attempt:
                             raise
@@ -85,7 +85,7 @@ class EtcdClient:
                     self._idle.append(conn)
                 else:
                     conn[1].close()
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             raise EtcdError(
                 f"etcd at {self.host}:{self.port} unreachable ({exc!r}): check cache.coordination"
             ) from None
@@ -94,9 +94,12 @@ class EtcdClient:
             out = json.loads(text) if text else {}
         except ValueError:
             raise EtcdError(f"etcd answered {status!r} with something that is not JSON") from None
+        if not isinstance(out, dict):
+            raise EtcdError(f"etcd {path}: answered {type(out).__name__}, not a JSON object")
         if b" 200 " not in status + b" " or "error" in out:
             raise EtcdError(f"etcd {path}: {out.get('error') or out.get('message') or status!r}")
-        return out.get("result", out) if isinstance(out, dict) else {}
+        result = out.get("result", out)
+        return result if isinstance(result, dict) else {}
 
     async def _exchange(
         self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], req: bytes, to_eof: bool

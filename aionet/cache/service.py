@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
 _SWEEP_INTERVAL = 1.0  # s between expired-entry sweeps
 _UP = ("alive", "suspect")  # member states that keep their keys (a suspicion moves nothing)
+_MAX_WATCH_PREFIXES = 1024  # distinct prefixes one watcher node may register on a node
+_MAX_WATCHERS = 4096  # watcher nodes one node keeps subscriptions for
 
 
 def entry_record(key: str, e: Entry, ttl_left: float | None) -> list[Any]:
@@ -439,8 +441,15 @@ class CacheService:
     # ------------------------------------------------------------------ watches
     def _h_watch(self, arg: list[Any]) -> None:
         watcher, prefix, on = arg
+        if not isinstance(prefix, str) or watcher not in self.placement.members:
+            raise ValueError(
+                f"watch subscription refused: {watcher!r} is not a member here, or the prefix is not a str"
+            )
         if on:
-            self._subs.setdefault(watcher, set()).add(prefix)
+            prefixes = self._subs.setdefault(watcher, set())
+            if len(prefixes) >= _MAX_WATCH_PREFIXES and prefix not in prefixes:
+                raise ValueError(f"{watcher!r} already watches {_MAX_WATCH_PREFIXES} prefixes here")
+            prefixes.add(prefix)
         else:
             prefixes = self._subs.get(watcher)
             if prefixes is not None:
@@ -483,7 +492,10 @@ class CacheService:
     async def _consume(self) -> None:
         while True:
             for batch in await self._msg.recv_batch(CHANNEL):
-                self.on_change(batch)
+                try:
+                    self.on_change(batch)
+                except (TypeError, ValueError) as exc:  # a peer's malformed batch: skip it, keep watching
+                    self.log.warning("malformed cache change batch dropped", error=repr(exc))
 
     # ------------------------------------------------------------------ membership
     def _on_member(self, ev: MemberEventInfo) -> None:

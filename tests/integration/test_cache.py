@@ -216,3 +216,50 @@ def test_cache_config_is_validated() -> None:
     assert Config.from_dict({"cache": {"coordination": "etcd://10.0.0.1:2379"}}, env={}).cache.coordination
     cfg = Config.from_dict({"cache": {"max_bytes": "64MiB", "replicas": 3}}, env={})
     assert cfg.cache.max_bytes == 64 * 2**20 and cfg.cache.replicas == 3
+
+
+async def test_malformed_watch_batches_and_subscriptions_are_refused_not_fatal() -> None:
+    async with aionet.testing.cluster(n=2, config=FAST) as nodes:
+        a, b = nodes
+        key = next(f"w/{i}" for i in range(100) if a.cache.owners(f"w/{i}")[0] == "n0")
+        async with b.cache.watch("w/") as w:
+            await a.send("n1", "aionet.cache.changes", ["garbage"])  # not a list of changes
+            await a.send("n1", "aionet.cache.changes", [[1, "x", 1, None]])  # wrong field types
+            await a.cache.put(key, 1)
+            c = await w.get(5)
+            assert (c.key, c.value) == (key, 1)  # the watch consumer survived both
+        with pytest.raises(aionet.RemoteError):
+            await a.request("n1", "aionet.cache.watch", ["n0", 5, True])
+        with pytest.raises(aionet.RemoteError):
+            await a.request("n1", "aionet.cache.write", ["short"])
+
+
+async def test_etcd_garbage_replies_are_typed_errors() -> None:
+    from aionet.cache.etcd import EtcdClient, EtcdError
+
+    replies = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nnope!",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]",
+        b"HTTP/1.1 500 Oops\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 999999999\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"garbage without headers",
+    ]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(replies.pop(0))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = EtcdClient(f"etcd://127.0.0.1:{port}", timeout=2.0)
+    try:
+        for _ in range(6):
+            with pytest.raises(EtcdError):
+                await client.call("kv/range", {"key": "eA=="})
+    finally:
+        client.close()
+        server.close()
+        await server.wait_closed()
