@@ -263,3 +263,13 @@ async def test_etcd_garbage_replies_are_typed_errors() -> None:
         client.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_node_leaving_gracefully_loses_no_key() -> None:
+    async with aionet.testing.cluster(n=3, config=FAST) as nodes:
+        a, b, c = nodes
+        await asyncio.gather(*(a.cache.put(f"k{i}", i) for i in range(1000)))
+        assert sum(len(n.cache.store) for n in nodes) == 2000
+        await c.stop()
+        await wait_for(lambda: len(a.cache.store) == 1000 and len(b.cache.store) == 1000, timeout=10)
+        assert [await a.cache.get(f"k{i}") for i in range(1000)] == list(range(1000))
