@@ -232,7 +232,13 @@ class CacheService:
             return 0
         if op == OP_DEL and e is None:
             return 0
-        version = self.store.next_version(key)
+        return await self._commit(op, key, value, self.store.next_version(key), ttl, pin, fence, e, owners)
+
+    async def _commit(
+        self, op: int, key: str, value: Any, version: int, ttl: Any, pin: Any, fence: Any, e: Entry | None, owners: Any
+    ) -> int:
+        """Apply a decided write here (as ``version``), tell watchers, and answer once the
+        other replicas hold it."""
         if op == OP_DEL:
             self.store.remove(key, version)
             rec = [key, version, None, -1.0, False, {}, True]
@@ -267,22 +273,7 @@ class CacheService:
             version = await self.coord.write(key, expect if op == OP_CAS else None)
         if not version:
             return 0
-        if op == OP_DEL:
-            self.store.remove(key, version)
-            rec = [key, version, None, -1.0, False, {}, True]
-            value = None
-        else:
-            fences = dict(e.fences) if e is not None else {}
-            if fence is not None:
-                fences[str(fence[0])] = max(fences.get(str(fence[0]), 0), int(fence[1]))
-            value = freeze(value, copy=False)
-            self.store.apply(key, value, version, ttl=ttl, pinned=bool(pin), fences=fences)
-            rec = [key, version, value, -1.0 if ttl is None else float(ttl), bool(pin), fences, False]
-            self._release_claim(key)
-        if self._subs:
-            self._notify(key, version, op, value)
-        await self._replicate(owners, [rec], [])
-        return version
+        return await self._commit(op, key, value, version, ttl, pin, fence, e, owners)
 
     async def _check_fence(self, key: str, name: str, token: int) -> None:
         """Refuse a write fenced by a lease that is not the live one of its lock, or older
