@@ -164,14 +164,14 @@ async def test_1000_concurrent_cas_increments_from_4_nodes(backend) -> None:
 
         async def incr(n) -> int:
             tries = 0
-            delay = 0.001
+            delay = 0.002
             while True:
                 tries += 1
                 value, version = await n.cache.get_versioned("counter")
                 if await n.cache.cas("counter", value + 1, version):
                     return tries
                 await asyncio.sleep(random.random() * delay)
-                delay = min(delay * 2, 0.05)
+                delay = min(delay * 2, 0.2)  # back off: fewer doomed round trips under contention
 
         tries = await asyncio.gather(*(incr(nodes[i % 4]) for i in range(1000)))
         assert await nodes[3].cache.get("counter") == 1000
