@@ -208,6 +208,18 @@ class LogSection:
 
 
 @dataclass
+class CacheSection:
+    """The distributed cache (aionet/cache/, docs/cache.md)."""
+
+    replicas: int = 2  # nodes holding each key (its primary first); 1 = no copy survives a node's death
+    max_bytes: int = 1024 * 2**20  # this node's cache budget; unpinned entries are evicted LRU first
+    request_timeout: float = 10.0  # s a cache call keeps retrying while a key's primary is unreachable
+    settle: float = 5.0  # s after a membership change a primary asks the other replicas before a first write
+    # "" = embedded (versions and locks on each key's primary replica); "etcd://host:2379": on etcd
+    coordination: str = ""
+
+
+@dataclass
 class Config:
     node: NodeSection = field(default_factory=NodeSection)
     transport: TransportSection = field(default_factory=TransportSection)
@@ -221,6 +233,7 @@ class Config:
     security: SecuritySection = field(default_factory=SecuritySection)
     http: HttpSection = field(default_factory=HttpSection)
     log: LogSection = field(default_factory=LogSection)
+    cache: CacheSection = field(default_factory=CacheSection)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -288,6 +301,7 @@ class Config:
         if self.log.format not in ("console", "json"):
             raise ConfigError(f"log.format must be 'console' or 'json', not {self.log.format!r}")
         self.buffers.normalize()
+        validate_cache(self.cache)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -463,3 +477,20 @@ def validate_heartbeat(cfg: Any) -> None:
     for key in ("fanout", "indirect_probes", "max_piggyback"):
         if getattr(cfg, key) < 0 or (key == "fanout" and cfg.fanout < 1):
             raise ConfigError(f"heartbeat.{key} must be {'at least 1' if key == 'fanout' else 'non-negative'}")
+
+
+def validate_cache(cfg: CacheSection) -> None:
+    """The ``[cache]`` rules."""
+    if cfg.replicas < 1:
+        raise ConfigError("cache.replicas must be at least 1 (2 or more survive a node's death)")
+    if cfg.max_bytes <= 0:
+        raise ConfigError('cache.max_bytes must be a positive size such as "1GiB"')
+    for key in ("request_timeout", "settle"):
+        if not getattr(cfg, key) > 0:
+            raise ConfigError(f"cache.{key} must be positive (seconds)")
+    if cfg.coordination:
+        scheme, _, rest = cfg.coordination.partition("://")
+        if scheme != "etcd" or not rest.split(":")[0].strip("/"):
+            raise ConfigError(
+                f'cache.coordination must be "" (embedded) or "etcd://host:port", not {cfg.coordination!r}'
+            )

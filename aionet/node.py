@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._version import __version__
+from .cache import Cache
 from .codecs import handshake
 from .codecs.envelope import CONTROL_MIN, REQ, SEND
 from .codecs.serialize import Serializer
@@ -150,6 +151,7 @@ class Node:
             devices=self.devices,
             instruments=self.instruments,
         )
+        self.cache = Cache(cfg.cache, messaging=self, members=self.membership)  # issue 14
         self._directory.member_state = self.membership.state_of
         self.collectives = Collectives(cfg.collectives, messaging=self, members=self.membership, spawn=self._spawn)
 
@@ -186,6 +188,7 @@ class Node:
                 await self._connector.join(self.config.node.join)
             await self.membership.start()  # fetches the member table from the seeds joined above
             await self.scheduler.start()  # learns the members' resources
+            await self.cache.start()
         except BaseException:
             await self.stop()
             raise
@@ -198,6 +201,7 @@ class Node:
         await self.membership.stop()  # announces a graceful leave before anything closes
         await self.scheduler.stop()  # fails tasks still owned here; drops queued work
         await self.collectives.close()  # pending collectives raise CollectiveError
+        await self.cache.stop()
         for lst in self._listeners:
             with contextlib.suppress(Exception):
                 await lst.close()
@@ -420,6 +424,8 @@ class Node:
     async def gather(self, refs: Any, return_exceptions: bool = False) -> list[Any]:
         """Results of TaskRefs, in order."""
         return await self.scheduler.gather(refs, return_exceptions=return_exceptions)
+
+    lock = property(lambda self: self.cache.lock, doc="``async with node.lock(name, ttl=10) as lease:`` (aionet.cache)")
 
     async def connect(self, url: str) -> str:
         """Dial ``url`` and return the peer's node name (also learns its peers)."""

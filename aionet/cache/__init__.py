@@ -1,0 +1,23 @@
+"""The distributed cache: versioned values spread over the nodes, compare-and-set, watches,
+and leases with fencing tokens (``node.cache``, ``node.lock``). See docs/cache.md."""
+
+from .api import Cache, Change, Lease, LockContext, WatchStream
+from .errors import CacheError, CacheFull, LockLost, StaleFenceError
+from .locks import LeaseTable
+from .placement import Placement
+from .store import Store
+
+__all__ = [
+    "Cache",
+    "CacheError",
+    "CacheFull",
+    "Change",
+    "Lease",
+    "LeaseTable",
+    "LockContext",
+    "LockLost",
+    "Placement",
+    "StaleFenceError",
+    "Store",
+    "WatchStream",
+]

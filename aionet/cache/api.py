@@ -1,0 +1,536 @@
+"""``node.cache`` and ``node.lock``: what users call (the effects are in :mod:`.service`).
+
+::
+
+    v = await node.cache.put("k", value, ttl=60)
+    value, version = await node.cache.get_versioned("k")
+    if await node.cache.cas("k", value + 1, version): ...
+    async with node.lock("resource", ttl=10) as lease:
+        await node.cache.put("k", value, fence=lease)     # refused once the lease is stale
+    async for change in node.cache.watch("jobs/"): ...
+
+See docs/cache.md for the consistency model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..core.ports import Clock, MemberEvents, Messaging, loop_time
+from ..errors import PeerUnavailable
+from .errors import LockLost
+from .service import CacheService
+from .store import freeze
+from .wire import (
+    LOAD,
+    LOCK_ACQUIRE,
+    LOCK_PREFIX,
+    LOCK_RELEASE,
+    LOCK_RENEW,
+    MAX_HOPS,
+    OP_CAS,
+    OP_DEL,
+    OP_NAMES,
+    OP_PUT,
+    SVC_CLAIM,
+    SVC_LOCK,
+    SVC_READ,
+    SVC_READ_SLOW,
+    SVC_UNCLAIM,
+    SVC_WATCH,
+    SVC_WRITE,
+)
+
+if TYPE_CHECKING:
+    from ..config import CacheSection
+
+try:
+    import numpy as _np
+except ImportError:  # pragma: no cover
+    _np = None  # type: ignore[assignment]
+
+_CLAIM_WAIT = 1.0  # s a get_or_load waiter parks at the primary per round
+_LOCK_WAIT = 1.0  # s an acquire parks at the lock's primary per round
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change a watch delivers: ``kind`` is "put" or "delete" (``value`` None)."""
+
+    key: str
+    version: int
+    kind: str
+    value: Any
+
+
+class Lease:
+    """A held lock: ``token`` rises with every grant of the lock's name. ``lost`` is set
+    when a renewal was refused (the lease ended: another holder may have it now)."""
+
+    def __init__(self, name: str, token: int, ttl: float) -> None:
+        self.name = name
+        self.token = token
+        self.ttl = ttl
+        self.lost = asyncio.Event()
+        self._renewer: asyncio.Task[Any] | None = None
+        self._etcd_lease = 0  # etcd coordination: the etcd lease that keeps the lock key
+
+    @property
+    def fence(self) -> list[Any]:
+        return [self.name, self.token]
+
+    def __repr__(self) -> str:
+        return f"Lease({self.name!r}, token={self.token}{', lost' if self.lost.is_set() else ''})"
+
+
+class LockContext:
+    """``async with node.lock(name, ttl=10) as lease:``; renewed every ttl/3 while held."""
+
+    def __init__(self, cache: Cache, name: str, ttl: float, timeout: float | None) -> None:
+        self._cache, self._name, self._ttl, self._timeout = cache, name, ttl, timeout
+        self.lease: Lease | None = None
+
+    async def __aenter__(self) -> Lease:
+        self.lease = await self._cache.acquire(self._name, self._ttl, timeout=self._timeout)
+        return self.lease
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.lease is not None:
+            await self._cache.release(self.lease)
+
+
+class WatchStream:
+    """``async for change in node.cache.watch(prefix)``: every change of a key under
+    ``prefix``, in version order per key. Bounded: when full the oldest is dropped and
+    counted in ``dropped``. ``close()`` (or leaving ``async with``) unsubscribes."""
+
+    def __init__(self, cache: Cache, prefix: str, maxsize: int) -> None:
+        self._cache = cache
+        self.prefix = prefix
+        self._q: asyncio.Queue[Change | None] = asyncio.Queue()
+        self._maxsize = maxsize
+        self._seen: dict[str, int] = {}
+        self._subscribing: list[asyncio.Task[Any]] = []
+        self.dropped = 0
+        self.closed = False
+
+    async def ready(self) -> WatchStream:
+        """Wait until the subscription reached every member (``async with`` does this):
+        changes written after that are all delivered."""
+        if self._subscribing:
+            await asyncio.wait(self._subscribing)
+            self._subscribing.clear()
+        return self
+
+    def _push(self, c: Change) -> None:
+        if c.version <= self._seen.get(c.key, 0):
+            return  # already delivered (a change can reach us twice across a primary's failover)
+        self._seen[c.key] = c.version
+        if self._q.qsize() >= self._maxsize:
+            self._q.get_nowait()
+            self.dropped += 1
+        self._q.put_nowait(c)
+
+    def __aiter__(self) -> WatchStream:
+        return self
+
+    async def __anext__(self) -> Change:
+        if self.closed and self._q.empty():
+            raise StopAsyncIteration
+        c = await self._q.get()
+        if c is None:
+            raise StopAsyncIteration
+        return c
+
+    async def get(self, timeout: float | None = None) -> Change:
+        return await asyncio.wait_for(self.__anext__(), timeout)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._cache._unwatch(self)
+            self._q.put_nowait(None)
+
+    async def __aenter__(self) -> WatchStream:
+        return await self.ready()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Cache:
+    """The distributed cache of one node: ``node.cache``."""
+
+    def __init__(
+        self, cfg: CacheSection, *, messaging: Messaging, members: MemberEvents, clock: Clock = loop_time
+    ) -> None:
+        self.cfg = cfg
+        self.service = CacheService(cfg, messaging=messaging, members=members, clock=clock)
+        self.name = messaging.name
+        self._id = f"{messaging.name}/{messaging.node_id[:8]}"
+        self._seq = itertools.count(1)
+        self._watches: set[WatchStream] = set()
+        self._loading: dict[str, asyncio.Future[Any]] = {}
+        self.service.on_change = self._on_change
+        self.service.on_member_up = self._resubscribe
+
+    async def start(self) -> None:
+        await self.service.start()
+
+    async def stop(self) -> None:
+        for w in list(self._watches):
+            w.close()
+        await self.service.stop()
+
+    @property
+    def store(self) -> Any:
+        """This node's copies (a :class:`~aionet.cache.store.Store`), for inspection."""
+        return self.service.store
+
+    def owners(self, key: str) -> tuple[str, ...]:
+        """The nodes that hold ``key`` now, primary first."""
+        return self.service.placement.owners(_check_key(key))
+
+    # ------------------------------------------------------------------ writes
+    async def put(
+        self, key: str, value: Any, ttl: float | None = None, *, fence: Lease | None = None, pin: bool = False
+    ) -> int:
+        """Store ``value``; returns its new version. ``fence=lease`` refuses the write with
+        StaleFenceError unless ``lease`` is its lock's live lease. ``pin=True`` keeps it out
+        of LRU eviction. A numpy array is copied once here; gets on a replica share it."""
+        return await self._write(OP_PUT, key, value, 0, ttl, pin, fence)
+
+    async def cas(
+        self,
+        key: str,
+        value: Any,
+        expect_version: int,
+        ttl: float | None = None,
+        *,
+        fence: Lease | None = None,
+        pin: bool = False,
+    ) -> bool:
+        """Store ``value`` only if the key's version is still ``expect_version`` (0: absent)."""
+        return await self._write(OP_CAS, key, value, int(expect_version), ttl, pin, fence) > 0
+
+    async def delete(self, key: str, *, fence: Lease | None = None) -> bool:
+        """Remove ``key``; False if it was absent."""
+        return await self._write(OP_DEL, key, None, 0, None, False, fence) > 0
+
+    async def _write(
+        self, op: int, key: str, value: Any, expect: int, ttl: float | None, pin: bool, fence: Lease | None
+    ) -> int:
+        _check_key(key)
+        if ttl is not None and not ttl > 0:
+            raise ValueError("ttl must be positive seconds (or None: no expiry)")
+        fence_f = _fence(fence)
+        svc = self.service
+
+        async def once() -> int:
+            primary = svc.placement.primary(key)
+            v = freeze(value, copy=True) if primary == self.name else value
+            payload = [op, key, v, expect, ttl, pin, fence_f, MAX_HOPS]
+            return await svc.call(primary, SVC_WRITE, payload)  # type: ignore[no-any-return]
+
+        return await self._retrying(once)
+
+    # ------------------------------------------------------------------ reads
+    async def get(self, key: str, default: Any = None, *, copy: bool = False) -> Any:
+        """The value, or ``default`` when absent. On a node holding a replica a numpy array
+        comes back as the cached memory, read-only; ``copy=True`` returns a writable copy."""
+        version, value = await self._read(key, copy)
+        return default if version == 0 else value
+
+    async def get_versioned(self, key: str, *, copy: bool = False) -> tuple[Any, int]:
+        """``(value, version)``; ``(None, 0)`` when absent (``cas(..., 0)`` creates it)."""
+        version, value = await self._read(key, copy)
+        return value, version
+
+    async def _read(self, key: str, copy: bool) -> tuple[int, Any]:
+        svc = self.service
+        _check_key(key)
+        if self.name in svc.placement.owners(key):
+            e = svc.store.get(key)
+            if e is not None:
+                return e.version, _copy(e.value) if copy else e.value
+
+        async def once() -> tuple[int, Any]:
+            last: Exception | None = None
+            for peer in svc.placement.owners(key):
+                try:
+                    version, value = await svc.call(peer, SVC_READ, [key])
+                    if version < 0:
+                        version, value = await svc.call(peer, SVC_READ_SLOW, [key, MAX_HOPS])
+                    return version, _copy(value) if copy and peer == self.name else value
+                except (PeerUnavailable, TimeoutError) as exc:
+                    last = exc
+            raise last or PeerUnavailable(f"no replica of {key!r} reachable")
+
+        return await self._retrying(once)
+
+    async def get_or_load(
+        self, key: str, loader: Callable[[], Any], ttl: float | None = None, *, timeout: float | None = None
+    ) -> Any:
+        """The value of ``key``; on a miss ``loader()`` (sync or async) runs once in the whole
+        cluster: the key's primary lets the first asker load it and holds the others until its
+        put (if that asker fails or dies, the next asker loads)."""
+        _check_key(key)
+        svc = self.service
+        if self.name in svc.placement.owners(key):
+            e = svc.store.get(key)
+            if e is not None:
+                return e.value
+        local = self._loading.get(key)  # one flight per node, then one per cluster
+        if local is not None:
+            return await asyncio.shield(local)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._loading[key] = fut
+        try:
+            value = await asyncio.wait_for(self._load(key, loader, ttl), timeout)
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: no other local caller may be waiting
+            raise
+        else:
+            fut.set_result(value)
+        finally:
+            self._loading.pop(key, None)
+        return value
+
+    async def _load(self, key: str, loader: Callable[[], Any], ttl: float | None) -> Any:
+        svc = self.service
+        who = f"{self._id}#{next(self._seq)}"
+        while True:
+
+            async def claim() -> list[Any]:
+                primary = svc.placement.primary(key)
+                payload = [key, who, _CLAIM_WAIT, MAX_HOPS]
+                return await svc.call(primary, SVC_CLAIM, payload, timeout=_CLAIM_WAIT + self.cfg.request_timeout)  # type: ignore[no-any-return]
+
+            version, value = await self._retrying(claim)
+            if version:
+                return value
+            if value != LOAD:
+                continue  # someone else is loading: ask again
+            try:
+                value = loader()
+                if inspect.isawaitable(value):
+                    value = await value
+            except BaseException:
+                primary = svc.placement.primary(key)
+                try:
+                    await svc.call(primary, SVC_UNCLAIM, [key, who])
+                except Exception:  # the primary is gone: its claims went with it
+                    pass
+                raise
+            await self.put(key, value, ttl)
+            return value
+
+    # ------------------------------------------------------------------ watches
+    def watch(self, prefix: str = "", maxsize: int = 100_000) -> WatchStream:
+        """Changes of keys starting with ``prefix``: ``async with cache.watch(p) as w:
+        async for change in w: ...`` (entering waits until every member has the subscription;
+        see :meth:`WatchStream.ready`)."""
+        w = WatchStream(self, prefix, maxsize)
+        first = not any(x.prefix == prefix for x in self._watches)
+        self._watches.add(w)
+        if first:
+            for peer in self.service.placement.members:
+                t = self._subscribe(peer, prefix, True)
+                if t is not None:
+                    w._subscribing.append(t)
+        return w
+
+    def _unwatch(self, w: WatchStream) -> None:
+        self._watches.discard(w)
+        if not any(x.prefix == w.prefix for x in self._watches):
+            for peer in self.service.placement.members:
+                self._subscribe(peer, w.prefix, False)
+
+    def _subscribe(self, peer: str, prefix: str, on: bool) -> asyncio.Task[Any] | None:
+        if peer == self.name:
+            self.service._h_watch([self.name, prefix, on])
+            return None
+        return self.service.spawn(self._subscribe_remote(peer, prefix, on), "aionet-cache-subscribe")
+
+    async def _subscribe_remote(self, peer: str, prefix: str, on: bool) -> None:
+        try:
+            await self.service.call(peer, SVC_WATCH, [self.name, prefix, on])
+        except Exception as exc:  # gone: it is subscribed again if it comes back
+            self.service.log.debug("watch subscription not sent", peer=peer, error=repr(exc))
+
+    def _resubscribe(self, peer: str) -> None:
+        for prefix in {w.prefix for w in self._watches}:
+            self._subscribe(peer, prefix, True)
+
+    def _on_change(self, batch: list[list[Any]]) -> None:
+        for key, version, op, value in batch:
+            if not isinstance(key, str) or not isinstance(version, int):
+                raise TypeError(f"malformed cache change {key!r} version {version!r}")
+            c = Change(key, version, OP_NAMES.get(op, "put"), value)
+            for w in self._watches:
+                if key.startswith(w.prefix):
+                    w._push(c)
+
+    # ------------------------------------------------------------------ locks
+    def lock(self, name: str, ttl: float = 10.0, *, timeout: float | None = None) -> LockContext:
+        """``async with cache.lock(name, ttl=10) as lease:``; see :meth:`acquire`."""
+        return LockContext(self, name, ttl, timeout)
+
+    async def acquire(self, name: str, ttl: float = 10.0, *, timeout: float | None = None) -> Lease:
+        """Wait for lock ``name`` (up to ``timeout`` s: TimeoutError) and hold it with a lease
+        of ``ttl`` s, renewed every ttl/3 by a task of this node until :meth:`release`.
+        A holder that dies keeps the lock until its lease ends."""
+        _check_key(name)
+        if not ttl > 0:
+            raise ValueError("lock ttl must be positive seconds")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        owner = f"{self._id}#{next(self._seq)}"
+        svc = self.service
+        if svc.coord is not None:
+            return await self._acquire_etcd(name, ttl, owner, deadline, timeout)
+        while True:
+            left = _LOCK_WAIT if deadline is None else min(_LOCK_WAIT, deadline - loop.time())
+            if left <= 0:
+                raise TimeoutError(f"lock {name!r} not acquired within {timeout} s")
+
+            async def ask(wait: float = left) -> list[Any]:
+                primary = svc.placement.primary(LOCK_PREFIX + name)
+                payload = [LOCK_ACQUIRE, name, owner, 0, float(ttl), wait, MAX_HOPS]
+                return await svc.call(primary, SVC_LOCK, payload, timeout=wait + self.cfg.request_timeout)  # type: ignore[no-any-return]
+
+            token, _ = await self._retrying(ask)
+            if token:
+                lease = Lease(name, int(token), float(ttl))
+                lease._renewer = svc.spawn(self._renew(lease), f"aionet-cache-lease-{name}")
+                return lease
+
+    async def _acquire_etcd(
+        self, name: str, ttl: float, owner: str, deadline: float | None, timeout: float | None
+    ) -> Lease:
+        svc = self.service
+        coord = svc.coord
+        assert coord is not None
+        loop = asyncio.get_running_loop()
+        delay = 0.02
+        while True:
+            token, lease_id = await self._retrying(lambda: coord.acquire(name, owner, ttl))
+            if token:
+                lease = Lease(name, token, float(ttl))
+                lease._etcd_lease = lease_id
+                lease._renewer = svc.spawn(self._renew(lease), f"aionet-cache-lease-{name}")
+                return lease
+            if deadline is not None and loop.time() + delay > deadline:
+                raise TimeoutError(f"lock {name!r} not acquired within {timeout} s")
+            await asyncio.sleep(delay)  # held: poll until its holder releases or etcd expires it
+            delay = min(delay * 2, 0.2)
+
+    async def release(self, lease: Lease) -> None:
+        """End ``lease`` now (stops its renewal)."""
+        t = lease._renewer
+        lease._renewer = None
+        if t is not None:
+            t.cancel()
+            await asyncio.wait([t])
+        if lease.lost.is_set():
+            return
+        svc = self.service
+        if svc.coord is not None:
+            try:
+                await svc.coord.release(lease._etcd_lease)
+            except Exception as exc:  # etcd unreachable: the lease runs out there
+                svc.log.debug("lock release not delivered", lock=lease.name, error=repr(exc))
+            return
+        try:
+            primary = svc.placement.primary(LOCK_PREFIX + lease.name)
+            await svc.call(primary, SVC_LOCK, [LOCK_RELEASE, lease.name, "", lease.token, 0.0, 0.0, MAX_HOPS])
+        except Exception as exc:  # unreachable: the lease simply runs out
+            svc.log.debug("lock release not delivered", lock=lease.name, error=repr(exc))
+
+    async def _renew(self, lease: Lease) -> None:
+        svc = self.service
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + lease.ttl
+        while True:
+            await asyncio.sleep(lease.ttl / 3)
+            while True:
+                try:
+                    started = loop.time()
+                    if svc.coord is not None:
+                        ok = await svc.coord.renew(lease._etcd_lease)
+                        break
+                    primary = svc.placement.primary(LOCK_PREFIX + lease.name)
+                    payload = [LOCK_RENEW, lease.name, "", lease.token, lease.ttl, 0.0, MAX_HOPS]
+                    ok = await svc.call(primary, SVC_LOCK, payload, timeout=lease.ttl / 3)
+                    break
+                except (PeerUnavailable, TimeoutError):
+                    if loop.time() >= ends:
+                        ok = False
+                        break
+                    await asyncio.sleep(min(0.05, lease.ttl / 10))
+            if not ok:
+                lease.lost.set()
+                svc.log.warning("lock lease lost", lock=lease.name, token=lease.token)
+                return
+            ends = started + lease.ttl
+
+    # ------------------------------------------------------------------ helpers
+    async def _retrying(self, once: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``once`` until it answers, retrying while the target is unreachable (membership
+        moves the key to its next replica) for up to ``cache.request_timeout`` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.request_timeout
+        delay = 0.01
+        while True:
+            try:
+                return await once()
+            except (PeerUnavailable, TimeoutError):
+                if loop.time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    def stats(self) -> dict[str, Any]:
+        s = self.service
+        return {
+            "entries": len(s.store),
+            "bytes": s.store.nbytes,
+            "evictions": s.store.evictions,
+            "expirations": s.store.expirations,
+            "locks": len(s.locks.held),
+            "members": sorted(s.placement.members),
+            "rebalances": s.rebalances,
+            "moved": s.moved,
+        }
+
+
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str) or not key or key.startswith("\x00"):
+        raise TypeError(f"cache keys and lock names are non-empty str not starting with NUL, not {key!r}")
+    return key
+
+
+def _fence(lease: Any) -> list[Any] | None:
+    if lease is None:
+        return None
+    if isinstance(lease, Lease):
+        return lease.fence
+    raise TypeError(f"fence= takes the Lease of `async with node.lock(...)`, not {lease!r}")
+
+
+def _copy(value: Any) -> Any:
+    if _np is not None and isinstance(value, _np.ndarray):
+        return value.copy()
+    return value
+
+
+__all__ = ["Cache", "Change", "Lease", "LockContext", "LockLost", "WatchStream"]

@@ -1,0 +1,230 @@
+#!/usr/bin/env python
+"""Cache benchmark: aionet's ``node.cache`` vs redis-py's asyncio client on a local
+redis-server, in the same run, same host.
+
+The server side is a child process in both cases: ``redis-server`` (no persistence) on a free
+port, and an aionet node (``cache.replicas = 1``) started by this script with ``--serve``. The
+client is this process: a redis.asyncio client, and an aionet node joined to the server node.
+Keys are chosen so that the server node is their only replica (every get and put is remote);
+"local get" reads keys this node holds. Measured, ``--repeat`` times (median and spread):
+
+1. put/SET and get/GET of small values (16 bytes), one at a time (unpipelined);
+2. the same with 16 concurrent callers;
+3. local-replica get (aionet only; the ratio is against redis GET, one at a time);
+4. a 64 MiB float64 array: get on the node holding it (same memory, no copy: checked),
+   and from the other node vs the raw request throughput of the same array (``aionet.echo``
+   of nothing with the array as the reply stands in: one request, one 64 MiB reply).
+
+    python benchmarks/cache.py            # full run (about a minute)
+    python benchmarks/cache.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+
+HOST = "127.0.0.1"
+BIG = 64 * C.MiB
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------ server child
+async def serve() -> None:
+    import numpy as np
+
+    import aionet
+    from aionet.config import Config
+
+    cfg = Config.from_dict({"cache": {"replicas": 1, "max_bytes": "1GiB"}}, env={})
+    node = aionet.Node(name="server", listen=f"tcp://{HOST}:0", config=cfg)
+    await node.start()
+    big = np.ones(BIG // 8)
+    node.add_service("bench.big", lambda _x: big)
+    C.emit("READY", {"address": node.address})
+    C.parent_watchdog(__import__("os").getppid())
+    await asyncio.Event().wait()
+
+
+# ------------------------------------------------------------------ measuring
+async def rate(op: Any, n: int, concurrency: int) -> float:
+    """ops/s of ``op(i)`` for i in range(n), ``concurrency`` callers."""
+    it = iter(range(n))
+
+    async def worker() -> None:
+        for i in it:
+            await op(i)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return n / (time.perf_counter() - t0)
+
+
+async def bench_redis(n: int, repeat: int) -> dict[str, list[float]]:
+    import redis.asyncio as redis
+
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        r = redis.Redis(host=HOST, port=port)
+        for _ in range(200):
+            with contextlib.suppress(Exception):
+                await r.ping()
+                break
+            await asyncio.sleep(0.025)
+        value = b"x" * 16
+        out: dict[str, list[float]] = {"put": [], "get": [], "put16": [], "get16": []}
+        for _ in range(repeat):
+            out["put"].append(await rate(lambda i: r.set(f"k{i % 1000}", value), n, 1))
+            out["get"].append(await rate(lambda i: r.get(f"k{i % 1000}"), n, 1))
+            out["put16"].append(await rate(lambda i: r.set(f"k{i % 1000}", value), n, 16))
+            out["get16"].append(await rate(lambda i: r.get(f"k{i % 1000}"), n, 16))
+        await r.aclose()
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+
+
+async def bench_aionet(n: int, repeat: int) -> dict[str, Any]:
+    import numpy as np
+
+    import aionet
+    from aionet.config import Config
+
+    with C.Child(C.python_argv(__file__, "--serve"), label="server") as child:
+        addr = child.expect("READY", timeout=30)["address"]
+        cfg = Config.from_dict({"cache": {"replicas": 1, "max_bytes": "1GiB"}}, env={})
+        node = aionet.Node(name="client", listen=f"tcp://{HOST}:0", join=[addr], config=cfg)
+        await node.start()
+        try:
+            cache = node.cache
+            t0 = time.monotonic()
+            while len(cache.service.placement.members) < 2 and time.monotonic() - t0 < 10:
+                await asyncio.sleep(0.01)
+            keys = [k for k in (f"k{i}" for i in range(4000)) if cache.owners(k) == ("server",)][:1000]
+            mine = [k for k in (f"m{i}" for i in range(4000)) if cache.owners(k) == ("client",)][:1000]
+            await asyncio.sleep(cache.cfg.settle)  # past the settle window after joining (no replica asks)
+            value = b"x" * 16
+            for k in mine:
+                await cache.put(k, value)
+            out: dict[str, Any] = {"put": [], "get": [], "put16": [], "get16": [], "local_get": []}
+            for _ in range(repeat):
+                out["put"].append(await rate(lambda i: cache.put(keys[i % len(keys)], value), n, 1))
+                out["get"].append(await rate(lambda i: cache.get(keys[i % len(keys)]), n, 1))
+                out["put16"].append(await rate(lambda i: cache.put(keys[i % len(keys)], value), n, 16))
+                out["get16"].append(await rate(lambda i: cache.get(keys[i % len(keys)]), n, 16))
+                out["local_get"].append(await rate(lambda i: cache.get(mine[i % len(mine)]), n * 5, 1))
+            # 64 MiB array: local (same memory) and remote vs the raw request of the same bytes
+            arr = np.ones(BIG // 8)
+            big_local = next(k for k in (f"b{i}" for i in range(100)) if cache.owners(k) == ("client",))
+            big_remote = next(k for k in (f"b{i}" for i in range(100)) if cache.owners(k) == ("server",))
+            await cache.put(big_local, arr)
+            await cache.put(big_remote, arr)
+            x, y = await cache.get(big_local), await cache.get(big_local)
+            out["big_same_memory"] = bool(np.shares_memory(x, y) and not x.flags.writeable)
+            t = time.perf_counter()
+            await cache.get(big_local)
+            out["big_local_s"] = time.perf_counter() - t
+            out["big_remote"], out["big_raw"] = [], []
+            await node.request("server", "bench.big", None)  # warm-up: the first large reply sizes buffers
+            await cache.get(big_remote)
+            for _ in range(max(repeat, 3)):
+                t = time.perf_counter()
+                await node.request("server", "bench.big", None)
+                out["big_raw"].append(BIG / (time.perf_counter() - t))
+                t = time.perf_counter()
+                got = await cache.get(big_remote)
+                out["big_remote"].append(BIG / (time.perf_counter() - t))
+                assert got.nbytes == BIG
+            return out
+        finally:
+            await node.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("-n", type=int, default=5000, help="operations per measurement")
+    ap.add_argument("--json", default=str(C.RESULTS_DIR / "cache.json"))
+    args = ap.parse_args()
+    if args.serve:
+        C.run_async(serve())
+        return
+    C.install_cleanup()
+    n, repeat = (1000, 2) if args.quick else (args.n, args.repeat)
+    results: dict[str, Any] = {"environment": C.environment(), "n": n, "repeat": repeat}
+    a = C.run_async(bench_aionet(n, repeat))
+    results["aionet"] = a
+    have_redis = shutil.which("redis-server") is not None
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        have_redis = False
+    r = C.run_async(bench_redis(n, repeat)) if have_redis else None
+    results["redis"] = r
+    rows = []
+    for key, label in [
+        ("put", "put / SET, 1 caller"),
+        ("get", "get / GET, 1 caller"),
+        ("put16", "put / SET, 16 callers"),
+        ("get16", "get / GET, 16 callers"),
+    ]:
+        am = C.median(a[key])
+        rm = C.median(r[key]) if r else None
+        rows.append([label, C.fmt_num(am, 0), C.fmt_num(rm, 0) if rm else "-", f"{am / rm:.2f}x" if rm else "-"])
+    lg = C.median(a["local_get"])
+    rg = C.median(r["get"]) if r else None
+    rows.append(
+        [
+            "local-replica get vs GET",
+            C.fmt_num(lg, 0),
+            C.fmt_num(rg, 0) if rg else "-",
+            f"{lg / rg:.1f}x" if rg else "-",
+        ]
+    )
+    C.print_table(
+        f"cache ops/s, small values (median of {repeat}, {n} ops each; remote = server process)",
+        ["operation", "aionet", "redis-py", "ratio"],
+        rows,
+    )
+    br, bw = C.median(a["big_remote"]), C.median(a["big_raw"])
+    C.print_table(
+        "64 MiB array",
+        ["measure", "value"],
+        [
+            ["get on the holding node: same memory, read-only", str(a["big_same_memory"])],
+            ["get on the holding node (s)", f"{a['big_local_s'] * 1e6:.1f} us"],
+            ["remote get throughput", C.fmt_bytes(br) + "/s"],
+            ["raw request of the same bytes", C.fmt_bytes(bw) + "/s"],
+            ["ratio", f"{br / bw:.2f}x"],
+        ],
+    )
+    print("wrote", C.write_json(args.json, results))
+
+
+if __name__ == "__main__":
+    main()
