@@ -122,6 +122,9 @@ class CollectivesSection:
     small_bytes: int = 65536  # allreduce at or below this: recursive doubling; above: the ring
     segment_bytes: int = 4 * 2**20  # ring chunks travel in pieces this large (pipelined)
     timeout: float = 0.0  # s a collective may take before it raises CollectiveError (0: no limit)
+    # bytes a rank holds for calls it has not started yet (a root broadcasting ahead); beyond
+    # it the group breaks with CollectiveError rather than the node's memory growing unbounded
+    max_ahead_bytes: int = 1024 * 2**20
 
 
 @dataclass
@@ -275,10 +278,10 @@ class Config:
                 raise ConfigError(f"limits.{name} must be positive")
         validate_heartbeat(self.heartbeat)
         co = self.collectives
-        if co.small_bytes < 0 or co.segment_bytes < 4096 or not co.timeout >= 0:
+        if co.small_bytes < 0 or co.segment_bytes < 4096 or not co.timeout >= 0 or co.max_ahead_bytes < 1:
             raise ConfigError(
                 "collectives.small_bytes must be >= 0, collectives.segment_bytes >= 4096 and "
-                "collectives.timeout >= 0 (0: no limit)"
+                "collectives.timeout >= 0 (0: no limit), collectives.max_ahead_bytes >= 1"
             )
         if self.link.max_inflight_bytes <= 0:
             raise ConfigError("link.max_inflight_bytes must be positive")

@@ -44,6 +44,7 @@ class Group:
         name: str,
         *,
         small_bytes: int,
+        max_ahead_bytes: int,
         segment_bytes: int,
         timeout: float | None,
         spawn: Callable[[Awaitable[Any], str], asyncio.Task[Any]],
@@ -62,6 +63,7 @@ class Group:
         self.rank = self.members.index(messaging.name)
         self.size = len(self.members)
         self.small_bytes = small_bytes
+        self.max_ahead_bytes = max_ahead_bytes
         self.segment_bytes = max(1, segment_bytes)
         self.timeout = timeout
         digest = hashlib.blake2b("\0".join(self.members).encode(), digest_size=6).hexdigest()
@@ -76,6 +78,9 @@ class Group:
         self._sends: dict[int, list[asyncio.Task[None]]] = {}
         self._waiting: dict[tuple[int, Tag, int], asyncio.Future[Any]] = {}
         self._early: dict[tuple[int, Tag, int], Any] = {}
+        # bytes held for calls this rank has not started (peers running ahead), bounded
+        self._ahead: dict[tuple[int, Tag, int], int] = {}
+        self._ahead_bytes = 0
         self._broken: CollectiveError | None = None
         self.lost: set[str] = set()
         self._closed = False
@@ -135,8 +140,31 @@ class Group:
                 if fut is not None:
                     if not fut.done():
                         fut.set_result(payload)
-                elif seq >= self._low_seq():
+                elif self._broken is None and seq >= self._low_seq():
                     self._early[key] = payload  # for a call this rank has not reached yet
+                    if seq >= self._seq:
+                        self._hold_ahead(key, payload)
+
+    def _hold_ahead(self, key: tuple[int, Tag, int], payload: Any) -> None:
+        n = int(getattr(payload, "nbytes", 0)) or 64
+        self._ahead[key] = n
+        self._ahead_bytes += n
+        if self._ahead_bytes > self.max_ahead_bytes:
+            self._early.clear()
+            self._ahead.clear()
+            self._ahead_bytes = 0
+            self._break(
+                CollectiveError(
+                    f"group {self.name!r}: peers ran more than collectives.max_ahead_bytes "
+                    f"({self.max_ahead_bytes}) ahead of rank {self.rank}: call the same collectives "
+                    "in the same order on every rank, or raise the bound"
+                )
+            )
+
+    def _release_ahead(self, key: tuple[int, Tag, int]) -> None:
+        n = self._ahead.pop(key, None)
+        if n is not None:
+            self._ahead_bytes -= n
 
     def _low_seq(self) -> int:
         """Messages below this belong to calls that ended (failed ones leave some behind)."""
@@ -146,6 +174,7 @@ class Group:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         key = (seq, t, src)
         if key in self._early:
+            self._release_ahead(key)
             fut.set_result(self._early.pop(key))
         elif self._broken is not None:
             fut.set_exception(self._broken)
@@ -173,6 +202,9 @@ class Group:
         low = self._low_seq()
         for k in [k for k in self._early if k[0] < low]:  # leftovers of failed calls
             del self._early[k]
+            self._release_ahead(k)
+        for k in [k for k in self._ahead if k[0] == seq]:  # started now: no longer ahead
+            self._release_ahead(k)
         limit = self.timeout if timeout is None else timeout
         sends = self._sends[seq] = []
         try:

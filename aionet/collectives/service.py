@@ -45,6 +45,7 @@ class Collectives:
             members,
             name,
             small_bytes=cfg.small_bytes,
+            max_ahead_bytes=cfg.max_ahead_bytes,
             segment_bytes=cfg.segment_bytes,
             timeout=cfg.timeout or None,
             spawn=self._spawn,

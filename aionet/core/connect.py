@@ -271,6 +271,8 @@ class Connector:
             # on a task of its own, shared by every caller: a caller that gives up (its
             # request timed out, it was cancelled) stops waiting without cancelling the dial
             p.dialing = self._spawn(self._dial_link(p), "aionet-dial")
+            # every waiter may have given up (a cancelled send): the failure is still retrieved
+            p.dialing.add_done_callback(_retrieve)
         dialing = p.dialing
         try:
             return await asyncio.shield(dialing)
@@ -652,3 +654,9 @@ def _tls_refusal(exc: BaseException | None) -> bool:
 
 def _seed_errors(errors: dict[str, BaseException]) -> str:
     return "; ".join(f"{url}: {exc or type(exc).__name__}" for url, exc in errors.items())
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a shared dial's failure as seen: its waiters get it through their shield."""
+    if not task.cancelled():
+        task.exception()

@@ -171,3 +171,25 @@ async def test_cpu_torch_tensors_travel_through_dlpack(groups: list[Group]) -> N
     assert all(o is d and torch.equal(d, torch.arange(5) * N) for o, d in zip(outs, dst, strict=True))
     blocks = await each(groups, lambda g: g.reduce_scatter(torch.ones(8, 2)))
     assert all(isinstance(b, torch.Tensor) and b.shape == (2, 2) and torch.all(b == N) for b in blocks)
+
+
+async def test_a_root_running_ahead_is_bounded() -> None:
+    """Broadcasts from a root whose peer never calls: the peer holds at most max_ahead_bytes,
+    then its group breaks with an error naming the key (memory never grows unbounded)."""
+    cfg = {"collectives": {"max_ahead_bytes": 200_000}}
+    async with cluster(2, "tcp", config=cfg) as nodes:
+        root, lazy = (n.group() for n in nodes)
+        for _ in range(5):
+            await root.broadcast(np.zeros(10_000), root=0)  # 80 kB each; the root need not wait
+        await asyncio.sleep(0)
+        for _ in range(200):
+            if lazy._broken is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert lazy._ahead_bytes <= 200_000 and not lazy._early
+        with pytest.raises(CollectiveError, match="max_ahead_bytes"):
+            await lazy.broadcast(None, root=0)
+        # within the bound nothing breaks: a peer a little behind catches up
+        r2, l2 = root.shrink(), lazy.shrink()
+        await r2.broadcast(np.ones(1000), root=0)
+        assert np.array_equal(await l2.broadcast(None, root=0), np.ones(1000))

@@ -3,6 +3,7 @@ full mailbox, oversized messages, timeouts that must bound the whole request, an
 back-pressure on async service handlers."""
 
 import asyncio
+import gc
 import itertools
 import time
 
@@ -294,3 +295,37 @@ async def test_rejection_heuristic_ignores_long_lived_connections():
         await link.attach(c, dialer=False)
         link.connection_lost(c)
     assert isinstance(link.dead, PeerUnavailable) and "without accepting message 1" in str(link.dead)
+
+
+@pytest.mark.timeout(30)
+async def test_a_dial_whose_every_waiter_gave_up_leaves_no_unretrieved_failure():
+    """A send to a peer that never completes the handshake is cancelled while its shared dial
+    runs; the dial then fails. Nobody awaits it any more, and still no "Task exception was
+    never retrieved" (the suite's loop-error guard fails this test if one is logged). Found by
+    a collective that cancels its pending sends when a member dies."""
+    conns: list[asyncio.StreamWriter] = []
+
+    async def silent(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append(w)  # accepts, never answers the handshake
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with Node(name="a", config=_cfg(link={"handshake_timeout": 0.3})) as a:
+            p = a._directory.peer("ghost")
+            p.addresses = [f"tcp://127.0.0.1:{port}"]
+            send = asyncio.ensure_future(a.send("ghost", "ch", 1))
+            await wait_for(lambda: p.dialing is not None, 5)
+            dialing = p.dialing
+            send.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await send
+            await asyncio.wait([dialing], timeout=10)
+            assert dialing.done() and not dialing.cancelled()  # failed; not retrieved here (the point)
+            del dialing, send
+            gc.collect()
+    finally:
+        for w in conns:
+            w.close()
+        server.close()
+        await server.wait_closed()
