@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.ports import Clock, MemberEventInfo, MemberEvents, Messaging, loop_time
+from ..core.tasks import OwnedTasks
 from ..errors import PeerUnavailable, RemoteError
 from ..log import get_logger
 from .errors import BY_NAME, CacheFull, StaleFenceError
@@ -90,7 +91,7 @@ class CacheService:
         self._subs: dict[str, set[str]] = {}  # watcher node -> prefixes (this node notifies as a primary)
         self._out: dict[str, list[list[Any]]] = {}  # watcher node -> changes not sent yet
         self._pumps: dict[str, asyncio.Event] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = OwnedTasks(self.log, "cache")
         self._running = False
         self.rebalances = 0
         self.moved = 0
@@ -132,26 +133,14 @@ class CacheService:
         self._claims.clear()
         if self.coord is not None:
             self.coord.close()
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
+        await self._tasks.cancel_all()
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any] | None:
         """Start a task the cache owns (cancelled and awaited by stop; failures logged)."""
         if not self._running:
             coro.close()  # type: ignore[attr-defined]
             return None
-        t = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
-        self._tasks.add(t)
-        t.add_done_callback(self._task_done)
-        return t
-
-    def _task_done(self, t: asyncio.Task[Any]) -> None:
-        self._tasks.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            self.log.error("cache task failed", task=t.get_name(), error=repr(t.exception()))
+        return self._tasks.spawn(coro, name)
 
     # ------------------------------------------------------------------ calls between nodes
     async def call(self, peer: str, svc: str, payload: Any, timeout: float | None = None) -> Any:

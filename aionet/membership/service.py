@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import validate_heartbeat
 from ..core.ports import Clock, ControlChannel, Messaging, PeerConnectivity, loop_time
+from ..core.tasks import OwnedTasks
 from ..devices import Devices
 from ..errors import AionetError, PeerUnavailable, ProtocolError
 from ..instrument import Instruments
@@ -126,7 +127,7 @@ class Membership:
         self._verifying: dict[str, asyncio.Task[None]] = {}
         self._capped_logged = False
         self._next_id = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = OwnedTasks(self.log, "membership")
         self._subscribers = Subscribers(self._spawn, self.log, instruments)
         self._loads = LoadRelay()
         self._dials = DialPolicy(self.name, cfg.interval)
@@ -213,11 +214,7 @@ class Membership:
         for m in list(self._members.values()):
             if m.state in (ALIVE, SUSPECT):
                 self._send(m.name, env)
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
+        await self._tasks.cancel_all()
         await self.load.aclose()
         await self.liveness.stop()
         self._subscribers.close()
@@ -226,15 +223,7 @@ class Membership:
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         """Every task membership starts is owned here: cancelled and awaited by :meth:`stop`,
         and its exception (a bug) is logged rather than left "never retrieved"."""
-        t = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
-        self._tasks.add(t)
-        t.add_done_callback(self._task_done)
-        return t
-
-    def _task_done(self, t: asyncio.Task[Any]) -> None:
-        self._tasks.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            self.log.error("membership task failed", task=t.get_name(), error=repr(t.exception()))
+        return self._tasks.spawn(coro, name)
 
     # ------------------------------------------------------------------ public views
     def members(self) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,42 @@
+"""Tasks a service starts and owns: a failure is logged (it is a bug), never left "never
+retrieved", and :meth:`OwnedTasks.cancel_all` cancels and awaits whatever still runs at stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterator
+from typing import Any
+
+
+class OwnedTasks:
+    def __init__(self, log: Any, owner: str) -> None:
+        self.log = log
+        self.owner = owner  # named in the log line of a failed task
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter(list(self._tasks))
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        t = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(t)
+        t.add_done_callback(self._done)
+        return t
+
+    def _done(self, t: asyncio.Task[Any]) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            self.log.error(f"{self.owner} task failed", task=t.get_name(), error=repr(t.exception()))
+
+    async def cancel_all(self, timeout: float = 2.0) -> None:
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+
+__all__ = ["OwnedTasks"]
