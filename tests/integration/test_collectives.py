@@ -16,6 +16,7 @@ from aionet import CollectiveError, Node
 from aionet.collectives import Group
 from aionet.config import Config
 from aionet.testing import cluster
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 N = 4
@@ -134,7 +135,7 @@ async def test_a_member_leaving_fails_pending_calls_and_the_survivors_shrink() -
     async with cluster(3, "tcp") as nodes:
         gs = [n.group() for n in nodes]
         pending = [asyncio.ensure_future(g.allreduce(np.ones(10))) for g in gs[:2]]  # n2 never joins
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: all(g._waiting for g in gs[:2]), 5)  # both are waiting on n2
         await nodes[2].stop()
         for p in pending:
             with pytest.raises(CollectiveError, match="n2") as info:
@@ -181,11 +182,7 @@ async def test_a_root_running_ahead_is_bounded() -> None:
         root, lazy = (n.group() for n in nodes)
         for _ in range(5):
             await root.broadcast(np.zeros(10_000), root=0)  # 80 kB each; the root need not wait
-        await asyncio.sleep(0)
-        for _ in range(200):
-            if lazy._broken is not None:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for(lambda: lazy._broken is not None, 10)
         assert lazy._ahead_bytes <= 200_000 and not lazy._early
         with pytest.raises(CollectiveError, match="max_ahead_bytes"):
             await lazy.broadcast(None, root=0)

@@ -3,9 +3,11 @@ full mailbox, oversized messages, timeouts that must bound the whole request, an
 back-pressure on async service handlers."""
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -14,6 +16,23 @@ from aionet.config import Config
 from aionet.errors import FrameTooLarge
 from tests.conftest import wait_for
 
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[tuple[int, list[asyncio.StreamWriter]]]:
+    """A TCP port that accepts and never answers the handshake: (port, accepted writers)."""
+    conns: list[asyncio.StreamWriter] = []
+
+    async def silent(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append(w)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], conns
+    finally:
+        for w in conns:
+            w.close()
+        server.close()
+        await server.wait_closed()
 
 def _cfg(**sections):
     return Config.from_dict(sections, env={})
@@ -193,26 +212,13 @@ async def _drain(node: Node, channel: str) -> None:
 async def test_request_timeout_bounds_the_dial():
     """Item 5: the timeout also bounds reaching the peer; the dial itself is not cancelled
     (it is shared with other callers) and leaves no stray task error."""
-    conns: list[asyncio.StreamWriter] = []
-
-    async def silent(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        conns.append(w)  # accepts, never answers the handshake
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with Node(name="a") as a:
-            a._directory.peer("ghost").addresses = [f"tcp://127.0.0.1:{port}"]
-            t0 = time.monotonic()
-            with pytest.raises(asyncio.TimeoutError, match="timed out after 0.3 s"):
-                await a.request("ghost", "aionet.echo", 1, timeout=0.3)
-            assert time.monotonic() - t0 < 1.3
-            assert conns  # it did dial
-    finally:
-        for w in conns:
-            w.close()
-        server.close()
-        await server.wait_closed()
+    async with silent_server() as (port, conns), Node(name="a") as a:
+        a._directory.peer("ghost").addresses = [f"tcp://127.0.0.1:{port}"]
+        t0 = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError, match="timed out after 0.3 s"):
+            await a.request("ghost", "aionet.echo", 1, timeout=0.3)
+        assert time.monotonic() - t0 < 1.3
+        assert conns  # it did dial
 
 
 # ---------------------------------------------------------------- item 8: async handler bound
@@ -303,29 +309,17 @@ async def test_a_dial_whose_every_waiter_gave_up_leaves_no_unretrieved_failure()
     runs; the dial then fails. Nobody awaits it any more, and still no "Task exception was
     never retrieved" (the suite's loop-error guard fails this test if one is logged). Found by
     a collective that cancels its pending sends when a member dies."""
-    conns: list[asyncio.StreamWriter] = []
-
-    async def silent(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        conns.append(w)  # accepts, never answers the handshake
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with Node(name="a", config=_cfg(link={"handshake_timeout": 0.3})) as a:
-            p = a._directory.peer("ghost")
-            p.addresses = [f"tcp://127.0.0.1:{port}"]
-            send = asyncio.ensure_future(a.send("ghost", "ch", 1))
-            await wait_for(lambda: p.dialing is not None, 5)
-            dialing = p.dialing
-            send.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await send
-            await asyncio.wait([dialing], timeout=10)
-            assert dialing.done() and not dialing.cancelled()  # failed; not retrieved here (the point)
-            del dialing, send
-            gc.collect()
-    finally:
-        for w in conns:
-            w.close()
-        server.close()
-        await server.wait_closed()
+    cfg = _cfg(link={"handshake_timeout": 0.3})
+    async with silent_server() as (port, _conns), Node(name="a", config=cfg) as a:
+        p = a._directory.peer("ghost")
+        p.addresses = [f"tcp://127.0.0.1:{port}"]
+        send = asyncio.ensure_future(a.send("ghost", "ch", 1))
+        await wait_for(lambda: p.dialing is not None, 5)
+        dialing = p.dialing
+        send.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await send
+        await asyncio.wait([dialing], timeout=10)
+        assert dialing.done() and not dialing.cancelled()  # failed; not retrieved here (the point)
+        del dialing, send
+        gc.collect()
