@@ -37,6 +37,10 @@ class NodeSection:
     join: list[str] = field(default_factory=list)
     advertise: str = ""
     join_timeout: float = 60.0  # s to keep retrying seeds that are not up yet (0 = fail at once)
+    # a launched world (aionet.launch: mpirun, srun, torchrun, a StatefulSet, `aionet launch`):
+    # this node's rank, and how many ranks start() waits for (0: not launched, no waiting)
+    rank: int = -1
+    world_size: int = 0
 
 
 @dataclass
@@ -202,6 +206,21 @@ class HttpSection:
 
 
 @dataclass
+class LaunchSection:
+    """How ``Node.from_env()`` / ``aionet serve`` read a launcher's environment (aionet/launch/)."""
+
+    detect: bool = True  # read torchrun / MPI / SLURM / Kubernetes variables when present
+    port: int = 0  # rank k listens on port + local rank (0: 7700; torchrun: MASTER_PORT + 1)
+    transport: str = "tcp"  # URL scheme of the computed listen addresses
+    name_format: str = "rank-{rank}"  # node names of the world's ranks
+    seed_host: str = ""  # MPI over several hosts without mpi4py: the host running rank 0
+    pod: str = ""  # Kubernetes pod name (default: $HOSTNAME inside a pod)
+    service: str = ""  # Kubernetes headless Service (default: the StatefulSet's name)
+    world_size: int = 0  # Kubernetes: the StatefulSet's replicas
+    wait_timeout: float = 120.0  # s start() waits for every rank of the world to be alive
+
+
+@dataclass
 class LogSection:
     """``level`` sets the ``aionet`` stdlib logger's level when a Node is built ("" leaves it
     to the program; ``aionet serve`` then uses info). Library code adds no handler."""
@@ -235,6 +254,7 @@ class Config:
     buffers: BuffersSection = field(default_factory=BuffersSection)
     security: SecuritySection = field(default_factory=SecuritySection)
     http: HttpSection = field(default_factory=HttpSection)
+    launch: LaunchSection = field(default_factory=LaunchSection)
     log: LogSection = field(default_factory=LogSection)
     cache: CacheSection = field(default_factory=CacheSection)
 
@@ -295,6 +315,13 @@ class Config:
             raise ConfigError("link.peer_mailbox_bytes and link.peer_mailbox_size must be positive")
         if self.link.max_handshakes < 1 or self.link.max_handshakes_per_host < 1:
             raise ConfigError("link.max_handshakes and link.max_handshakes_per_host must be at least 1")
+        if self.node.world_size < 0 or (self.node.world_size and not 0 <= self.node.rank < self.node.world_size):
+            raise ConfigError(
+                f"node.rank ({self.node.rank}) must be within node.world_size ({self.node.world_size}); "
+                "world_size 0 means the node was not launched as part of a world"
+            )
+        if "{rank}" not in self.launch.name_format:
+            raise ConfigError(f"launch.name_format must contain {{rank}}, not {self.launch.name_format!r}")
         if not self.node.join_timeout >= 0:  # also refuses NaN
             raise ConfigError("node.join_timeout must be >= 0 seconds (0 = fail at once if no seed answers)")
         if isinstance(self.node.listen, str):

@@ -24,7 +24,7 @@ from .core.dispatch import Dispatcher
 from .core.peers import Peer, PeerDirectory
 from .core.router import Router
 from .devices import Devices
-from .errors import AionetError
+from .errors import AionetError, PeerUnavailable
 from .instrument import Instrument, Instruments
 from .log import apply_level as apply_log_level
 from .log import get_logger
@@ -162,6 +162,30 @@ class Node:
         cfg = Config.from_file(path) if path is not None else Config.from_dict({})
         return cls(config=cfg, **overrides)
 
+    @classmethod
+    def from_env(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> Node:
+        """Like :meth:`from_config`, plus what a launcher implies (mpirun, srun, torchrun, a
+        Kubernetes StatefulSet, ``aionet launch``): name, rank, world size, listen and seeds."""
+        from .launch.bootstrap import config_from_env  # pure detection; launch/ imports no Node
+
+        return cls(config=config_from_env(path)[0], **overrides)
+
+    @property
+    def rank(self) -> int:
+        """This node's rank in its launched world (-1 when not launched as part of one)."""
+        return self.config.node.rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the launched world (0 when not launched as part of one)."""
+        return self.config.node.world_size
+
+    def world(self) -> list[str] | None:
+        """The launched world's node names in rank order, or None outside a launched world."""
+        n = self.config.node
+        names = [self.config.launch.name_format.format(rank=r) for r in range(n.world_size)]
+        return names if n.world_size and names[n.rank] == self.name else None
+
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Node:
         await self.start()
@@ -189,6 +213,8 @@ class Node:
             await self.membership.start()  # fetches the member table from the seeds joined above
             await self.scheduler.start()  # learns the members' resources
             await self.cache.start()
+            if self.world_size:
+                await self.wait_members(self.world() or self.world_size, self.config.launch.wait_timeout)
         except BaseException:
             await self.stop()
             raise
@@ -243,10 +269,35 @@ class Node:
         return self.membership.members()
 
     def group(self, members: Sequence[str] | None = None, name: str | None = None) -> Group:
-        """A process group for collectives: ``members`` in rank order, default every alive member
-        sorted by name. Every member must create the same group. See aionet.collectives."""
-        alive = sorted(n for n, m in self.members().items() if m["state"] == "alive")
-        return self.collectives.group(alive if members is None else members, name)
+        """A process group for collectives: ``members`` in rank order; by default the launched
+        world in rank order, else every alive member sorted by name. Every member must create
+        the same group. See aionet.collectives."""
+        if members is None:
+            members = self.world() or sorted(n for n, m in self.members().items() if m["state"] == "alive")
+        return self.collectives.group(members, name)
+
+    async def wait_members(self, members: int | Sequence[str], timeout: float | None = None) -> list[str]:
+        """Wait until ``members`` (names, or a count including this node) are alive; returns the
+        alive names. Raises PeerUnavailable naming who is missing after ``timeout`` seconds."""
+
+        def missing() -> list[str] | int:
+            alive = {n for n, m in self.members().items() if m["state"] == "alive"}
+            if isinstance(members, int):
+                return max(0, members - len(alive))
+            return [n for n in members if n not in alive]
+
+        async with self.member_events() as stream:
+            try:
+                async with asyncio.timeout(timeout):
+                    while missing():
+                        await stream.get()
+            except TimeoutError:
+                left = missing()
+                what = f"{left} more member(s)" if isinstance(left, int) else ", ".join(left)
+                raise PeerUnavailable(
+                    f"waited {timeout:g} s for {what} to be alive; check that every rank started and can reach a seed"
+                ) from None
+        return sorted(n for n, m in self.members().items() if m["state"] == "alive")
 
     def on_member_change(self, fn: Callable[[MemberEvent], Any]) -> Callable[[], None]:
         """Call ``fn(event)`` on every membership change; returns an unsubscribe function."""

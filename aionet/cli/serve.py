@@ -73,7 +73,7 @@ def serve(
     from ..log import configure as configure_logging  # structlog and rich: only when running
 
     try:
-        cfg = load_config(config, name, listen, join, advertise)
+        cfg = load_config(config, name, listen, join, advertise, launched=True)
         level = (log_level or cfg.log.level or "info").lower()
         configure_logging(level, "json" if json_logs else cfg.log.format)
     except (ConfigError, ValueError) as exc:
