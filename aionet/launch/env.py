@@ -68,6 +68,11 @@ def _int(env: Mapping[str, str], var: str) -> int | None:
         raise ConfigError(f"environment variable {var}={raw!r} is not an integer") from None
 
 
+def _or(value: int | None, default: int) -> int:
+    """A launcher that does not say the local rank runs the whole world on one host: rank = local rank."""
+    return default if value is None else value
+
+
 def _check(launcher: str, rank: int, world: int) -> None:
     if world < 1 or not 0 <= rank < world:
         raise ConfigError(f"{launcher}: rank {rank} is not within a world of size {world}")
@@ -212,7 +217,7 @@ def detect(
     # torchrun / torch.distributed.run
     rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
     if rank is not None and world is not None and ("MASTER_ADDR" in env or "TORCHELASTIC_RUN_ID" in env):
-        local_rank = _int(env, "LOCAL_RANK") or 0
+        local_rank = _or(_int(env, "LOCAL_RANK"), rank)
         local_world = _int(env, "LOCAL_WORLD_SIZE") or world
         master_port = _int(env, "MASTER_PORT")
         port = base if base is not None else (master_port + 1 if master_port else DEFAULT_PORT)
@@ -226,14 +231,14 @@ def detect(
     # Open MPI
     rank, world = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
     if rank is not None and world is not None:
-        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") or 0
+        local_rank = _or(_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), rank)
         local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE") or world
         return _mpi("openmpi", rank, world, local_rank, local_world, base, str(opts.get("seed_host") or ""), common)
 
     # MPICH / Intel MPI (Hydra's PMI)
     rank, world = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
     if rank is not None and world is not None:
-        local_rank = _int(env, "MPI_LOCALRANKID") or 0
+        local_rank = _or(_int(env, "MPI_LOCALRANKID"), rank)
         local_world = _int(env, "MPI_LOCALNRANKS") or world
         return _mpi("pmi", rank, world, local_rank, local_world, base, str(opts.get("seed_host") or ""), common)
 
@@ -243,7 +248,7 @@ def detect(
     if rank is not None and world is not None and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
         hosts = expand_nodelist(nodelist) if nodelist else []
-        local_rank = _int(env, "SLURM_LOCALID") or 0
+        local_rank = _or(_int(env, "SLURM_LOCALID"), rank)
         tasks = expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"]) if env.get("SLURM_STEP_TASKS_PER_NODE") else []
         node_id = _int(env, "SLURM_NODEID") or 0
         local_world = tasks[node_id] if node_id < len(tasks) else world
