@@ -145,6 +145,9 @@ class SchedulerSection:
     steal_interval: float = 0.05  # how often idle nodes look for work and load is published
     suspect_grace: float = 0.3  # without membership: a reset connection not back within this is a dead node
     wait_for_nodes: float = 5.0  # how long a task waits when no node at all accepts tasks
+    # s a node asked to leave (SIGTERM, SIGUSR1, node.drain()) keeps finishing the tasks it has
+    # accepted; it takes no new ones, and what is still here after this is re-run elsewhere
+    drain_timeout: float = 20.0  # (under Kubernetes' default 30 s termination grace)
     process_workers: int = 0  # processes for executor="process" (0: one per cpu)
     # task functions this node runs: module names or prefixes ("mypkg", "mypkg.tasks"); empty: none
     # (`aionet serve --app pkg.mod:setup` adds "pkg"); ["*"]: anything installed, trusted clusters only.
@@ -322,6 +325,8 @@ class Config:
             )
         if "{rank}" not in self.launch.name_format:
             raise ConfigError(f"launch.name_format must contain {{rank}}, not {self.launch.name_format!r}")
+        if not self.scheduler.drain_timeout >= 0:
+            raise ConfigError("scheduler.drain_timeout must be >= 0 seconds (0: hand back at once)")
         if not self.node.join_timeout >= 0:  # also refuses NaN
             raise ConfigError("node.join_timeout must be >= 0 seconds (0 = fail at once if no seed answers)")
         if isinstance(self.node.listen, str):

@@ -219,6 +219,14 @@ class Node:
             await self.stop()
             raise
 
+    async def drain(self, timeout: float | None = None) -> int:
+        """Leave gracefully with no work lost: take no new tasks, finish those accepted here (up
+        to ``timeout``, default ``scheduler.drain_timeout``), then stop. Returns the number of
+        tasks handed back (re-run elsewhere by their owners, not counted as retries)."""
+        left = await self.scheduler.drain(self.config.scheduler.drain_timeout if timeout is None else timeout)
+        await self.stop()
+        return left
+
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight handlers answer (up to ``grace`` s), say BYE, close."""
         if self._closing or not self._running:

@@ -535,7 +535,7 @@ class Owner:
 
     def _apply_load(self, view: NodeView, load: Any, mine: bool) -> None:
         try:
-            q, r, m, free = load
+            q, r, m, free = load[:4]
             view.other = max(0, int(q) + int(r) - (int(m) if mine else view.inflight))
             if isinstance(free, dict):
                 view.free = {k: float(v) for k, v in free.items()}
@@ -543,6 +543,9 @@ class Owner:
             pass
 
     def load_report(self, node: str, load: Any) -> None:
+        if isinstance(load, list) and len(load) > 4 and load[4] is False:
+            self.node_up(node, {}, run_tasks=False)  # it is draining: place nothing more there
+            return
         view = self.views.get(node)
         if view is not None:
             self._apply_load(view, load, mine=False)

@@ -20,6 +20,7 @@ attempts are resubmitted under the retry rules, and owners accept one completion
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import inspect
 import os
@@ -58,6 +59,7 @@ from .wire import (
     CHANNEL,
     DEP_TYPE_NAME,
     M_CANCEL,
+    M_DEPARTED,
     M_FREE,
     M_LOAD,
     M_RECONCILE,
@@ -132,6 +134,8 @@ class Scheduler:
         self.alive: set[str] = set()
         self.down: set[str] = set()
         self._states: dict[str, str] = {}  # member -> state, as membership's events said
+        self._leaving: set[str] = set()  # peers that left gracefully, until our mailbox catches up
+        self._nonce = os.urandom(8).hex()  # marks our own M_DEPARTED markers (peers cannot forge them)
         self._info_pending: set[str] = set()
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -199,6 +203,31 @@ class Scheduler:
             total["gpu"] = float(await asyncio.to_thread(_count_gpus, self._devices))
         total.update(declared)
         return total
+
+    async def drain(self, timeout: float) -> int:
+        """Stop taking tasks (peers are told; new ones are rejected and placed elsewhere) and let
+        those accepted here finish, for up to ``timeout`` seconds. Returns how many are left: when
+        the node then leaves, their owners re-run them elsewhere without counting a retry."""
+        w = self.worker
+        if not self._running:
+            return len(w.jobs)
+        w.run_tasks = False
+        self.owner.node_up(self.name, {}, run_tasks=False)
+        self.broadcast_load([*w.load(None), False])
+        w.idle = asyncio.Event()
+        if w.jobs:
+            self.log.info("draining: finishing the tasks accepted here", tasks=len(w.jobs), timeout=timeout)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(w.idle.wait(), timeout)
+        left = len(w.jobs)
+        if left:
+            self.log.warning("drain timed out; their owners will re-run the tasks still here", tasks=left)
+        # the last results must be on their links before the node says it leaves (owners apply
+        # a leave after what was sent before it, so they count, and nothing is re-run)
+        deadline = self.loop.time() + 5.0
+        while w.unsent() and self.loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        return left
 
     async def stop(self) -> None:
         """Fail what this node owns, drop queued work, then cancel and await every task the
@@ -563,6 +592,10 @@ class Scheduler:
                         owner.load_report(sender, m[2])
                     elif kind == M_RECONCILE:
                         self._on_reconcile(sender, m[2], bool(m[3]))
+                    elif kind == M_DEPARTED:
+                        if sender == self.name and m[3] == self._nonce and m[2] in self._leaving:
+                            self._leaving.discard(m[2])
+                            self.node_down(m[2], graceful=True, reason="left")
                     else:
                         raise ValueError(f"unknown scheduler message kind {kind!r}")
                 except Exception as exc:  # one bad message must not stop the scheduler
@@ -647,7 +680,7 @@ class Scheduler:
             if self._states.get(peer) == "alive":
                 self._peer_alive(peer)
         elif event == "left":
-            self.node_down(peer, graceful=True, reason=str(details.get("reason", event)))
+            self._departed(peer)
 
     def _on_member_change(self, ev: MemberEventInfo) -> None:
         """A membership event: who is alive comes only from these."""
@@ -660,13 +693,26 @@ class Scheduler:
             self.node_down(name, graceful=False, reason="restarted")
         if state == "alive":
             self._peer_alive(name)
-        elif state in ("dead", "left"):
-            self.node_down(name, graceful=state == "left", reason=f"membership: {kind or state}")
+        elif state == "left":
+            self._departed(name)
+        elif state == "dead":
+            self.node_down(name, graceful=False, reason=f"membership: {kind or state}")
+
+    def _departed(self, peer: str) -> None:
+        """A graceful leave takes effect after the messages ``peer`` sent before it (already in
+        our mailbox: one link, in order), so its last results count and nothing is re-run."""
+        if not self._running or peer in self.down or peer in self._leaving:
+            return
+        self._leaving.add(peer)
+        marker = [M_DEPARTED, self.name, peer, self._nonce]
+        if self.spawn(self._msg.send(self.name, CHANNEL, marker), "aionet-sched-departed") is None:
+            self.node_down(peer, graceful=True, reason="membership: left")
 
     def _peer_alive(self, peer: str) -> None:
         if peer == self.name:
             return
         back = peer in self.down
+        self._leaving.discard(peer)  # back before its leave took effect: it never left
         self.down.discard(peer)
         self.alive.add(peer)
         self._learn(peer)

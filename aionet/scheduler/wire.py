@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..codecs.envelope import M_CANCEL, M_FREE, M_LOAD, M_RECONCILE, M_RESULTS, M_SUBMIT  # noqa: F401  (re-exported for the scheduler)
+from ..codecs.envelope import M_CANCEL, M_DEPARTED, M_FREE, M_LOAD, M_RECONCILE, M_RESULTS, M_SUBMIT  # noqa: F401  (re-exported for the scheduler)
 
 
 @dataclass(slots=True)

@@ -86,6 +86,7 @@ class Worker:
         self.pool = ResourcePool({})
         self.queue = TaskQueue()
         self.jobs: dict[tuple[str, int], Job] = {}
+        self.idle: asyncio.Event | None = None  # set when the last job leaves (made by drain())
         self.active: dict[str, int] = {}  # owner -> tasks here (fetching, queued or running)
         self.async_running: dict[tuple[str, int], Job] = {}
         self.n_preemptible = 0
@@ -523,6 +524,11 @@ class Worker:
         k = (job.owner, job.tid)
         if self.jobs.get(k) is job:
             del self.jobs[k]
+            if not self.jobs and self.idle is not None:  # drain() waits for this
+                if threading.get_ident() == self._loop_thread:
+                    self.idle.set()
+                else:
+                    self.sched.loop.call_soon_threadsafe(self.idle.set)
             n = self.active.get(job.owner, 1) - 1
             if n > 0:
                 self.active[job.owner] = n
@@ -554,6 +560,10 @@ class Worker:
             self.sched.loop.call_soon(self._flush_local)
         else:
             self.sched.spawn(self._flush_remote(owner), f"aionet-sched-results-{owner}")
+
+    def unsent(self) -> bool:
+        """Results posted but not yet handed to their links."""
+        return bool(self._flushing) or any(self.outbox.values())
 
     def _flush_local(self) -> None:
         self._flushing.discard(self.name)
