@@ -3,7 +3,6 @@ world group with an allreduce, prints one JSON line, leaves together with the ot
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -20,8 +19,8 @@ async def main() -> int:
         out.update(group_rank=grp.rank, total=total, alive=alive, pid=os.getpid())
         print(json.dumps(out), flush=True)
         await grp.barrier()  # nobody leaves while another is still reading the membership
-    return int(os.environ.get("LAUNCH_APP_EXIT", "0")) if node.rank == int(os.environ.get("LAUNCH_APP_FAIL_RANK", "-1")) else 0
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(aionet.run(main()) if hasattr(aionet, "run") else asyncio.run(main()))
+    sys.exit(aionet.run(main()))
