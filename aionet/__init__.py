@@ -30,10 +30,10 @@ from .runner import run
 
 if TYPE_CHECKING:
     from .node import Node
-    from .scheduler import TaskRef, task_context
+    from .scheduler import TaskRef, task, task_context
 
 #: public names loaded on first access -> the module that defines them
-_LAZY = {"Node": ".node", "TaskRef": ".scheduler", "task_context": ".scheduler"}
+_LAZY = {"Node": ".node", "TaskRef": ".scheduler", "task": ".scheduler", "task_context": ".scheduler"}
 
 __all__ = [
     "AionetError",
@@ -54,6 +54,7 @@ __all__ = [
     "TransportUnavailable",
     "__version__",
     "run",
+    "task",
     "task_context",
 ]
 

@@ -150,6 +150,8 @@ class Node:
             load_fields=self.membership.load,
             devices=self.devices,
             instruments=self.instruments,
+            task_node=self,  # task_context().node
+            rank=cfg.node.rank,
         )
         self.cache = Cache(cfg.cache, messaging=self, members=self.membership)  # issue 14
         self._directory.member_state = self.membership.state_of

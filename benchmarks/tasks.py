@@ -61,7 +61,7 @@ def sleep_ms(i: int, ms: float = 10.0) -> int:
 async def work(i: int, base: float, slow: dict[str, float]) -> int:
     import aionet
 
-    await asyncio.sleep(base * slow.get(aionet.task_context().node, 1.0))
+    await asyncio.sleep(base * slow.get(aionet.task_context().node_name, 1.0))
     return i
 
 

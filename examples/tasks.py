@@ -38,7 +38,7 @@ def total(xs: list[int]) -> int:
 
 
 def where() -> str:
-    return aionet.task_context().node
+    return aionet.task_context().node_name
 
 
 def fails(x: int) -> None:

@@ -15,6 +15,7 @@ from .tasks import (
     TaskRef,
     TaskTimeout,
     Unschedulable,
+    task,
     task_context,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "Unschedulable",
     "choose",
     "normalize_resources",
+    "task",
     "task_context",
     "window_size",
 ]

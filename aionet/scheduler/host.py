@@ -28,6 +28,8 @@ class SchedulerHost(Protocol):
     loop: asyncio.AbstractEventLoop
     log: Any  # a structlog logger
     instruments: Instruments  # the node's hooks (task_changed)
+    task_node: Any  # what task code gets as task_context().node (opaque here)
+    rank: int  # this node's rank in a launched world (-1 outside one)
 
     # ---- running things
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, log_errors: bool = True) -> asyncio.Task[Any] | None:

@@ -117,8 +117,14 @@ class Scheduler:
         devices: Devices | None = None,
         clock: Clock = time.monotonic,
         instruments: Instruments | None = None,
+        task_node: Any = None,
+        rank: int = -1,
     ):
         self._msg = messaging
+        # handed to task code as ``task_context().node`` (and never used here): the node a task
+        # runs on, so it can send, request and join groups; and that node's launched rank
+        self.task_node = task_node
+        self.rank = rank
         self.instruments = instruments if instruments is not None else Instruments()
         self._dumps = dumps
         self._devices = devices  # the node's: how many GPUs to offer
@@ -296,6 +302,9 @@ class Scheduler:
             if opts:
                 self._check_shadowing(fn, opts)
             kw = options or None
+        preset = getattr(fn, "__aionet_task__", None)  # @aionet.task(...) defaults; submit()'s win
+        if preset:
+            opts = {**preset, **opts}
         return self.owner.submit(fn, args, kw, **opts)
 
     def _check_shadowing(self, fn: Any, opts: Mapping[str, Any]) -> None:
@@ -762,4 +771,6 @@ _OPTIONS = (
     "preemptible",
     "affinity",
     "policy",
+    "after",
+    "retry_on",
 )

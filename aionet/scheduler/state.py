@@ -159,6 +159,7 @@ class Rec:
         "holder",
         "key",
         "kwargs",
+        "n_vdeps",
         "name",
         "nbytes",
         "node",
@@ -169,6 +170,7 @@ class Rec:
         "res",
         "res_wire",
         "retries",
+        "retry_on",
         "state",
         "submitted",
         "tid",
@@ -196,6 +198,8 @@ class Rec:
         self.exclude: frozenset[str] = frozenset()
         self.policy: str | None = None
         self.deps: list[Rec] | None = None
+        self.n_vdeps = 0  # deps[:n_vdeps] feed arguments; the rest are order-only (submit(after=))
+        self.retry_on: frozenset[str] = frozenset()  # exception type names re-run on (retry_on=)
         self.waiting = 0
         self.dependents: list[Rec] | None = None
         self.pins = 0
@@ -228,6 +232,7 @@ class Job:
         "ckpt",
         "ctx",
         "deps",
+        "devices",
         "exe",
         "flags",
         "fn",
@@ -282,6 +287,7 @@ class Job:
         self.task: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.ctx: TaskContext | None = None
+        self.devices: tuple[int, ...] = ()  # GPU indices given to this job while it runs
         self.preempting = False
         self.cancelled = False
         self.timed_out = False

@@ -74,6 +74,8 @@ class FakeHost:
         self.loop = ManualLoop()
         self.log = _NullLog()
         self.instruments = Instruments()
+        self.task_node: Any = None
+        self.rank = -1
         self.spec_sends: list[str] = []
         self.local_specs: list[list[Any]] = []
         self.local_ctrl: list[tuple[int, list[int]]] = []

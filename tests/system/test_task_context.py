@@ -1,0 +1,93 @@
+"""Tasks that know their place (node, rank, devices), preset options (@aionet.task), retries on
+exceptions (retry_on=), order-only edges (after=) and re-prioritising queued tasks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import aionet
+from aionet.scheduler import TaskFailed
+from tests import tasks_fns
+from tests.system.test_scheduler import F, cfg, cluster
+
+
+async def test_task_context_gives_the_node_its_name_rank_and_devices() -> None:
+    async with cluster(cfg(run_local=False), cfg(resources={"cpu": 2, "gpu": 2})) as (a, _b):
+        info = await a.submit(F + "context_info", resources={"gpu": 1})
+        assert info["has_node"] and info["node_name"] == "n1" and info["rank"] == -1
+        assert info["devices"] in ([0], [1])
+        proc = await a.submit(F + "context_info", resources={"gpu": 2}, executor="process")
+        assert not proc["has_node"] and proc["node_name"] == "n1"  # another process: no Node there
+        assert proc["devices"] == [0, 1] and proc["cuda"] == "0,1"
+
+
+async def test_a_task_can_message_other_nodes_through_its_node() -> None:
+    async with cluster(cfg(run_local=False), cfg()) as (a, _b):
+
+        @a.service("upper")
+        async def upper(text: str) -> str:
+            return text.upper()
+
+        assert await a.submit(F + "request_from_task", "n0", "hi") == "HI"
+
+
+async def test_concurrent_whole_gpu_tasks_get_distinct_devices() -> None:
+    async with cluster(cfg(run_local=False), cfg(resources={"cpu": 4, "gpu": 2})) as (a, _b):
+        got = await asyncio.gather(*(a.submit(tasks_fns.gpu_hold, 0.3) for _ in range(2)))
+        assert sorted(d for ds in got for d in ds) == [0, 1]  # both ran at once, one GPU each
+
+
+async def test_retry_on_reruns_a_task_that_raised_a_listed_exception() -> None:
+    async with cluster(cfg(run_local=False), cfg()) as (a, _b):
+        ref = a.submit(tasks_fns.flaky, 2)  # @aionet.task(retries=3, retry_on=(ConnectionError,))
+        assert await ref == 3 and ref.attempts == 3
+        with pytest.raises(TaskFailed) as err:  # retries run out: the task's own error, not TaskLost
+            await a.submit(tasks_fns.flaky, 5)
+        assert err.value.remote_type == "ConnectionResetError"
+        with pytest.raises(TaskFailed):  # submit()'s options win over the decorator's
+            await a.submit(tasks_fns.flaky, 1, retry_on=(ValueError,))
+        with pytest.raises(TaskFailed):  # no retry_on: an exception is not retried
+            await a.submit(F + "boom", "x", retries=3)
+
+
+def test_task_decorator_refuses_unknown_options_and_unnameable_functions() -> None:
+    with pytest.raises(TypeError, match="unknown option 'retry'"):
+        aionet.task(retry=3)
+    with pytest.raises(TypeError, match="retry_on"):
+        aionet.task(retry_on=(42,))
+    with pytest.raises(aionet.TaskError, match="module level"):
+
+        @aionet.task(retries=1)
+        def local() -> None: ...
+
+
+async def test_after_orders_tasks_without_passing_values() -> None:
+    async with cluster(cfg(run_local=False), cfg(resources={"cpu": 4})) as (a, _b):
+        first = a.submit(F + "stamp", 0.3)
+        second = a.submit(F + "stamp", 0.0, after=[first])  # no argument links them
+        (_s1, e1), (s2, _e2) = await asyncio.gather(first, second)
+        assert s2 >= e1
+        failed = a.submit(F + "boom", "x", retries=0)
+        with pytest.raises(aionet.TaskError, match="dependency"):
+            await a.submit(F + "stamp", 0.0, after=failed)
+
+
+async def test_set_priority_reorders_tasks_still_waiting_at_their_owner() -> None:
+    async with cluster(cfg(run_local=False), cfg(resources={"cpu": 1}, steal=False)) as (a, _b):
+        gate = a.submit(F + "stamp", 0.3)
+        low = a.submit(F + "stamp", 0.0, after=[gate], priority=0)
+        high = a.submit(F + "stamp", 0.0, after=[gate], priority=0)
+        assert high.set_priority(10)  # still waiting for `gate`: takes effect
+        await gate
+        (s_low, _), (s_high, _) = await asyncio.gather(low, high)
+        assert s_high <= s_low
+        assert not gate.set_priority(5)  # done: nothing to reorder
+
+
+async def test_wait_members_names_who_is_missing() -> None:
+    async with cluster(cfg()) as (a,):
+        assert await a.wait_members(1, timeout=1) == ["n0"]
+        with pytest.raises(aionet.PeerUnavailable, match="ghost"):
+            await a.wait_members(["n0", "ghost"], timeout=0.2)
