@@ -286,6 +286,11 @@ class Node:
             members = self.world() or sorted(n for n, m in self.members().items() if m["state"] == "alive")
         return self.collectives.group(members, name)
 
+    async def wait_workers(self, n: int, timeout: float | None = None) -> list[str]:
+        """Wait until ``n`` nodes (this one included, if it runs tasks) take tasks from this
+        node; returns their names. TimeoutError after ``timeout`` seconds names those there."""
+        return await self.scheduler.wait_workers(n, timeout)
+
     async def wait_members(self, members: int | Sequence[str], timeout: float | None = None) -> list[str]:
         """Wait until ``members`` (names, or a count including this node) are alive; returns the
         alive names. Raises PeerUnavailable naming who is missing after ``timeout`` seconds."""

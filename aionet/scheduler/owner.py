@@ -210,7 +210,9 @@ class Owner:
         found: dict[int, tuple[int, TaskRef]] = {}
         rec.args = extract_refs(list(args), found) if args else []
         rec.kwargs = extract_refs(kwargs, found) if kwargs else None
-        flags = (F_PREEMPTIBLE if preemptible else 0) | (F_PINNED if affinity is not None else 0)
+        # pinned (never stolen): affinity, and round-robin's rotation, which stealing would undo
+        rotate = (policy or self.policy) == "round-robin"
+        flags = (F_PREEMPTIBLE if preemptible else 0) | (F_PINNED if affinity is not None or rotate else 0)
         order_only = order_refs(after, self)
         self.recs[tid] = rec
         if key is not None:

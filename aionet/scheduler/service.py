@@ -143,6 +143,7 @@ class Scheduler:
         self._leaving: set[str] = set()  # peers that left gracefully, until our mailbox catches up
         self._nonce = os.urandom(8).hex()  # marks our own M_DEPARTED markers (peers cannot forge them)
         self._info_pending: set[str] = set()
+        self._workers_waiters: list[asyncio.Future[None]] = []  # wait_workers()
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._params: dict[Any, tuple[Any, frozenset[str]]] = {}  # fn -> its keyword params named like options
@@ -188,6 +189,7 @@ class Scheduler:
         self.worker.start(total)
         self._ready.set()
         self.owner.node_up(self.name, total, self.worker.run_tasks)
+        self._workers_changed()
         self.spawn(self._consume(), "aionet-sched-consume")
         self.spawn(self._tick(), "aionet-sched-tick")
         for name in sorted(self.alive):  # members membership reported alive before we started
@@ -281,6 +283,27 @@ class Scheduler:
         _consume(t)
 
     # ------------------------------------------------------------------ user API
+    async def wait_workers(self, n: int, timeout: float | None = None) -> list[str]:
+        """Wait until ``n`` nodes take tasks from here (alive, resources learned); their names."""
+        views = self.owner.views
+        try:
+            async with asyncio.timeout(timeout):
+                while len(views) < n:
+                    fut = self.loop.create_future()
+                    self._workers_waiters.append(fut)
+                    await fut
+        except TimeoutError:
+            there = ", ".join(sorted(views)) or "none"
+            raise TimeoutError(
+                f"{len(views)} of {n} workers after {timeout:g} s ({there}): have the others joined?"
+            ) from None
+        return sorted(views)
+
+    def _workers_changed(self) -> None:
+        waiters, self._workers_waiters = self._workers_waiters, []
+        for fut in (f for f in waiters if not f.done()):
+            fut.set_result(None)
+
     def submit(self, fn: Any, *args: Any, **options: Any) -> TaskRef:
         """Keywords named in ``_OPTIONS`` are task options; ``kwargs={...}`` holds the
         function's keyword arguments. Without ``kwargs=``, other keywords go to the function,
@@ -678,6 +701,7 @@ class Scheduler:
             except (TypeError, ValueError, AttributeError):
                 total, run_tasks = {}, False
             self.owner.node_up(name, total, run_tasks)
+            self._workers_changed()
             load = info.get("load")
             if load:
                 self.worker.peer_load[name] = list(load)

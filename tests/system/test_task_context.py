@@ -91,3 +91,26 @@ async def test_wait_members_names_who_is_missing() -> None:
         assert await a.wait_members(1, timeout=1) == ["n0"]
         with pytest.raises(aionet.PeerUnavailable, match="ghost"):
             await a.wait_members(["n0", "ghost"], timeout=0.2)
+
+
+async def test_wait_workers_returns_once_enough_nodes_take_tasks() -> None:
+    async with cluster(cfg(run_local=False), cfg()) as (a, _b):
+        assert await a.wait_workers(1, timeout=5) == ["n1"]
+        c = aionet.Node(name="n2", listen="tcp://127.0.0.1:0", join=[a.address], config=cfg())
+        waiting = asyncio.ensure_future(a.wait_workers(2, timeout=10))
+        await c.start()
+        try:
+            assert await waiting == ["n1", "n2"]
+            with pytest.raises(TimeoutError, match="2 of 3 workers"):
+                await a.wait_workers(3, timeout=0.2)
+        finally:
+            await c.stop(grace=0.5)
+
+
+async def test_round_robin_keeps_its_rotation_even_with_stealing_on() -> None:
+    """Round-robin places in strict rotation; an idle node does not steal those tasks back."""
+    slow = {"n1": 8.0}
+    async with cluster(cfg(run_local=False), cfg(resources={"cpu": 1}), cfg(resources={"cpu": 1})) as (a, *_):
+        refs = [a.submit(F + "work", i, 0.02, slow, policy="round-robin") for i in range(8)]
+        where = await asyncio.wait_for(asyncio.gather(*refs), 30)
+        assert where.count("n1") == where.count("n2") == 4  # n2 idles rather than steal n1's share
