@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import errno
 import os
 import time
 import uuid
@@ -206,7 +208,16 @@ class Node:
         try:
             for url in self.config.node.listen:
                 transport = self._connector.transport(url)
-                listener = await transport.listen(url, self._connector.on_accept)
+                try:
+                    listener = await transport.listen(url, self._connector.on_accept)
+                except OSError as exc:
+                    if not self._may_move(url, exc):
+                        raise
+                    # a launched rank's computed port is taken on this host: any free one will do,
+                    # as this rank joins through the others (only the seeds' ports must be known)
+                    self.log.warning("launch port in use; listening on a free port instead", address=url)
+                    free = dataclasses.replace(Address.parse(url), port=0).url()
+                    listener = await transport.listen(free, self._connector.on_accept)
                 self._listeners.append(listener)
                 self.log.info("listening", address=listener.address)
             self._spawn(self._directory.prune_loop(lambda: self._closing), "aionet-peer-prune")
@@ -228,6 +239,12 @@ class Node:
         left = await self.scheduler.drain(self.config.scheduler.drain_timeout if timeout is None else timeout)
         await self.stop()
         return left
+
+    def _may_move(self, url: str, exc: OSError) -> bool:
+        """Whether a launched rank may listen elsewhere than ``url`` (one host, no advertised address)."""
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        in_use = cause.errno == errno.EADDRINUSE or "address already in use" in str(exc)
+        return bool(in_use and self.world_size and not self.config.node.advertise and self.config.node.join)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight handlers answer (up to ``grace`` s), say BYE, close."""
