@@ -58,11 +58,19 @@ def _ranks(envs: list[dict[str, str]]) -> str:
     return out
 
 
-def trial(kind: str, n: int) -> bool:
+def trial(kind: str, n: int, failures: list[str]) -> bool:
+    """One trial; a failed one's output is appended to ``failures``."""
+    ok, out = _trial(kind, n)
+    if not ok:
+        failures.append(f"--- {kind}\n{out[-4000:]}")
+    return ok
+
+
+def _trial(kind: str, n: int) -> tuple[bool, str]:
     if kind == "aionet launch":
         cmd = [sys.executable, "-m", "aionet", "launch", "-n", str(n), "--", sys.executable, APP]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
-        return r.returncode == 0 and _ok(r.stdout, n)
+        return r.returncode == 0 and _ok(r.stdout, n), r.stdout + r.stderr
     if kind == "mpirun":
         base = free_port_block(n)
         cmd = ["mpirun", "--oversubscribe", "-n", str(n), "-x", "PYTHONPATH", "-x", "AIONET_LAUNCH_PORT"]
@@ -70,20 +78,22 @@ def trial(kind: str, n: int) -> bool:
             cmd.insert(1, "--allow-run-as-root")
         r = subprocess.run([*cmd, sys.executable, APP], capture_output=True, text=True, timeout=120,
                            env=_env(AIONET_LAUNCH_PORT=str(base)))  # fmt: skip
-        return r.returncode == 0 and _ok(r.stdout, n)
+        return r.returncode == 0 and _ok(r.stdout, n), r.stdout + r.stderr
     if kind == "torchrun":
         cmd = ["torchrun", "--standalone", f"--nproc-per-node={n}", APP]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_env())
-        return r.returncode == 0 and _ok(r.stdout, n)
+        return r.returncode == 0 and _ok(r.stdout, n), r.stdout + r.stderr
     if kind == "srun-style env":
         base = free_port_block(n)
-        return _ok(_ranks([_env(SLURM_PROCID=str(r), SLURM_NTASKS=str(n), SLURM_STEP_ID="0", SLURM_LOCALID=str(r),
+        out = _ranks([_env(SLURM_PROCID=str(r), SLURM_NTASKS=str(n), SLURM_STEP_ID="0", SLURM_LOCALID=str(r),
                                 SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost", AIONET_LAUNCH_PORT=str(base))
-                           for r in range(n)]), n)  # fmt: skip
+                           for r in range(n)])  # fmt: skip
+        return _ok(out, n), out
     if kind == "torchrun-style env":
         master = free_port_block(n + 1)
-        return _ok(_ranks([_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master)) for r in range(n)]), n)  # fmt: skip
+        out = _ranks([_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master)) for r in range(n)])  # fmt: skip
+        return _ok(out, n), out
     raise ValueError(kind)
 
 
@@ -99,13 +109,14 @@ def main() -> None:
     if shutil.which("torchrun"):
         kinds.append("torchrun")
     results: dict[str, dict[str, float]] = {}
+    failures: list[str] = []
     with Progress() as progress:
         bar = progress.add_task("trials", total=len(kinds) * args.trials)
         for kind in kinds:
             ok, times = 0, []
             for _ in range(args.trials):
                 t0 = time.monotonic()
-                ok += trial(kind, args.ranks)
+                ok += trial(kind, args.ranks, failures)
                 times.append(time.monotonic() - t0)
                 progress.advance(bar)
             results[kind] = {"ok": ok, "trials": args.trials, "median_s": statistics.median(times),
@@ -116,6 +127,8 @@ def main() -> None:
     for kind, r in results.items():
         table.add_row(kind, f"{r['ok']} / {r['trials']}", f"{r['median_s']:.2f}", f"{r['max_s']:.2f}")
     Console().print(table)
+    for f in failures:
+        print(f, file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
