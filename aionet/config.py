@@ -209,6 +209,14 @@ class HttpSection:
 
 
 @dataclass
+class TraceSection:
+    """Always-on tracing (``aionet trace`` turns it on for a while anyway; see aionet/observe/trace.py)."""
+
+    enabled: bool = False  # keep the last max_events trace events, ready for `aionet trace`
+    max_events: int = 100_000  # ring buffer size (about 300 bytes each)
+
+
+@dataclass
 class LaunchSection:
     """How ``Node.from_env()`` / ``aionet serve`` read a launcher's environment (aionet/launch/)."""
 
@@ -258,6 +266,7 @@ class Config:
     security: SecuritySection = field(default_factory=SecuritySection)
     http: HttpSection = field(default_factory=HttpSection)
     launch: LaunchSection = field(default_factory=LaunchSection)
+    trace: TraceSection = field(default_factory=TraceSection)
     log: LogSection = field(default_factory=LogSection)
     cache: CacheSection = field(default_factory=CacheSection)
 
@@ -323,6 +332,8 @@ class Config:
                 f"node.rank ({self.node.rank}) must be within node.world_size ({self.node.world_size}); "
                 "world_size 0 means the node was not launched as part of a world"
             )
+        if self.trace.max_events < 1:
+            raise ConfigError("trace.max_events must be at least 1")
         if "{rank}" not in self.launch.name_format:
             raise ConfigError(f"launch.name_format must contain {{rank}}, not {self.launch.name_format!r}")
         if not self.scheduler.drain_timeout >= 0:

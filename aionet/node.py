@@ -130,6 +130,8 @@ class Node:
         )
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, self._info_service)
+        self.tracer: Any = None  # aionet.observe.trace.TraceRecorder while tracing ([trace], `aionet trace`)
+        self.router.add_service("aionet.trace", self._trace_service)
         # the services, each on ports (aionet/core/ports.py): membership (gossip, failure detection, load)
         self.membership = Membership(
             cfg.heartbeat,
@@ -157,7 +159,9 @@ class Node:
         )
         self.cache = Cache(cfg.cache, messaging=self, members=self.membership)  # issue 14
         self._directory.member_state = self.membership.state_of
-        self.collectives = Collectives(cfg.collectives, messaging=self, members=self.membership, spawn=self._spawn)
+        self.collectives = Collectives(
+            cfg.collectives, messaging=self, members=self.membership, spawn=self._spawn, instruments=self.instruments
+        )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -226,6 +230,8 @@ class Node:
             await self.membership.start()  # fetches the member table from the seeds joined above
             await self.scheduler.start()  # learns the members' resources
             await self.cache.start()
+            if self.config.trace.enabled:
+                await self._trace_service({"op": "start"})
             if self.world_size:
                 await self.wait_members(self.world() or self.world_size, self.config.launch.wait_timeout)
         except BaseException:
@@ -363,6 +369,11 @@ class Node:
     def info(self) -> dict[str, Any]:
         """:meth:`stats` as plain data (what ``aionet info`` prints)."""
         return self.stats().as_dict()
+
+    async def _trace_service(self, arg: Any) -> dict[str, Any]:
+        from .observe.trace import handle_trace  # stdlib only; the top layer, loaded when asked
+
+        return handle_trace(self, arg)
 
     async def _info_service(self, _arg: Any) -> dict[str, Any]:
         """``aionet.info``: :meth:`info` with devices probed afresh, off the loop (NVML can block)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from ..core.ports import Messaging
 from ..errors import CollectiveError, PeerUnavailable
+from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
 from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, write_out
@@ -52,6 +54,7 @@ class Group:
         on_close: Callable[[Group], None],
         factory: Callable[[list[str], str, int], Group],
         epoch: int = 0,
+        instruments: Instruments | None = None,
     ) -> None:
         if messaging.name not in members:
             raise ValueError(f"node {messaging.name!r} is not in the group's members {list(members)}")
@@ -70,6 +73,7 @@ class Group:
         # the member list is part of the channel: groups whose members disagree never mix
         self.channel = f"{CHANNEL_PREFIX}{name}#{epoch}.{digest}"
         self._msg = messaging
+        self._instruments = instruments if instruments is not None else Instruments()  # collective_finished
         self._alive = alive
         self._on_close = on_close
         self._factory = factory
@@ -190,8 +194,24 @@ class Group:
             self.member_lost(peer, f"unreachable ({exc})")
             raise self._broken or CollectiveError(str(exc), member=peer) from exc
 
-    async def _run(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None) -> Any:
-        """One collective call: its sequence number, the failure and timeout rules."""
+    async def _run(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None, nbytes: int = 0) -> Any:
+        """One collective call: its sequence number, the failure and timeout rules, the hook."""
+        hook = self._instruments.collective_finished
+        if hook is None:
+            return await self._call(what, fn, timeout)
+        t0 = time.perf_counter()
+        error: str | None = "CancelledError"
+        try:
+            out = await self._call(what, fn, timeout)
+            error = None
+            return out
+        except Exception as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            hook(self.name, what, nbytes, time.perf_counter() - t0, error)
+
+    async def _call(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None) -> Any:
         if self._broken is not None:
             raise self._broken
         if self._closed:
@@ -251,7 +271,7 @@ class Group:
             res = await self._allreduce_flat(seq, c.flat, fn, algorithm)
             return self._finish(c, res, op, out)
 
-        return await self._run("allreduce", go, timeout)
+        return await self._run("allreduce", go, timeout, c.flat.nbytes)
 
     def _finish(self, c: Converted, res: np.ndarray, op: str, out: Any) -> Any:
         if op == "mean":
@@ -279,7 +299,7 @@ class Group:
                     start += n
             return results
 
-        return await self._run("allreduce", go, timeout)
+        return await self._run("allreduce", go, timeout, sum(c.flat.nbytes for c in cs))
 
     async def _allreduce_flat(self, seq: int, flat: np.ndarray, fn: Any, algorithm: str, bucket: int = 0) -> np.ndarray:
         if self.size == 1:
@@ -378,7 +398,7 @@ class Group:
             res = await self._tree_reduce(seq, c.flat, fn, root, 0)
             return None if res is None else self._finish(c, res, op, out)
 
-        return await self._run("reduce", go, timeout)
+        return await self._run("reduce", go, timeout, c.flat.nbytes)
 
     async def reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
@@ -401,7 +421,7 @@ class Group:
             a, b = rows[r]
             return from_numpy(Converted(res, (b - a, *c.shape[1:]), c.kind, x), res)
 
-        return await self._run("reduce_scatter", go, timeout)
+        return await self._run("reduce_scatter", go, timeout, c.flat.nbytes)
 
     async def _ring_reduce_scatter(
         self, seq: int, flat: np.ndarray, fn: Any, bounds: list[tuple[int, int]]
@@ -428,7 +448,8 @@ class Group:
     async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
         """``root``'s ``x`` on every rank (any serializable object), over a binomial tree."""
         self._check_root(root)
-        return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, 0), timeout)
+        nbytes = getattr(x, "nbytes", 0)
+        return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, 0), timeout, nbytes)
 
     async def allgather(self, x: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's ``x``, in rank order, on every rank (around the ring)."""
@@ -442,7 +463,7 @@ class Group:
                 items[step.recv] = await self._recv(seq, tag(0, 9, s), (r - 1) % n)
             return items
 
-        return await self._run("allgather", go, timeout)
+        return await self._run("allgather", go, timeout, getattr(x, "nbytes", 0))
 
     async def gather(self, x: Any, root: int = 0, *, timeout: float | None = None) -> list[Any] | None:
         """Every rank's ``x`` in rank order on ``root`` (None elsewhere)."""
@@ -455,7 +476,7 @@ class Group:
             futs = {src: self._recv(seq, tag(0, 10, 0), src) for src in range(self.size) if src != root}
             return [x if src == root else await futs[src] for src in range(self.size)]
 
-        return await self._run("gather", go, timeout)
+        return await self._run("gather", go, timeout, getattr(x, "nbytes", 0))
 
     async def scatter(self, xs: Sequence[Any] | None = None, root: int = 0, *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets ``xs[r]`` from ``root`` (``xs`` only matters on the root)."""
