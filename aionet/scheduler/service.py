@@ -147,7 +147,9 @@ class Scheduler:
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._params: dict[Any, tuple[Any, frozenset[str]]] = {}  # fn -> its keyword params named like options
-        self._ready: asyncio.Event | None = None
+        # set once start() knows this node's resources: a peer asking before then waits (else it
+        # would learn an empty pool and place nothing here, or fail tasks as unschedulable)
+        self._ready = asyncio.Event()
         self._running = False
         messaging.add_service(SVC_RESOURCES, self._svc_resources)
         messaging.add_service(SVC_FETCH, self._svc_fetch)
@@ -182,7 +184,6 @@ class Scheduler:
         if self._running:
             return
         self.loop = asyncio.get_running_loop()
-        self._ready = asyncio.Event()
         self._running = True
         self.owner._thread = self.worker._loop_thread = threading.get_ident()
         total = await self._detect_resources()
@@ -646,8 +647,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ services
     async def _svc_resources(self, _arg: Any) -> dict[str, Any]:
-        if self._ready is not None:
-            await self._ready.wait()
+        await self._ready.wait()
         w = self.worker
         return {"total": dict(w.pool.total), "run_tasks": w.run_tasks, "load": w.load(None)}
 
