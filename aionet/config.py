@@ -129,6 +129,9 @@ class CollectivesSection:
     # bytes a rank holds for calls it has not started yet (a root broadcasting ahead); beyond
     # it the group breaks with CollectiveError rather than the node's memory growing unbounded
     max_ahead_bytes: int = 1024 * 2**20
+    # float32 allreduce on the wire: "none" | "fp16" | "bf16" (half the bytes; error bound in
+    # aionet/collectives/compression.py); allreduce(compression=...) overrides it per call
+    compression: str = "none"
 
 
 @dataclass
@@ -315,6 +318,8 @@ class Config:
                 "collectives.small_bytes must be >= 0, collectives.segment_bytes >= 4096 and "
                 "collectives.timeout >= 0 (0: no limit), collectives.max_ahead_bytes >= 1"
             )
+        if co.compression not in ("none", "fp16", "bf16"):
+            raise ConfigError(f"collectives.compression must be 'none', 'fp16' or 'bf16', not {co.compression!r}")
         if self.link.max_inflight_bytes <= 0:
             raise ConfigError("link.max_inflight_bytes must be positive")
         if not self.link.death_grace >= 0:

@@ -26,6 +26,7 @@ from ..errors import CollectiveError, PeerUnavailable
 from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
+from .compression import WireCodec, wire_codec
 from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, write_out
 from .wire import CHANNEL_PREFIX, Tag, tag
 
@@ -55,6 +56,7 @@ class Group:
         factory: Callable[[list[str], str, int], Group],
         epoch: int = 0,
         instruments: Instruments | None = None,
+        compression: str = "none",
     ) -> None:
         if messaging.name not in members:
             raise ValueError(f"node {messaging.name!r} is not in the group's members {list(members)}")
@@ -66,6 +68,7 @@ class Group:
         self.rank = self.members.index(messaging.name)
         self.size = len(self.members)
         self.small_bytes = small_bytes
+        self.compression = compression  # allreduce's default wire compression of float32
         self.max_ahead_bytes = max_ahead_bytes
         self.segment_bytes = max(1, segment_bytes)
         self.timeout = timeout
@@ -255,20 +258,31 @@ class Group:
 
     # ------------------------------------------------------------------ reductions
     async def allreduce(
-        self, x: Any, op: str = "sum", *, out: Any = None, algorithm: str = "auto", timeout: float | None = None
+        self,
+        x: Any,
+        op: str = "sum",
+        *,
+        out: Any = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        compression: str | None = None,
     ) -> Any:
         """The reduction of every rank's ``x`` (same shape and dtype everywhere), on every rank.
         A list or tuple of arrays is fused into one message per dtype (tensor fusion) and comes
-        back as a list. ``out=``: write the result there (may be ``x`` itself)."""
+        back as a list. ``out=``: write the result there (may be ``x`` itself).
+        ``compression="fp16"|"bf16"``: float32 travels as 16 bits (error bound in
+        aionet.collectives.compression); default ``collectives.compression``."""
         fn = ufunc(op)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}")
+        comp = self.compression if compression is None else compression
         if isinstance(x, (list, tuple)):
-            return await self._allreduce_many(list(x), op, algorithm, timeout)
+            return await self._allreduce_many(list(x), op, algorithm, timeout, comp)
         c = to_numpy(x)
+        codec = self._codec(comp, c.flat.dtype, algorithm)
 
         async def go(seq: int) -> Any:
-            res = await self._allreduce_flat(seq, c.flat, fn, algorithm)
+            res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec)
             return self._finish(c, res, op, out)
 
         return await self._run("allreduce", go, timeout, c.flat.nbytes)
@@ -280,9 +294,20 @@ class Group:
             return write_out(out, res)
         return from_numpy(c, res)
 
-    async def _allreduce_many(self, xs: list[Any], op: str, algorithm: str, timeout: float | None) -> list[Any]:
+    def _codec(self, compression: str | None, dtype: np.dtype[Any], algorithm: str) -> WireCodec | None:
+        codec = wire_codec(compression, dtype)
+        if codec is not None and algorithm == "tree":
+            raise ValueError("compression works with the ring and recursive doubling, not algorithm='tree'")
+        return codec
+
+    async def _allreduce_many(
+        self, xs: list[Any], op: str, algorithm: str, timeout: float | None, compression: str | None
+    ) -> list[Any]:
         fn = ufunc(op)
         cs = [to_numpy(x) for x in xs]
+        # compression applies to the float32 buckets; others travel as they are
+        codecs = {c.flat.dtype: self._codec(compression if c.flat.dtype == np.float32 else None, c.flat.dtype,
+                                            algorithm) for c in cs}  # fmt: skip
         by_dtype: dict[np.dtype[Any], list[int]] = {}
         for i, c in enumerate(cs):
             by_dtype.setdefault(c.flat.dtype, []).append(i)
@@ -291,7 +316,7 @@ class Group:
             results: list[Any] = [None] * len(cs)
             for bucket, idx in enumerate(by_dtype.values()):
                 fused = np.concatenate([cs[i].flat for i in idx]) if len(idx) > 1 else cs[idx[0]].flat
-                res = await self._allreduce_flat(seq, fused, fn, algorithm, bucket)
+                res = await self._allreduce_flat(seq, fused, fn, algorithm, bucket, codecs[fused.dtype])
                 start = 0
                 for i in idx:
                     n = cs[i].flat.size
@@ -301,36 +326,48 @@ class Group:
 
         return await self._run("allreduce", go, timeout, sum(c.flat.nbytes for c in cs))
 
-    async def _allreduce_flat(self, seq: int, flat: np.ndarray, fn: Any, algorithm: str, bucket: int = 0) -> np.ndarray:
+    async def _allreduce_flat(
+        self, seq: int, flat: np.ndarray, fn: Any, algorithm: str, bucket: int = 0, codec: WireCodec | None = None
+    ) -> np.ndarray:
         if self.size == 1:
             return flat.copy()
         if algorithm == "auto":
             algorithm = "doubling" if flat.nbytes <= self.small_bytes or flat.size < self.size else "ring"
         if algorithm == "ring" and flat.size >= self.size:
-            return await self._ring_allreduce(seq, flat, fn, bucket)
+            return await self._ring_allreduce(seq, flat, fn, bucket, codec)
         if algorithm == "tree":
             red = await self._tree_reduce(seq, flat, fn, 0, bucket)
             return await self._tree_bcast(seq, red, 0, bucket, phase=3)
-        return await self._doubling(seq, flat, fn, bucket)
+        return await self._doubling(seq, flat, fn, bucket, codec)
 
-    async def _doubling(self, seq: int, acc: np.ndarray, fn: Any, bucket: int) -> np.ndarray:
+    async def _doubling(
+        self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+    ) -> np.ndarray:
         plan = recursive_doubling(self.size, self.rank)
+        enc = codec.encode if codec is not None else _same
+        dec = codec.decode if codec is not None else _same
         if plan.fold_to is not None:
-            self._post(plan.fold_to, seq, tag(bucket, 0, 0), acc)
-            return np.asarray(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to)).copy()
-        acc = acc.copy()
+            self._post(plan.fold_to, seq, tag(bucket, 0, 0), enc(acc))
+            return np.array(dec(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to)))
+        acc = acc.copy() if codec is None else codec.round(acc)  # kept as the partner will see it
         if plan.fold_from is not None:
-            fn(acc, await self._recv(seq, tag(bucket, 0, 0), plan.fold_from), out=acc)
+            fn(acc, dec(await self._recv(seq, tag(bucket, 0, 0), plan.fold_from)), out=acc)
         for k, partner in enumerate(plan.partners):
-            self._post(partner, seq, tag(bucket, 1, k), acc)
-            got = await self._recv(seq, tag(bucket, 1, k), partner)
+            if codec is not None:
+                acc = codec.round(acc)
+            self._post(partner, seq, tag(bucket, 1, k), enc(acc))
+            got = dec(await self._recv(seq, tag(bucket, 1, k), partner))
             # the same operand order on both sides: results agree bit for bit (floats too)
             acc = fn(acc, got) if self.rank < partner else fn(got, acc)
+        if codec is not None:
+            acc = codec.round(acc)  # what a folded-in rank will receive: every rank the same bits
         if plan.unfold_to is not None:
-            self._post(plan.unfold_to, seq, tag(bucket, 2, 0), acc)
+            self._post(plan.unfold_to, seq, tag(bucket, 2, 0), enc(acc))
         return acc
 
-    async def _ring_allreduce(self, seq: int, flat: np.ndarray, fn: Any, bucket: int) -> np.ndarray:
+    async def _ring_allreduce(
+        self, seq: int, flat: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+    ) -> np.ndarray:
         """Ring reduce-scatter then ring allgather into one result buffer, every chunk sent in
         segments so the reduction (or copy) of segment j overlaps the transfer of j + 1."""
         n, r = self.size, self.rank
@@ -347,25 +384,32 @@ class Group:
             a, b = bounds[c]
             return [(s, min(s + seg, b)) for s in range(a, b, seg)] or [(a, a)]
 
+        enc = codec.encode if codec is not None else _same
+        dec = codec.decode if codec is not None else _same
         rs = ring_reduce_scatter(n, r)
         for j, (a, b) in enumerate(segments(rs[0].send)):
-            self._post(right, seq, tag(bucket, 4, 0, j), flat[a:b])
+            self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
         for s, step in enumerate(rs):
             for j, (a, b) in enumerate(segments(step.recv)):
-                got = await self._recv(seq, tag(bucket, 4, s, j), left)
+                got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
                 fn(flat[a:b], got, out=res[a:b])  # one chain per chunk: every rank gets the same bits
                 if s + 1 < len(rs):
-                    holds.setdefault(step.recv, []).append(self._post(right, seq, tag(bucket, 4, s + 1, j), res[a:b]))
+                    holds.setdefault(step.recv, []).append(
+                        self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
+                    )
         ag = ring_allgather(n, r)
         for j, (a, b) in enumerate(segments(ag[0].send)):
-            self._post(right, seq, tag(bucket, 5, 0, j), res[a:b])
+            if codec is not None:  # the chunk reduced here, kept as the others will receive it
+                res[a:b] = codec.round(res[a:b])
+            self._post(right, seq, tag(bucket, 5, 0, j), enc(res[a:b]))
         for s, step in enumerate(ag):
             if step.recv in holds:  # about to overwrite what an earlier send may still be reading
                 await asyncio.gather(*holds.pop(step.recv))
             for j, (a, b) in enumerate(segments(step.recv)):
-                np.copyto(res[a:b], await self._recv(seq, tag(bucket, 5, s, j), left))
+                got = await self._recv(seq, tag(bucket, 5, s, j), left)
+                np.copyto(res[a:b], dec(got))
                 if s + 1 < len(ag):
-                    self._post(right, seq, tag(bucket, 5, s + 1, j), res[a:b])
+                    self._post(right, seq, tag(bucket, 5, s + 1, j), got if codec is not None else res[a:b])
         return res
 
     async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, bucket: int) -> np.ndarray | None:
@@ -519,3 +563,7 @@ class Group:
 
 
 __all__ = ["ALGORITHMS", "Group"]
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x

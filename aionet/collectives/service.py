@@ -57,6 +57,7 @@ class Collectives:
             factory=self.make,
             epoch=epoch,
             instruments=self.instruments,
+            compression=cfg.compression,
         )
         self._groups.add(g)
         for m in members:  # a member already gone: the group cannot work, say so at once
