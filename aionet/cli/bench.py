@@ -269,6 +269,9 @@ def _bench_p2p_tasks(
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+    if plot_path and op == "p2p":
+        bench_p2p.plot_p2p(rows, plot_path, f"aionet p2p over {transport}://")
+        click.echo(f"plot: {plot_path}", err=as_json)
     if as_json:
         return
     out = Console(width=None if sys.stdout.isatty() else 160)
@@ -287,9 +290,6 @@ def _bench_p2p_tasks(
         table.add_row(str(r["size"]), f"{r['rtt_p50_us']:.1f}", f"{r['rtt_p99_us']:.1f}", f"{r['gbytes_per_s']:.3f}",
                       f"{r['msgs_per_s']:,.0f}")  # fmt: skip
     out.print(table)
-    if plot_path:
-        bench_p2p.plot_p2p(rows, plot_path, f"aionet p2p over {transport}://")
-        click.echo(f"plot: {plot_path}")
 
 
 def _worker() -> None:

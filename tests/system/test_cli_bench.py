@@ -66,16 +66,15 @@ def test_bench_table_and_bad_arguments() -> None:
 @pytest.mark.timeout(150)
 def test_bench_p2p_json_and_plot(tmp_path) -> None:
     png = tmp_path / "p2p.png"
-    out = run("p2p", "--min", "64", "--max", "64K", "--factor", "32", "--iters", "5", "--json", timeout=140)
+    out = run("p2p", "--min", "64", "--max", "64K", "--factor", "32", "--iters", "5", "--json", "--plot", str(png),
+              timeout=140)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [r["size"] for r in rows] == [64, 2048, 65536]
     for r in rows:
         assert r["bench"] == "p2p" and 0 < r["rtt_p50_us"] <= r["rtt_p99_us"] and r["msgs_per_s"] > 0
         assert r["gbytes_per_s"] == pytest.approx(r["msgs_per_s"] * r["size"] / 1e9)
-    table = run("p2p", "--min", "1K", "--max", "1K", "--iters", "3", "--plot", str(png), timeout=140)
-    assert table.returncode == 0, table.stderr[-3000:]
-    assert "rtt p50 us" in table.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.timeout(150)
