@@ -159,3 +159,21 @@ def test_real_torchrun_standalone_forms_one_world() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     _check_world(out.stdout)
+
+
+def test_aionet_serve_under_aionet_launch_knows_its_rank_and_leaves_on_sigterm() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aionet", "launch", "-n", "2", "--", sys.executable, "-m", "aionet", "serve",
+         "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ready = [json.loads(proc.stdout.readline().split("ready ", 1)[1]) for _ in range(2)]
+        assert sorted((r["rank"], r["world_size"], r["name"]) for r in ready) == [(0, 2, "rank-0"), (1, 2, "rank-1")]
+        proc.send_signal(signal.SIGTERM)  # forwarded: both drain and leave
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
