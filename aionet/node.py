@@ -160,7 +160,12 @@ class Node:
         self.cache = Cache(cfg.cache, messaging=self, members=self.membership)  # issue 14
         self._directory.member_state = self.membership.state_of
         self.collectives = Collectives(
-            cfg.collectives, messaging=self, members=self.membership, spawn=self._spawn, instruments=self.instruments
+            cfg.collectives,
+            messaging=self,
+            members=self.membership,
+            spawn=self._spawn,
+            instruments=self.instruments,
+            device=self._device,
         )
 
     # ------------------------------------------------------------------ construction

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.ports import Messaging
+from ..core.ports import DeviceArrays, Messaging
 from ..errors import CollectiveError, PeerUnavailable
 from ..instrument import Instruments
 from ..log import get_logger
@@ -57,6 +57,7 @@ class Group:
         epoch: int = 0,
         instruments: Instruments | None = None,
         compression: str = "none",
+        device: DeviceArrays | None = None,
     ) -> None:
         if messaging.name not in members:
             raise ValueError(f"node {messaging.name!r} is not in the group's members {list(members)}")
@@ -69,6 +70,7 @@ class Group:
         self.size = len(self.members)
         self.small_bytes = small_bytes
         self.compression = compression  # allreduce's default wire compression of float32
+        self._device = device  # device (GPU) inputs: reduced through host copies
         self.max_ahead_bytes = max_ahead_bytes
         self.segment_bytes = max(1, segment_bytes)
         self.timeout = timeout
@@ -257,6 +259,7 @@ class Group:
         return task
 
     # ------------------------------------------------------------------ reductions
+    # ---------------------------------------------------------------- reductions
     async def allreduce(
         self,
         x: Any,
@@ -271,7 +274,52 @@ class Group:
         A list or tuple of arrays is fused into one message per dtype (tensor fusion) and comes
         back as a list. ``out=``: write the result there (may be ``x`` itself).
         ``compression="fp16"|"bf16"``: float32 travels as 16 bits (error bound in
-        aionet.collectives.compression); default ``collectives.compression``."""
+        aionet.collectives.compression); default ``collectives.compression``. Device (CuPy)
+        arrays are reduced through host copies and come back as device arrays."""
+        hx, back = self._on_host(x, out)
+        res = await self._allreduce(hx, op, out=out, algorithm=algorithm, timeout=timeout, compression=compression)
+        return back(res)
+
+    async def reduce(
+        self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
+    ) -> Any:
+        """The reduction on rank ``root`` (None elsewhere), over a binomial tree."""
+        hx, back = self._on_host(x, out)
+        res = await self._reduce(hx, root, op, out=out, timeout=timeout)
+        return None if res is None else back(res)
+
+    async def reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
+        """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
+        ``size`` near-equal blocks (as ``numpy.array_split``), reduced around the ring."""
+        hx, back = self._on_host(x, None)
+        return back(await self._reduce_scatter(hx, op, timeout=timeout))
+
+    def _on_host(self, x: Any, out: Any) -> tuple[Any, Callable[[Any], Any]]:
+        """``x`` with device arrays copied to the host, and how to give the result back (device
+        results for device inputs, through the node's staging backend)."""
+        dev = self._device
+        items = list(x) if isinstance(x, (list, tuple)) else [x]
+        on_dev = [dev is not None and not isinstance(i, np.ndarray) and dev.is_device_array(i) for i in items]
+        if not any(on_dev):
+            return x, _same
+        assert dev is not None
+        if out is not None:
+            raise TypeError("out= takes host arrays: a device input's result comes back as a new device array")
+        host = [dev.to_host(i) if d else i for i, d in zip(items, on_dev, strict=True)]
+        if not isinstance(x, (list, tuple)):
+            return host[0], dev.to_device
+        return host, lambda res: [dev.to_device(r) if d else r for r, d in zip(res, on_dev, strict=True)]
+
+    async def _allreduce(
+        self,
+        x: Any,
+        op: str = "sum",
+        *,
+        out: Any = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        compression: str | None = None,
+    ) -> Any:
         fn = ufunc(op)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}")
@@ -431,7 +479,7 @@ class Group:
             self._post(child, seq, tag(bucket, phase, 0), value)
         return value
 
-    async def reduce(
+    async def _reduce(
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
     ) -> Any:
         """The reduction on rank ``root`` (None elsewhere), over a binomial tree."""
@@ -444,7 +492,7 @@ class Group:
 
         return await self._run("reduce", go, timeout, c.flat.nbytes)
 
-    async def reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
+    async def _reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
         ``size`` near-equal blocks (as ``numpy.array_split``), reduced around the ring."""
         fn, c = ufunc(op), to_numpy(x)
