@@ -42,16 +42,8 @@ from .instructions import (
     SendSpecs,
     Suspect,
 )
-from .policies import (
-    NodeView,
-    RuntimeEstimator,
-    TaskReq,
-    check_policy,
-    choose,
-    feasible,
-    unsatisfiable_reason,
-    window_size,
-)
+from .placement import PlacementPolicy, PolicySet
+from .policies import NodeView, RuntimeEstimator, TaskReq, feasible, least_loaded, unsatisfiable_reason, window_size
 from .state import DEFAULT_RES, TASK_NEXT, TERMINAL, InvalidTransition, Rec, TaskState, normalize_resources
 from .tasks import (
     TaskCancelled,
@@ -104,6 +96,8 @@ class Owner:
         self.max_per_slot = max(1, cfg.max_queued_per_slot)
         self.wait_for_nodes = cfg.wait_for_nodes
         self.estimator = RuntimeEstimator()
+        self.policies = PolicySet(self.estimator, sched.clock)
+        self.policy_obj = self.policies.get(self.policy)
         self.views: dict[str, NodeView] = {}
         self._live: list[NodeView] | None = None
         self.dead: set[str] = set()
@@ -164,7 +158,7 @@ class Owner:
         key: str | None = None,
         preemptible: bool = False,
         affinity: str | None = None,
-        policy: str | None = None,
+        policy: str | PlacementPolicy | None = None,
     ) -> TaskRef:
         if self.closed:
             raise TaskError("the scheduler is stopped (node not running)")
@@ -183,7 +177,7 @@ class Owner:
         except (KeyError, TypeError):
             raise ValueError(f"executor must be None, 'thread' or 'process', not {executor!r}") from None
         if policy is not None:
-            check_policy(policy)
+            self.policies.get(policy)  # ConfigError naming the choices for a bad name
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout!r}")
         prio = int(priority)
@@ -288,7 +282,7 @@ class Owner:
                 dep_bytes[d.holder] = dep_bytes.get(d.holder, 0) + d.nbytes
             elif d.nbytes:
                 dep_bytes[self.name] = dep_bytes.get(self.name, 0) + d.nbytes
-        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude)
+        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude, rec.tid)
 
     def _dispatch(self) -> None:
         self._dispatch_pending = False
@@ -300,6 +294,8 @@ class Owner:
         deferred: list[tuple[int, int, Rec]] = []
         retry_later = False
         now = self.sched.clock()
+        ctx = self.policies.ctx
+        ctx.now = now
         while heap and budget > 0:
             rec = heap[0][2]
             if rec.state != READY:
@@ -309,7 +305,8 @@ class Owner:
                 heapq.heappop(heap)
                 continue
             req = self._req(rec)
-            name = choose(rec.policy or self.policy, req, live, seq=self.rr_seq, estimator=self.estimator)
+            ctx.seq = self.rr_seq
+            name = (self.policy_obj if rec.policy is None else self.policies.get(rec.policy)).choose(req, live, ctx)
             if name is None:
                 entry = heapq.heappop(heap)
                 if not feasible(req, live):
@@ -326,7 +323,10 @@ class Owner:
                     break
                 continue
             heapq.heappop(heap)
-            self._place(rec, self.views[name])
+            # a third-party policy may name a node it was not offered: least-loaded decides then
+            view = self.views.get(name) or self.views[least_loaded(req, live) or live[0].name]
+            rec.placed_at = now
+            self._place(rec, view)
             budget -= 1
         for e in deferred:
             heapq.heappush(heap, e)
@@ -466,6 +466,7 @@ class Owner:
         recs = self.recs
         stats = self.counts
         est = self.estimator
+        policies = self.policies
         for item in items:
             tid, _attempt, status, payload, runtime, nbytes = item
             rec = recs.get(tid)
@@ -498,14 +499,16 @@ class Owner:
             if where is not None and where != worker:
                 self._send_ctrl(where, M_CANCEL, tid)  # another attempt may still run there
             rec.node = worker
-            if status == R_VALUE:
+            if status in (R_VALUE, R_HELD, R_ERROR):
                 est.update(rec.fn, worker, runtime)
+                if policies.observers:
+                    policies.observe(rec.tid, rec.fn, self.views.get(worker), worker, runtime, rec.placed_at, status)
+            if status == R_VALUE:
                 rec.value = payload
                 rec.has_value = True
                 rec.nbytes = nbytes
                 self._done(rec)
             elif status == R_HELD:
-                est.update(rec.fn, worker, runtime)
                 rec.holder = worker
                 rec.nbytes = nbytes
                 h = self.held.get(worker)
@@ -514,7 +517,6 @@ class Owner:
                 h[tid] = rec
                 self._done(rec)
             elif status == R_ERROR:
-                est.update(rec.fn, worker, runtime)
                 rtype, msg, tb = payload
                 self._fail(rec, TaskFailed(rec.name, worker, str(rtype), str(msg), str(tb)))
             elif status == R_TIMEOUT:

@@ -22,15 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-from ..errors import ConfigError
+from types import MappingProxyType
 
 __all__ = [
     "POLICIES",
     "NodeView",
     "RuntimeEstimator",
     "TaskReq",
-    "check_policy",
     "choose",
     "feasible",
     "fits",
@@ -79,6 +77,7 @@ class TaskReq:
     dep_bytes: Mapping[str, int] = field(default_factory=dict)  # node -> bytes of arguments held there
     affinity: str | None = None  # run only on this node
     exclude: frozenset[str] = frozenset()  # nodes that refused the task
+    tid: int = 0  # the owner's id for this placement (matches Completion.tid for learning policies)
 
 
 def fits(req: Mapping[str, float], avail: Mapping[str, float]) -> bool:
@@ -196,18 +195,16 @@ def locality(task: TaskReq, nodes: Sequence[NodeView], **kw: object) -> str | No
 
 Policy = Callable[..., "str | None"]
 
-POLICIES: dict[str, Policy] = {
-    "round-robin": round_robin,
-    "least-loaded": least_loaded,
-    "shortest-expected": shortest_expected,
-    "locality": locality,
-}
-
-
-def check_policy(policy: str) -> None:
-    """ConfigError unless ``policy`` names one of :data:`POLICIES`."""
-    if policy not in POLICIES:
-        raise ConfigError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+# The built-in heuristics as plain functions (constant). Third-party and learned policies plug
+# in through :class:`aionet.scheduler.placement.PolicyRegistry`, not here.
+POLICIES: MappingProxyType[str, Policy] = MappingProxyType(
+    {
+        "round-robin": round_robin,
+        "least-loaded": least_loaded,
+        "shortest-expected": shortest_expected,
+        "locality": locality,
+    }
+)
 
 
 def choose(

@@ -164,6 +164,7 @@ class Rec:
         "node",
         "nrefs",
         "pins",
+        "placed_at",
         "policy",
         "prio",
         "res",
@@ -194,7 +195,7 @@ class Rec:
         self.retries = 0
         self.affinity: str | None = None
         self.exclude: frozenset[str] = frozenset()
-        self.policy: str | None = None
+        self.policy: Any = None  # per-call policy: a name, an import path or a policy object
         self.deps: list[Rec] | None = None
         self.waiting = 0
         self.dependents: list[Rec] | None = None
@@ -211,6 +212,7 @@ class Rec:
         self.ckpt: Any = None
         self.deplost = 0
         self.submitted = 0.0
+        self.placed_at = 0.0
 
     @property
     def state_name(self) -> str:
