@@ -29,6 +29,7 @@ __all__ = [
     "NodeView",
     "RuntimeEstimator",
     "TaskReq",
+    "candidates",
     "choose",
     "feasible",
     "fits",
@@ -129,7 +130,8 @@ def _scarce_free(task: TaskReq, nodes: list[NodeView]) -> list[NodeView]:
     return free or nodes
 
 
-def _candidates(task: TaskReq, nodes: Sequence[NodeView]) -> list[NodeView]:
+def candidates(task: TaskReq, nodes: Sequence[NodeView]) -> list[NodeView]:
+    """Feasible nodes with room now, narrowed to those whose scarce resources are free."""
     return _scarce_free(task, [n for n in feasible(task, nodes) if n.has_room(task.priority)])
 
 
@@ -152,7 +154,7 @@ def round_robin(task: TaskReq, nodes: Sequence[NodeView], *, seq: int = 0, **_: 
 
 def least_loaded(task: TaskReq, nodes: Sequence[NodeView], **_: object) -> str | None:
     """The node with the fewest tasks (ours in flight + others' reported) per cpu slot."""
-    cands = _candidates(task, nodes)
+    cands = candidates(task, nodes)
     if not cands:
         return None
     return min(cands, key=lambda n: (_load(n), n.name)).name
@@ -164,7 +166,7 @@ def shortest_expected(
     """The node where the task is expected to *finish* first: queued work ahead of it spread
     over the node's slots, plus this function's learned runtime there. Fast nodes therefore
     receive work in proportion to their speed."""
-    cands = _candidates(task, nodes)
+    cands = candidates(task, nodes)
     if not cands:
         return None
     est = estimator or RuntimeEstimator()
@@ -183,7 +185,7 @@ def shortest_expected(
 
 def locality(task: TaskReq, nodes: Sequence[NodeView], **kw: object) -> str | None:
     """The node already holding most of the task's argument bytes; least-loaded otherwise."""
-    cands = _candidates(task, nodes)
+    cands = candidates(task, nodes)
     if not cands:
         return None
     if task.dep_bytes:
@@ -267,6 +269,14 @@ class RuntimeEstimator:
     def estimate(self, fn: str, node: str) -> float | None:
         per = self._by_fn_node.get(fn)
         return None if per is None else per.get(node)
+
+    def runtimes(self, fn: str) -> Mapping[str, float]:
+        """Node -> learned runtime of ``fn`` (the live table: read it, never change it)."""
+        return self._by_fn_node.get(fn) or {}
+
+    def node_means(self) -> Mapping[str, float]:
+        """Node -> runtime over every function (the live table: read it, never change it)."""
+        return self._by_node
 
     def mean(self, fn: str) -> float | None:
         per = self._by_fn_node.get(fn)
