@@ -269,14 +269,19 @@ def summarise(sim: Sim, window: int) -> dict[str, Any]:
 
 
 def simulate(
-    tasks: int = 40_000, seed: int = 1, rate: float = 2600.0, window: int = 1000, policies: tuple[str, ...] = POLICIES
+    tasks: int = 40_000,
+    seed: int = 1,
+    rate: float = 2400.0,
+    window: int = 1000,
+    policies: tuple[str, ...] = POLICIES,
+    **learned_kw: Any,
 ) -> dict[str, Any]:
     """Run every policy on the same seeded workload; the learned policy's state is in ``learned_stats``."""
     workload = make_workload(tasks, seed, rate)
     reg = PolicyRegistry(use_entry_points=False)
     out: dict[str, Any] = {"tasks": tasks, "seed": seed, "rate": rate, "window": window, "policies": {}}
     for name in policies:
-        pol = LearnedPolicy(LearnedConfig(seed=seed)) if name == "learned" else reg.get(name)
+        pol = LearnedPolicy(LearnedConfig(seed=seed, **learned_kw)) if name == "learned" else reg.get(name)
         sim = Sim(pol, workload, tasks // 2)
         sim.run()
         out["policies"][name] = summarise(sim, window)
@@ -308,7 +313,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=40_000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--rate", type=float, default=2600.0, help="mean arrivals per second")
+    ap.add_argument("--rate", type=float, default=2400.0, help="mean arrivals per second")
     ap.add_argument("--window", type=int, default=1000, help="tasks per comparison window after the shift")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plot", type=Path, help="draw the post-shift windows here (needs matplotlib)")

@@ -37,9 +37,9 @@ from .policies import EPS, NodeView, RuntimeEstimator, TaskReq, candidates, leas
 
 __all__ = ["FEATURES", "CostModel", "LearnedConfig", "LearnedPolicy", "node_features"]
 
-FEATURES = ("bias", "runtime", "wait", "contention", "load", "slowdown", "remote", "spare_gpu", "unknown")
-# the prior: predicted cost = expected runtime + queued work ahead, i.e. shortest-expected
-PRIOR = (0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+FEATURES = ("bias", "runtime", "wait", "queued", "contention", "load", "slowdown", "remote", "spare_gpu", "unknown")
+# the prior: predicted cost = expected runtime + work queued (not running) ahead of the task
+PRIOR = (0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 HEURISTICS = {"shortest-expected": shortest_expected, "least-loaded": least_loaded, "locality": locality}
 LEARNED = "learned"
 
@@ -58,6 +58,7 @@ class LearnedConfig:
     window: int = 64  # completions per arm the guard compares
     margin: float = 0.05  # the learned arm may cost this much more before the guard steps in
     heuristics: tuple[str, ...] = ("shortest-expected", "least-loaded")
+    fixed: tuple[str, ...] = ()  # weights held at the prior (see CostModel._solve)
     max_pending: int = 65536  # placements awaiting completion (older ones are forgotten)
     max_records: int = 200_000  # rows kept for offline training when recording
     seed: int | None = None
@@ -87,6 +88,8 @@ def node_features(
     slots = n.slots
     load = (n.inflight + n.other) / slots
     wait = (n.backlog + n.other * per_task) / slots
+    busy = n.inflight + n.other
+    queued = (busy - slots) * (wait / busy) if busy > slots else 0.0  # the share of it not yet running
     remote = 0.0
     if dep_total:
         remote = 1.0 - task.dep_bytes.get(n.name, 0) / dep_total
@@ -95,6 +98,7 @@ def node_features(
         1.0,
         r / scale,
         wait / scale,
+        queued / scale,
         r * load / scale,
         load,
         r / best - 1.0 if best > 0.0 else 0.0,
@@ -110,10 +114,20 @@ class CostModel:
     Kept as sufficient statistics (``A = sum x x^T``, ``b = sum x y``), refitted every ``batch``
     samples with one small solve, so learning costs well under a microsecond per completion."""
 
-    def __init__(self, ridge: float = 20.0, forget: float = 0.98, prior: Sequence[float] = PRIOR):
+    def __init__(
+        self,
+        ridge: float = 20.0,
+        forget: float = 0.98,
+        prior: Sequence[float] = PRIOR,
+        fixed: Sequence[str] = (),
+    ):
         d = len(FEATURES)
         if len(prior) != d:
             raise ValueError(f"prior needs {d} weights ({', '.join(FEATURES)})")
+        unknown = set(fixed) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"cannot fix unknown features {sorted(unknown)}; features are {', '.join(FEATURES)}")
+        self.fixed = np.array([f in fixed for f in FEATURES])
         self.ridge = float(ridge)
         self.forget = float(forget)
         self.prior = np.asarray(prior, dtype=np.float64)
@@ -164,12 +178,21 @@ class CostModel:
         self._solve()
 
     def _solve(self) -> None:
+        """Ridge towards the prior for the free weights; fixed weights stay at the prior (the
+        regression then explains what they leave over). Fixing the queued-work weight matters:
+        the queue estimate is a noisy measure of the real wait, and regression on a noisy input
+        shrinks its weight (attenuation), which would make the policy pile work onto fast nodes."""
         lam = self.ridge
-        d = len(self.prior)
-        try:
-            w = np.linalg.solve(self.A + lam * np.eye(d), self.b + lam * self.prior)
-        except np.linalg.LinAlgError:
-            return
+        free = ~self.fixed
+        k = int(free.sum())
+        w = self.prior.copy()
+        if k:
+            A_ff = self.A[np.ix_(free, free)]
+            rhs = self.b[free] - self.A[np.ix_(free, self.fixed)] @ self.prior[self.fixed] + lam * self.prior[free]
+            try:
+                w[free] = np.linalg.solve(A_ff + lam * np.eye(k), rhs)
+            except np.linalg.LinAlgError:
+                return
         if np.isfinite(w).all():
             self.w = w
             self.wt = tuple(w.tolist())
@@ -201,7 +224,7 @@ class LearnedPolicy:
         if follow is not None and follow not in HEURISTICS:
             raise ValueError(f"follow must be one of {', '.join(HEURISTICS)}, not {follow!r}")
         self.follow = follow
-        self.model = CostModel(cfg.ridge, cfg.forget)
+        self.model = CostModel(cfg.ridge, cfg.forget, fixed=cfg.fixed)
         self.rng = random.Random(cfg.seed)
         self.decisions = 0
         self.fallback: str | None = None  # the heuristic in charge while the guard holds
@@ -270,7 +293,7 @@ class LearnedPolicy:
     ) -> NodeView:
         """argmin of the model's predicted cost: :func:`node_features` and the dot product
         fused into one loop over plain floats (this is the per-task hot path, ~1 us a node)."""
-        w0, w_run, w_wait, w_cont, w_load, w_slow, w_remote, w_gpu, w_unknown = self.model.wt
+        w0, w_run, w_wait, w_queued, w_cont, w_load, w_slow, w_remote, w_gpu, w_unknown = self.model.wt
         inv = 1.0 / scale
         inv_best = 1.0 / best if best > 0.0 else 0.0
         gpu_task = task.resources.get("gpu", 0.0) > EPS
@@ -284,13 +307,12 @@ class LearnedPolicy:
                 r = scale
                 c += w_unknown
             slots = n.slots
-            load = (n.inflight + n.other) / slots
-            c += (
-                w_run * r * inv
-                + w_wait * (n.backlog + n.other * node_mean.get(name, r)) / slots * inv
-                + w_cont * r * load * inv
-                + w_load * load
-            )
+            busy = n.inflight + n.other
+            load = busy / slots
+            wait = (n.backlog + n.other * node_mean.get(name, r)) / slots
+            c += w_run * r * inv + w_wait * wait * inv + w_cont * r * load * inv + w_load * load
+            if busy > slots:
+                c += w_queued * (busy - slots) * (wait / busy) * inv
             if inv_best:
                 c += w_slow * (r * inv_best - 1.0)
             if dep_total:
