@@ -23,6 +23,7 @@ Everything here is pure: no clocks, no I/O except :meth:`LearnedPolicy.save` / :
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -52,13 +53,14 @@ class LearnedConfig:
     epsilon_min: float = 0.002
     epsilon_decay: float = 2000.0  # decisions until epsilon halves
     ridge: float = 20.0  # pull towards the prior (in samples' worth of evidence)
-    forget: float = 0.98  # per batch: older evidence fades so the model tracks shifts
-    batch: int = 32  # completions per refit
+    memory: float = 1600.0  # samples: older evidence fades with this time constant, so the model tracks shifts
+    batch: int = 32  # completions per refit and guard check (smaller reacts faster to a shift; costs ~1 us a task)
     probe: float = 0.1  # share of placements made by the heuristics (the guard's evidence)
     window: int = 64  # completions per arm the guard compares
     margin: float = 0.05  # the learned arm may cost this much more before the guard steps in
     heuristics: tuple[str, ...] = ("shortest-expected", "least-loaded")
     fixed: tuple[str, ...] = ()  # weights held at the prior (see CostModel._solve)
+    min_scale: float = 0.001  # s: costs are in units of max(mean runtime, this) (sub-ms tasks cost messaging)
     max_pending: int = 65536  # placements awaiting completion (older ones are forgotten)
     max_records: int = 200_000  # rows kept for offline training when recording
     seed: int | None = None
@@ -71,8 +73,8 @@ class LearnedConfig:
             raise ValueError("the guard needs at least one heuristic")
         if not 0.0 <= self.probe < 1.0 or not 0.0 <= self.epsilon <= 1.0:
             raise ValueError("probe must be in [0, 1) and epsilon in [0, 1]")
-        if not 0.0 < self.forget <= 1.0 or self.batch < 1 or self.window < 2:
-            raise ValueError("forget must be in (0, 1], batch >= 1, window >= 2")
+        if not self.memory > 0 or self.batch < 1 or self.window < 2:
+            raise ValueError("memory must be positive, batch >= 1, window >= 2")
 
 
 def node_features(
@@ -83,7 +85,7 @@ def node_features(
     r = est.estimate(task.fn, n.name)
     unknown = r is None
     if r is None:
-        r = scale
+        r = est.mean(task.fn) or 0.0
     per_task = est.node_mean(n.name) or r
     slots = n.slots
     load = (n.inflight + n.other) / slots
@@ -117,7 +119,7 @@ class CostModel:
     def __init__(
         self,
         ridge: float = 20.0,
-        forget: float = 0.98,
+        memory: float = math.inf,
         prior: Sequence[float] = PRIOR,
         fixed: Sequence[str] = (),
     ):
@@ -129,7 +131,7 @@ class CostModel:
             raise ValueError(f"cannot fix unknown features {sorted(unknown)}; features are {', '.join(FEATURES)}")
         self.fixed = np.array([f in fixed for f in FEATURES])
         self.ridge = float(ridge)
-        self.forget = float(forget)
+        self.memory = float(memory)  # samples; inf: never forget
         self.prior = np.asarray(prior, dtype=np.float64)
         self.A = np.zeros((d, d))
         self.b = np.zeros(d)
@@ -157,8 +159,9 @@ class CostModel:
             X = np.asarray(self._xs, dtype=np.float64)
             y = np.asarray(self._ys, dtype=np.float64)
             self._xs, self._ys = [], []
-            self.A *= self.forget
-            self.b *= self.forget
+            fade = math.exp(-len(y) / self.memory)  # per sample, whatever the batch size
+            self.A *= fade
+            self.b *= fade
             self.A += X.T @ X
             self.b += X.T @ y
             self.samples += len(y)
@@ -186,7 +189,12 @@ class CostModel:
         free = ~self.fixed
         k = int(free.sum())
         w = self.prior.copy()
-        if k:
+        if k == len(w):  # nothing fixed: the plain ridge solve (no fancy indexing on the hot path)
+            try:
+                w = np.linalg.solve(self.A + lam * np.eye(k), self.b + lam * self.prior)
+            except np.linalg.LinAlgError:
+                return
+        elif k:
             A_ff = self.A[np.ix_(free, free)]
             rhs = self.b[free] - self.A[np.ix_(free, self.fixed)] @ self.prior[self.fixed] + lam * self.prior[free]
             try:
@@ -224,7 +232,7 @@ class LearnedPolicy:
         if follow is not None and follow not in HEURISTICS:
             raise ValueError(f"follow must be one of {', '.join(HEURISTICS)}, not {follow!r}")
         self.follow = follow
-        self.model = CostModel(cfg.ridge, cfg.forget, fixed=cfg.fixed)
+        self.model = CostModel(cfg.ridge, cfg.memory, fixed=cfg.fixed)
         self.rng = random.Random(cfg.seed)
         self.decisions = 0
         self.fallback: str | None = None  # the heuristic in charge while the guard holds
@@ -235,6 +243,7 @@ class LearnedPolicy:
         self._rows_x: deque[list[float]] = deque(maxlen=cfg.max_records)
         self._rows_y: deque[float] = deque(maxlen=cfg.max_records)
         self._probe_turn = 0
+        self._level: float | None = None  # moving average of every arm's cost (see observe)
 
     # ------------------------------------------------------------------ deciding
     @property
@@ -254,27 +263,36 @@ class LearnedPolicy:
         return others[self._probe_turn % len(others)]
 
     def choose(self, task: TaskReq, nodes: Sequence[NodeView], ctx: PolicyContext) -> str | None:
-        cands = candidates(task, nodes)
-        if not cands:
-            return None
-        self.decisions += 1
         est = ctx.estimator or RuntimeEstimator()
-        scale = est.mean(task.fn)
-        arm = self._arm()
-        if scale is None or scale <= 0.0:  # never ran anywhere: nothing to learn from yet
-            return shortest_expected(task, cands, estimator=est)
         per = est.runtimes(task.fn)
-        best = min(per.values(), default=scale)
-        dep_total = sum(task.dep_bytes.values()) if task.dep_bytes else 0
+        if not per:  # never ran anywhere: nothing to learn from yet
+            return shortest_expected(task, nodes, estimator=est)
+        arm = self._arm()
         if arm != LEARNED:
-            name = HEURISTICS[arm](task, cands, estimator=est)
+            name = HEURISTICS[arm](task, nodes, estimator=est)
             if name is None:
                 return None
-            n = next(v for v in cands if v.name == name)
-        elif len(cands) > 1 and self.rng.random() < self.epsilon:
-            n = cands[self.rng.randrange(len(cands))]
+            n = next(v for v in nodes if v.name == name)
         else:
-            n = self._cheapest(task, cands, per, est.node_means(), scale, best, dep_total)
+            cands = candidates(task, nodes)
+            if not cands:
+                return None
+            n = None
+        self.decisions += 1
+        total = 0.0
+        best = math.inf
+        for r in per.values():  # one pass: the function's mean runtime and its best node's
+            total += r
+            if r < best:
+                best = r
+        mean = total / len(per)
+        scale = max(mean, self.cfg.min_scale)
+        dep_total = sum(task.dep_bytes.values()) if task.dep_bytes else 0
+        if n is None:
+            if len(cands) > 1 and self.rng.random() < self.epsilon:
+                n = cands[self.rng.randrange(len(cands))]
+            else:
+                n = self._cheapest(task, cands, per, est.node_means(), mean, scale, best, dep_total)
         pend = self._pending
         if len(pend) >= self.cfg.max_pending:  # lost tasks never complete: forget the oldest
             del pend[next(iter(pend))]
@@ -287,6 +305,7 @@ class LearnedPolicy:
         cands: list[NodeView],
         per: Mapping[str, float],
         node_mean: Mapping[str, float],
+        mean: float,
         scale: float,
         best: float,
         dep_total: int,
@@ -304,7 +323,7 @@ class LearnedPolicy:
             r = per.get(name)
             c = w0
             if r is None:
-                r = scale
+                r = mean
                 c += w_unknown
             slots = n.slots
             busy = n.inflight + n.other
@@ -337,7 +356,10 @@ class LearnedPolicy:
         x, arm, scale = p
         y = self.cost(done, scale)
         self.model.add(x, y)
-        self.windows[arm].append(y)
+        # the guard compares arms on cost relative to the current level of all costs, so a burst
+        # that raises everyone's cost does not count against the arm whose samples are recent
+        level = self._level = y if self._level is None else self._level + 0.02 * (y - self._level)
+        self.windows[arm].append(y / level if level > 0 else 1.0)
         if self._record:
             self._rows_x.append(x)
             self._rows_y.append(y)

@@ -72,7 +72,7 @@ def test_prior_prefers_the_fast_node_and_the_short_queue() -> None:
 def test_cost_model_recovers_a_linear_cost() -> None:
     rng = np.random.default_rng(0)
     true = np.array([0.5, 1.5, 0.0, 2.0, 0.3, 0.0, 0.1, 0.8, -0.2, 0.0])
-    m = CostModel(ridge=1.0, forget=1.0)
+    m = CostModel(ridge=1.0)
     for _ in range(100):
         X = rng.uniform(0, 2, size=(32, len(FEATURES)))
         X[:, 0] = 1.0
@@ -86,7 +86,7 @@ def test_cost_model_recovers_a_linear_cost() -> None:
 
 
 def test_fixed_weights_stay_at_the_prior() -> None:
-    m = CostModel(ridge=1.0, forget=1.0, fixed=("queued",))
+    m = CostModel(ridge=1.0, fixed=("queued",))
     X = np.ones((64, len(FEATURES)))
     m.fit_offline(X, np.full(64, 100.0))
     assert m.w[FEATURES.index("queued")] == PRIOR[FEATURES.index("queued")]
