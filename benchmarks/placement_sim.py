@@ -309,6 +309,32 @@ def simulate(
     return out
 
 
+def decision_time(n_nodes: int, calls: int = 20_000) -> dict[str, dict[str, float]]:
+    """Median and p99 microseconds per ``choose`` for each policy, on a warmed-up snapshot of
+    ``n_nodes`` nodes (varied loads), outside any simulation."""
+    est = RuntimeEstimator()
+    names = [f"n{i}" for i in range(n_nodes)]
+    for i, nm in enumerate(names):
+        est.update("m:f", nm, 0.01 * (1 + i % 3))
+    nodes = [
+        NodeView(nm, {"cpu": 4.0}, window=1000, inflight=i % 7, backlog=0.01 * (i % 7)) for i, nm in enumerate(names)
+    ]
+    ctx = PolicyContext(estimator=est)
+    reg = PolicyRegistry(use_entry_points=False)
+    out = {}
+    for name in POLICIES:
+        pol = reg.get(name)
+        ts = []
+        for i in range(calls):
+            task = TaskReq("m:f", {"cpu": 1.0}, tid=i)
+            t0 = time.perf_counter_ns()
+            pol.choose(task, nodes, ctx)
+            ts.append(time.perf_counter_ns() - t0)
+        ts.sort()
+        out[name] = {"median_us": ts[len(ts) // 2] / 1000, "p99_us": ts[int(0.99 * len(ts))] / 1000}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=40_000)
@@ -317,7 +343,18 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=1000, help="tasks per comparison window after the shift")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plot", type=Path, help="draw the post-shift windows here (needs matplotlib)")
+    ap.add_argument("--decisions", action="store_true", help="only time one decision per policy (2, 6, 16 nodes)")
     a = ap.parse_args()
+    if a.decisions:
+        print("microseconds per placement decision, median (p99)")
+        print(f"{'policy':<18}" + "".join(f"{f'{k} nodes':>18}" for k in (2, 6, 16)))
+        res = {k: decision_time(k) for k in (2, 6, 16)}
+        for name in POLICIES:
+            cells = "".join(f"{r[name]['median_us']:9.1f} ({r[name]['p99_us']:5.1f})" for r in res.values())
+            print(f"{name:<18}{cells}")
+        if a.json:
+            a.json.write_text(json.dumps(res, indent=1))
+        return
     t0 = time.perf_counter()
     out = simulate(a.tasks, a.seed, a.rate, a.window)
     res = out["policies"]
