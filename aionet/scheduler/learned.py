@@ -60,6 +60,7 @@ class LearnedConfig:
     margin: float = 0.05  # the learned arm may cost this much more before the guard steps in
     heuristics: tuple[str, ...] = ("shortest-expected", "least-loaded")
     fixed: tuple[str, ...] = ()  # weights held at the prior (see CostModel._solve)
+    learn_all_above: float = 0.001  # s: shorter tasks teach on a sample (mean runtime / this of them)
     min_scale: float = 0.001  # s: costs are in units of max(mean runtime, this) (sub-ms tasks cost messaging)
     max_pending: int = 65536  # placements awaiting completion (older ones are forgotten)
     max_records: int = 200_000  # rows kept for offline training when recording
@@ -239,6 +240,7 @@ class LearnedPolicy:
         self.windows: dict[str, deque[float]] = {a: deque(maxlen=cfg.window) for a in (LEARNED, *cfg.heuristics)}
         self.switches = 0
         self._pending: dict[int, tuple[list[float], str, float]] = {}
+        self.wants = self._pending.__contains__  # the owner skips completions we did not track
         self._record = record
         self._rows_x: deque[list[float]] = deque(maxlen=cfg.max_records)
         self._rows_y: deque[float] = deque(maxlen=cfg.max_records)
@@ -267,11 +269,16 @@ class LearnedPolicy:
         per = est.runtimes(task.fn)
         if not per:  # never ran anywhere: nothing to learn from yet
             return shortest_expected(task, nodes, estimator=est)
-        arm = self._arm()
+        # learn from every placement of tasks that run at least ``learn_all_above``; from a
+        # proportional sample of shorter ones, so bookkeeping stays a small share of the work
+        mean = est.mean(task.fn) or 0.0
+        cfg = self.cfg
+        track = mean >= cfg.learn_all_above or self.rng.random() * cfg.learn_all_above < mean
+        arm = self._arm() if track else (self.fallback or LEARNED)
         if arm != LEARNED:
             name = HEURISTICS[arm](task, nodes, estimator=est)
-            if name is None:
-                return None
+            if name is None or not track:
+                return name
             n = next(v for v in nodes if v.name == name)
         else:
             cands = candidates(task, nodes)
@@ -279,22 +286,18 @@ class LearnedPolicy:
                 return None
             n = None
         self.decisions += 1
-        total = 0.0
-        best = math.inf
-        for r in per.values():  # one pass: the function's mean runtime and its best node's
-            total += r
-            if r < best:
-                best = r
-        mean = total / len(per)
-        scale = max(mean, self.cfg.min_scale)
+        best = min(per.values())
+        scale = max(mean, cfg.min_scale)
         dep_total = sum(task.dep_bytes.values()) if task.dep_bytes else 0
         if n is None:
-            if len(cands) > 1 and self.rng.random() < self.epsilon:
+            if track and len(cands) > 1 and self.rng.random() < self.epsilon:
                 n = cands[self.rng.randrange(len(cands))]
             else:
                 n = self._cheapest(task, cands, per, est.node_means(), mean, scale, best, dep_total)
+        if not track:
+            return n.name
         pend = self._pending
-        if len(pend) >= self.cfg.max_pending:  # lost tasks never complete: forget the oldest
+        if len(pend) >= cfg.max_pending:  # lost tasks never complete: forget the oldest
             del pend[next(iter(pend))]
         pend[task.tid] = (node_features(task, n, est, scale, best, dep_total), arm, scale)
         return n.name

@@ -224,27 +224,34 @@ class PolicySet:
     """One owner's policies: resolves specs once, keeps the shared :class:`PolicyContext`, and
     tells every learning policy about each completion (so the owner stays a state machine)."""
 
-    __slots__ = ("clock", "ctx", "observers", "registry")
+    __slots__ = ("_learners", "clock", "ctx", "observers", "registry")
 
     def __init__(self, estimator: RuntimeEstimator, clock: Callable[[], float], registry: PolicyRegistry | None = None):
         self.registry = registry or PolicyRegistry()
         self.ctx = PolicyContext(estimator=estimator)
         self.clock = clock
         self.observers: list[LearningPolicy] = []  # policies with observe(), told about every completion
+        self._learners: list[tuple[LearningPolicy, Callable[[int], bool] | None]] = []
 
     def get(self, spec: str | PlacementPolicy) -> PlacementPolicy:
         """The policy for ``spec`` (ConfigError naming the choices for a bad name)."""
         pol = self.registry.get(spec)
         if isinstance(pol, LearningPolicy) and not any(o is pol for o in self.observers):
             self.observers.append(pol)
+            self._learners.append((pol, getattr(pol, "wants", None)))
         return pol
 
     def observe(
         self, tid: int, fn: str, view: NodeView | None, node: str, runtime: float, placed_at: float, status: int
     ) -> None:
-        """Build the :class:`Completion` for a finished task and hand it to each learner."""
-        slots = view.slots if view is not None else 1.0
-        behind = max(0, int(view.inflight + view.other - slots)) if view is not None else 0
-        done = Completion(tid, fn, node, runtime, self.clock() - placed_at, behind, slots, status != R_ERROR)
-        for pol in self.observers:
+        """Build the :class:`Completion` for a finished task and hand it to each learner that
+        wants it (a learner may define ``wants(tid) -> bool`` to skip the ones it did not track)."""
+        done = None
+        for pol, wants in self._learners:
+            if wants is not None and not wants(tid):
+                continue
+            if done is None:
+                slots = view.slots if view is not None else 1.0
+                behind = max(0, int(view.inflight + view.other - slots)) if view is not None else 0
+                done = Completion(tid, fn, node, runtime, self.clock() - placed_at, behind, slots, status != R_ERROR)
             pol.observe(done)
