@@ -136,7 +136,9 @@ class CollectivesSection:
 
 @dataclass
 class SchedulerSection:
-    policy: str = "least-loaded"  # round-robin | least-loaded | shortest-expected | locality
+    # round-robin | least-loaded | shortest-expected | locality | learned, an ``aionet.policies``
+    # entry point, or "package.module:Factory" (docs/scheduler.md, "Writing a policy")
+    policy: str = "least-loaded"
     run_local: bool = True  # this node runs tasks too (false: it only submits)
     resources: dict[str, Any] = field(default_factory=dict)  # e.g. {cpu = 8, gpu = 0, memory = "16GiB", ssd = 1}
     default_retries: int = 3  # re-runs after node deaths when submit() gives no retries=

@@ -8,8 +8,7 @@ and placement runs in bounded batches on the loop so heartbeats never starve.
 
 Exactly-once: a record accepts the first completion of any attempt while it is placed; every
 later completion (an old attempt from a node wrongly presumed dead, a stolen copy) is dropped,
-so each future is resolved once. A task's state (:class:`.state.TaskState`) changes only in
-:meth:`Owner._transition`, which checks the transition table.
+so each future is resolved once. A task's state changes only in :meth:`Owner._transition`.
 
 The owner decides, the service (:class:`.host.SchedulerHost`) does the I/O: the stimuli
 (``on_results``, ``node_dead``, ``announce``) return :mod:`.instructions`; user entry points
@@ -42,16 +41,8 @@ from .instructions import (
     SendSpecs,
     Suspect,
 )
-from .policies import (
-    NodeView,
-    RuntimeEstimator,
-    TaskReq,
-    check_policy,
-    choose,
-    feasible,
-    unsatisfiable_reason,
-    window_size,
-)
+from .placement import PlacementPolicy, PolicySet
+from .policies import NodeView, RuntimeEstimator, TaskReq, feasible, least_loaded, unsatisfiable_reason, window_size
 from .state import DEFAULT_RES, TASK_NEXT, TERMINAL, InvalidTransition, Rec, TaskState, normalize_resources
 from .tasks import (
     TaskCancelled,
@@ -107,6 +98,8 @@ class Owner:
         self.max_per_slot = max(1, cfg.max_queued_per_slot)
         self.wait_for_nodes = cfg.wait_for_nodes
         self.estimator = RuntimeEstimator()
+        self.policies = PolicySet(self.estimator, sched.clock)
+        self.policy_obj = self.policies.get(self.policy)
         self.views: dict[str, NodeView] = {}
         self._live: list[NodeView] | None = None
         self.dead: set[str] = set()
@@ -167,7 +160,7 @@ class Owner:
         key: str | None = None,
         preemptible: bool = False,
         affinity: str | None = None,
-        policy: str | None = None,
+        policy: str | PlacementPolicy | None = None,
         after: Any = None,
         retry_on: Any = None,
     ) -> TaskRef:
@@ -188,7 +181,7 @@ class Owner:
         except (KeyError, TypeError):
             raise ValueError(f"executor must be None, 'thread' or 'process', not {executor!r}") from None
         if policy is not None:
-            check_policy(policy)
+            self.policies.get(policy)  # ConfigError naming the choices for a bad name
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout!r}")
         prio = int(priority)
@@ -204,15 +197,13 @@ class Owner:
         rec.retries = self.default_retries if retries is None else int(retries)
         rec.affinity = affinity
         rec.policy = policy
-        if retry_on:
-            rec.retry_on = retry_names(retry_on)
+        rec.retry_on = retry_names(retry_on) if retry_on else rec.retry_on
         rec.submitted = self.sched.clock()
         found: dict[int, tuple[int, TaskRef]] = {}
         rec.args = extract_refs(list(args), found) if args else []
         rec.kwargs = extract_refs(kwargs, found) if kwargs else None
-        # pinned (never stolen): affinity, and round-robin's rotation, which stealing would undo
-        rotate = (policy or self.policy) == "round-robin"
-        flags = (F_PREEMPTIBLE if preemptible else 0) | (F_PINNED if affinity is not None or rotate else 0)
+        pinned = affinity is not None or (policy or self.policy) == "round-robin"  # stealing would undo a rotation
+        flags = (F_PREEMPTIBLE if preemptible else 0) | (F_PINNED if pinned else 0)
         order_only = order_refs(after, self)
         self.recs[tid] = rec
         if key is not None:
@@ -248,8 +239,8 @@ class Owner:
             return False
         if rec.prio != priority:
             rec.prio = priority
-            if rec.state == READY:  # the old heap entry goes stale (skipped by _dispatch)
-                self._make_ready(rec)
+            if rec.state == READY:
+                self._make_ready(rec)  # the old heap entry goes stale (skipped by _dispatch)
         return True
 
     def _deps_ready(self, rec: Rec) -> bool:
@@ -301,7 +292,7 @@ class Owner:
                 dep_bytes[d.holder] = dep_bytes.get(d.holder, 0) + d.nbytes
             elif d.nbytes:
                 dep_bytes[self.name] = dep_bytes.get(self.name, 0) + d.nbytes
-        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude)
+        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude, rec.tid)
 
     def _dispatch(self) -> None:
         self._dispatch_pending = False
@@ -313,6 +304,8 @@ class Owner:
         deferred: list[tuple[int, int, Rec]] = []
         retry_later = False
         now = self.sched.clock()
+        ctx = self.policies.ctx
+        ctx.now = now
         while heap and budget > 0:
             prio, _, rec = heap[0]
             if rec.state != READY or prio != -rec.prio:  # done elsewhere, or re-prioritized
@@ -322,7 +315,8 @@ class Owner:
                 heapq.heappop(heap)
                 continue
             req = self._req(rec)
-            name = choose(rec.policy or self.policy, req, live, seq=self.rr_seq, estimator=self.estimator)
+            ctx.seq = self.rr_seq
+            name = (self.policy_obj if rec.policy is None else self.policies.get(rec.policy)).choose(req, live, ctx)
             if name is None:
                 entry = heapq.heappop(heap)
                 if not feasible(req, live):
@@ -339,7 +333,10 @@ class Owner:
                     break
                 continue
             heapq.heappop(heap)
-            self._place(rec, self.views[name])
+            # a third-party policy may name a node it was not offered: least-loaded decides then
+            view = self.views.get(name) or self.views[least_loaded(req, live) or live[0].name]
+            rec.placed_at = now
+            self._place(rec, view)
             budget -= 1
         for e in deferred:
             heapq.heappush(heap, e)
@@ -467,6 +464,7 @@ class Owner:
         recs = self.recs
         stats = self.counts
         est = self.estimator
+        policies = self.policies
         for item in items:
             tid, _attempt, status, payload, runtime, nbytes = item
             rec = recs.get(tid)
@@ -499,14 +497,16 @@ class Owner:
             if where is not None and where != worker:
                 self._send_ctrl(where, M_CANCEL, tid)  # another attempt may still run there
             rec.node = worker
-            if status == R_VALUE:
+            if status in (R_VALUE, R_HELD, R_ERROR):
                 est.update(rec.fn, worker, runtime)
+                if policies.observers:
+                    policies.observe(rec.tid, rec.fn, self.views.get(worker), worker, runtime, rec.placed_at, status)
+            if status == R_VALUE:
                 rec.value = payload
                 rec.has_value = True
                 rec.nbytes = nbytes
                 self._done(rec)
             elif status == R_HELD:
-                est.update(rec.fn, worker, runtime)
                 rec.holder = worker
                 rec.nbytes = nbytes
                 h = self.held.get(worker)
@@ -515,7 +515,6 @@ class Owner:
                 h[tid] = rec
                 self._done(rec)
             elif status == R_ERROR:
-                est.update(rec.fn, worker, runtime)
                 rtype, msg, tb = payload[:3]
                 bases = payload[3] if len(payload) > 3 and isinstance(payload[3], list) else [rtype]
                 if rec.retry_on and rec.retries > 0 and not rec.retry_on.isdisjoint(map(str, bases)):

@@ -52,7 +52,7 @@ from .instructions import (
     WorkerInstruction,
 )
 from .owner import MAX_DEPLOST, Owner
-from .policies import check_policy
+from .placement import check_policy
 from .state import Rec, TaskState, normalize_resources
 from .tasks import TaskLost, TaskRef
 from .wire import (

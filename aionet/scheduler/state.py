@@ -165,6 +165,7 @@ class Rec:
         "node",
         "nrefs",
         "pins",
+        "placed_at",
         "policy",
         "prio",
         "res",
@@ -196,7 +197,7 @@ class Rec:
         self.retries = 0
         self.affinity: str | None = None
         self.exclude: frozenset[str] = frozenset()
-        self.policy: str | None = None
+        self.policy: Any = None  # per-call policy: a name, an import path or a policy object
         self.deps: list[Rec] | None = None
         self.n_vdeps = 0  # deps[:n_vdeps] feed arguments; the rest are order-only (submit(after=))
         self.retry_on: frozenset[str] = frozenset()  # exception type names re-run on (retry_on=)
@@ -215,6 +216,7 @@ class Rec:
         self.ckpt: Any = None
         self.deplost = 0
         self.submitted = 0.0
+        self.placed_at = 0.0
 
     @property
     def state_name(self) -> str:

@@ -136,7 +136,6 @@ class FakeHost:
         return True
 
 
-
 class _NullLog:
     def __getattr__(self, _name: str) -> Callable[..., None]:
         return lambda *a, **k: None
