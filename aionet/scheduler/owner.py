@@ -163,6 +163,7 @@ class Owner:
         policy: str | PlacementPolicy | None = None,
         after: Any = None,
         retry_on: Any = None,
+        prefer: str | None = None,
     ) -> TaskRef:
         if self.closed:
             raise TaskError("the scheduler is stopped (node not running)")
@@ -195,8 +196,7 @@ class Owner:
         rec.exe = exe
         rec.timeout = timeout
         rec.retries = self.default_retries if retries is None else int(retries)
-        rec.affinity = affinity
-        rec.policy = policy
+        rec.affinity, rec.policy, rec.prefer = affinity, policy, prefer
         rec.retry_on = retry_names(retry_on) if retry_on else rec.retry_on
         rec.submitted = self.sched.clock()
         found: dict[int, tuple[int, TaskRef]] = {}
@@ -292,7 +292,7 @@ class Owner:
                 dep_bytes[d.holder] = dep_bytes.get(d.holder, 0) + d.nbytes
             elif d.nbytes:
                 dep_bytes[self.name] = dep_bytes.get(self.name, 0) + d.nbytes
-        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude, rec.tid)
+        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude, rec.tid, rec.prefer)
 
     def _dispatch(self) -> None:
         self._dispatch_pending = False
@@ -333,8 +333,7 @@ class Owner:
                     break
                 continue
             heapq.heappop(heap)
-            # a third-party policy may name a node it was not offered: least-loaded decides then
-            view = self.views.get(name) or self.views[least_loaded(req, live) or live[0].name]
+            view = self.views.get(name) or self.views[least_loaded(req, live) or live[0].name]  # not offered: ours
             rec.placed_at = now
             self._place(rec, view)
             budget -= 1

@@ -91,15 +91,17 @@ def _name(t: asyncio.Future[Any]) -> str:
     return t.get_name() if isinstance(t, asyncio.Task) else repr(t)
 
 
-def _count_gpus(devices: Devices | None) -> int:
-    """GPUs to offer (none without the node's ``devices``). Skips the (slow) CUDA probe when
-    the host has no NVIDIA device files."""
-    if devices is None or not glob.glob("/dev/nvidia[0-9]*"):
-        return 0
-    try:
-        return int(devices.gpu_count())
-    except Exception:
-        return 0
+def _gpu_resources(devices: Devices | None, declared: Mapping[str, float]) -> dict[str, float]:
+    """GPUs to offer, and their memory in bytes as the resource ``gpu_memory`` (what tasks may
+    ask for, or ``prefer=``), unless declared. Skips the (slow) CUDA probe without NVIDIA device files."""
+    out = {"gpu": 0.0}
+    if devices is not None and glob.glob("/dev/nvidia[0-9]*"):
+        try:
+            gpus = devices.discover().get("gpus", [])
+            out = {"gpu": float(len(gpus)), "gpu_memory": float(sum(int(g["memory_total"]) for g in gpus))}
+        except Exception:
+            pass
+    return {k: v for k, v in out.items() if k not in declared and (v or k == "gpu")}
 
 
 class Scheduler:
@@ -208,9 +210,7 @@ class Scheduler:
             total["memory"] = float(psutil.virtual_memory().total)
         except Exception:
             pass
-        if "gpu" not in declared:
-            total["gpu"] = float(await asyncio.to_thread(_count_gpus, self._devices))
-        total.update(declared)
+        total.update(await asyncio.to_thread(_gpu_resources, self._devices, declared), **declared)
         return total
 
     async def drain(self, timeout: float) -> int:
@@ -785,16 +785,5 @@ class Scheduler:
         self.perform_worker(self.worker.peer_dead(peer))
 
 
-_OPTIONS = (
-    "resources",
-    "priority",
-    "retries",
-    "timeout",
-    "executor",
-    "key",
-    "preemptible",
-    "affinity",
-    "policy",
-    "after",
-    "retry_on",
-)
+_OPTIONS = ("resources", "priority", "retries", "timeout", "executor", "key", "preemptible", "affinity", "policy",
+            "after", "retry_on", "prefer")  # fmt: skip

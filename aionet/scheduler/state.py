@@ -167,6 +167,7 @@ class Rec:
         "pins",
         "placed_at",
         "policy",
+        "prefer",
         "prio",
         "res",
         "res_wire",
@@ -198,6 +199,7 @@ class Rec:
         self.affinity: str | None = None
         self.exclude: frozenset[str] = frozenset()
         self.policy: Any = None  # per-call policy: a name, an import path or a policy object
+        self.prefer: str | None = None  # submit(prefer=): a resource to have the most of free
         self.deps: list[Rec] | None = None
         self.n_vdeps = 0  # deps[:n_vdeps] feed arguments; the rest are order-only (submit(after=))
         self.retry_on: frozenset[str] = frozenset()  # exception type names re-run on (retry_on=)

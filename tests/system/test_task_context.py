@@ -10,6 +10,7 @@ import pytest
 import aionet
 from aionet.scheduler import TaskFailed
 from tests import tasks_fns
+from tests.conftest import wait_for
 from tests.system.test_scheduler import F, cfg, cluster
 
 
@@ -114,3 +115,18 @@ async def test_round_robin_keeps_its_rotation_even_with_stealing_on() -> None:
         refs = [a.submit(F + "work", i, 0.02, slow, policy="round-robin") for i in range(8)]
         where = await asyncio.wait_for(asyncio.gather(*refs), 30)
         assert where.count("n1") == where.count("n2") == 4  # n2 idles rather than steal n1's share
+
+
+async def test_prefer_places_on_the_node_with_the_most_of_a_resource_free() -> None:
+    small = cfg(resources={"cpu": 2, "gpu_memory": 8e9})
+    big = cfg(resources={"cpu": 2, "gpu_memory": 16e9})
+    async with cluster(cfg(run_local=False), small, big) as (a, _n1, _n2):
+        for _ in range(3):
+            assert (await a.submit(F + "context_info", prefer="gpu_memory"))["node_name"] == "n2"
+        hog = a.submit(F + "stamp", 1.0, resources={"gpu_memory": 12e9})  # only n2 has 12 GB
+        await wait_for(lambda: hog._rec.state_name == "placed")
+        # n2 now has 4 GB unreserved, n1 8 GB: the preference follows what is free, not the total
+        assert (await a.submit(F + "context_info", prefer="gpu_memory"))["node_name"] == "n1"
+        await hog
+        # a preference nobody can honour is no constraint
+        assert (await a.submit(F + "context_info", prefer="fpga"))["node_name"] in ("n1", "n2")
