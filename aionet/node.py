@@ -158,6 +158,7 @@ class Node:
             rank=cfg.node.rank,
         )
         self.cache = Cache(cfg.cache, messaging=self, members=self.membership)  # issue 14
+        self.scheduler.locate = self.cache.owners  # cache_ref arguments: place tasks where the key is
         self._directory.member_state = self.membership.state_of
         self.collectives = Collectives(
             cfg.collectives,

@@ -166,3 +166,9 @@ def stamp(seconds: float) -> list[float]:
     t0 = time.time()
     time.sleep(seconds)
     return [t0, time.time()]
+
+
+async def cached_where(ref: Any) -> list[Any]:
+    """[node name, value] of a cache_ref argument, read where the task runs."""
+    node = aionet.task_context().node
+    return [node.name, await node.cache.get(ref.key)]

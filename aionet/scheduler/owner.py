@@ -41,7 +41,7 @@ from .instructions import (
     SendSpecs,
     Suspect,
 )
-from .placement import PlacementPolicy, PolicySet
+from .placement import PlacementPolicy, PolicySet, task_req
 from .policies import NodeView, RuntimeEstimator, TaskReq, feasible, least_loaded, unsatisfiable_reason, window_size
 from .state import DEFAULT_RES, TASK_NEXT, TERMINAL, InvalidTransition, Rec, TaskState, normalize_resources
 from .tasks import (
@@ -54,6 +54,7 @@ from .tasks import (
     dep_error,
     extract_refs,
     fn_path,
+    locality_keys,
     order_refs,
     retry_names,
 )
@@ -197,6 +198,7 @@ class Owner:
         rec.timeout = timeout
         rec.retries = self.default_retries if retries is None else int(retries)
         rec.affinity, rec.policy, rec.prefer = affinity, policy, prefer
+        rec.locality = locality_keys(args, kwargs) if self.sched.locate is not None else ()
         rec.retry_on = retry_names(retry_on) if retry_on else rec.retry_on
         rec.submitted = self.sched.clock()
         found: dict[int, tuple[int, TaskRef]] = {}
@@ -286,13 +288,7 @@ class Owner:
         return self._live
 
     def _req(self, rec: Rec) -> TaskReq:
-        dep_bytes: dict[str, int] = {}
-        for d in rec.deps or ():
-            if d.holder is not None:
-                dep_bytes[d.holder] = dep_bytes.get(d.holder, 0) + d.nbytes
-            elif d.nbytes:
-                dep_bytes[self.name] = dep_bytes.get(self.name, 0) + d.nbytes
-        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude, rec.tid, rec.prefer)
+        return task_req(rec, self.name, self.sched.locate)
 
     def _dispatch(self) -> None:
         self._dispatch_pending = False

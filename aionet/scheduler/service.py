@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.ports import Clock, ControlChannel, LoadFields, MemberEventInfo, MemberEvents, Messaging
@@ -127,6 +127,7 @@ class Scheduler:
         # runs on, so it can send, request and join groups; and that node's launched rank
         self.task_node = task_node
         self.rank = rank
+        self.locate: Callable[[str], Sequence[str]] | None = None  # set by the Node: the cache's owners(key)
         self.instruments = instruments if instruments is not None else Instruments()
         self._dumps = dumps
         self._devices = devices  # the node's: how many GPUs to offer

@@ -159,6 +159,7 @@ class Rec:
         "holder",
         "key",
         "kwargs",
+        "locality",
         "n_vdeps",
         "name",
         "nbytes",
@@ -200,6 +201,7 @@ class Rec:
         self.exclude: frozenset[str] = frozenset()
         self.policy: Any = None  # per-call policy: a name, an import path or a policy object
         self.prefer: str | None = None  # submit(prefer=): a resource to have the most of free
+        self.locality: tuple[str, ...] = ()  # keys of cache_ref arguments: where their data is held
         self.deps: list[Rec] | None = None
         self.n_vdeps = 0  # deps[:n_vdeps] feed arguments; the rest are order-only (submit(after=))
         self.retry_on: frozenset[str] = frozenset()  # exception type names re-run on (retry_on=)

@@ -383,6 +383,13 @@ def dep_error(rec: Any, dep: Any, cause: BaseException | None = None) -> TaskErr
     return err
 
 
+def locality_keys(args: Any, kwargs: Any) -> tuple[str, ...]:
+    """The keys of arguments that name where their data lives (``aionet.cache_ref(key)``: any
+    object whose type has ``__aionet_locality__``), top level only."""
+    items = [*(args or ()), *((kwargs or {}).values())]
+    return tuple(str(a.__aionet_locality__) for a in items if hasattr(type(a), "__aionet_locality__"))
+
+
 def retry_names(retry_on: Any) -> frozenset[str]:
     """``retry_on=`` (an exception type, a tuple of them, or their names) as type names."""
     items = retry_on if isinstance(retry_on, (tuple, list, set, frozenset)) else (retry_on,)

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 import aionet
+from aionet.config import Config
 from aionet.scheduler import TaskFailed
 from tests import tasks_fns
 from tests.conftest import wait_for
@@ -130,3 +131,19 @@ async def test_prefer_places_on_the_node_with_the_most_of_a_resource_free() -> N
         await hog
         # a preference nobody can honour is no constraint
         assert (await a.submit(F + "context_info", prefer="fpga"))["node_name"] in ("n1", "n2")
+
+
+async def test_cache_ref_arguments_run_the_task_where_the_key_is_held() -> None:
+    """Issue 14: the locality policy places a task taking aionet.cache_ref(key) on a replica."""
+    one = {"cache": {"replicas": 1}}
+    c = [Config.from_dict({**one, "scheduler": {"resources": {"cpu": 2}, "allow_modules": ["tests.tasks_fns"]}},
+                          env={}) for _ in range(3)]  # fmt: skip
+    async with cluster(*c) as (a, *_):
+        keys = [f"shard-{i}" for i in range(8)]
+        for k in keys:
+            await a.cache.put(k, k.upper())
+        refs = [a.submit(F + "cached_where", aionet.cache_ref(k), policy="locality") for k in keys]
+        for k, (where, value) in zip(keys, await asyncio.gather(*refs), strict=True):
+            assert value == k.upper()
+            assert where == a.cache.owners(k)[0]  # the one node holding it
+        assert len({a.cache.owners(k)[0] for k in keys}) > 1  # the keys really are spread out
