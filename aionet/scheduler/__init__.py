@@ -18,6 +18,7 @@ from .tasks import (
     TaskRef,
     TaskTimeout,
     Unschedulable,
+    task,
     task_context,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "Unschedulable",
     "choose",
     "normalize_resources",
+    "task",
     "task_context",
     "window_size",
 ]

@@ -71,6 +71,23 @@ class Completion(NamedTuple):
     ok: bool = True  # False: the task raised (its runtime still teaches something)
 
 
+LOCALITY_BYTES = 1 << 20  # what a cache_ref argument weighs in TaskReq.dep_bytes on its key's holders
+
+
+def task_req(rec: Any, here: str, locate: Callable[[str], Sequence[str]] | None) -> TaskReq:
+    """A task's record (``state.Rec``) as placement sees it: where its arguments' bytes are
+    (results of other tasks, and cache keys named by ``cache_ref`` arguments, via ``locate``)."""
+    dep_bytes: dict[str, int] = {}
+    for d in rec.deps or ():
+        where = d.holder if d.holder is not None else here if d.nbytes else None
+        if where is not None:
+            dep_bytes[where] = dep_bytes.get(where, 0) + d.nbytes
+    if locate is not None:
+        for node in (n for key in rec.locality for n in locate(key)):
+            dep_bytes[node] = dep_bytes.get(node, 0) + LOCALITY_BYTES
+    return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude, rec.tid, rec.prefer)
+
+
 @runtime_checkable
 class PlacementPolicy(Protocol):
     """Chooses a node for one task. Must be fast (it runs once per task placed), must not do

@@ -79,6 +79,7 @@ class TaskReq:
     affinity: str | None = None  # run only on this node
     exclude: frozenset[str] = frozenset()  # nodes that refused the task
     tid: int = 0  # the owner's id for this placement (matches Completion.tid for learning policies)
+    prefer: str | None = None  # soft: among nodes with room, those with the most of this resource free
 
 
 def fits(req: Mapping[str, float], avail: Mapping[str, float]) -> bool:
@@ -131,8 +132,18 @@ def _scarce_free(task: TaskReq, nodes: list[NodeView]) -> list[NodeView]:
 
 
 def candidates(task: TaskReq, nodes: Sequence[NodeView]) -> list[NodeView]:
-    """Feasible nodes with room now, narrowed to those whose scarce resources are free."""
-    return _scarce_free(task, [n for n in feasible(task, nodes) if n.has_room(task.priority)])
+    """Feasible nodes with room now, narrowed to those whose scarce resources are free, and to
+    those with the most of ``task.prefer`` free when the task states a preference."""
+    cands = _scarce_free(task, [n for n in feasible(task, nodes) if n.has_room(task.priority)])
+    return _preferred(task.prefer, cands) if task.prefer and len(cands) > 1 else cands
+
+
+def _preferred(resource: str, nodes: list[NodeView]) -> list[NodeView]:
+    """The nodes with the most ``resource`` free (a soft preference: all of them when none has any)."""
+    most = max(n.free.get(resource, 0.0) for n in nodes)
+    if most <= EPS:
+        return nodes
+    return [n for n in nodes if n.free.get(resource, 0.0) >= most - EPS]
 
 
 def _load(n: NodeView) -> float:

@@ -74,6 +74,8 @@ class FakeHost:
         self.loop = ManualLoop()
         self.log = _NullLog()
         self.instruments = Instruments()
+        self.task_node: Any = None
+        self.rank = -1
         self.spec_sends: list[str] = []
         self.local_specs: list[list[Any]] = []
         self.local_ctrl: list[tuple[int, list[int]]] = []
@@ -82,6 +84,7 @@ class FakeHost:
         self.down: list[str] = []
         self.performed: list[Any] = []
         self.now = 0.0
+        self.locate: Any = None  # no cache: cache_ref arguments are not located (host.SchedulerHost.locate)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, log_errors: bool = True) -> None:
         coro.close()  # effects are not performed here

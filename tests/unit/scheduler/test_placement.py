@@ -173,3 +173,18 @@ def test_the_documented_example_policy(host: FakeHost) -> None:
     gpu_ref = o.submit(FN, (2,), None, policy=pol, resources={"gpu": 1})
     host.loop.run_soon()
     assert cpu_ref._rec.node == "cpu" and gpu_ref._rec.node == "gpu"
+
+
+def test_prefer_narrows_candidates_to_the_most_free_and_is_soft() -> None:
+    from aionet.scheduler.policies import NodeView, TaskReq, candidates, least_loaded
+
+    a = NodeView("a", {"cpu": 4, "gpu_memory": 8e9}, free={"gpu_memory": 8e9})
+    b = NodeView("b", {"cpu": 4, "gpu_memory": 16e9}, free={"gpu_memory": 2e9}, inflight=0)
+    c = NodeView("c", {"cpu": 4}, free={}, inflight=5)
+    want = TaskReq("m:f", {"cpu": 1}, prefer="gpu_memory")
+    assert [n.name for n in candidates(want, [a, b, c])] == ["a"]
+    assert least_loaded(want, [a, b, c]) == "a"  # b is as idle: the preference decides
+    full = NodeView("a", {"cpu": 1, "gpu_memory": 8e9}, free={"gpu_memory": 8e9}, inflight=9, window=1, max_prio=0)
+    assert least_loaded(want, [full, b]) == "b"  # no room on the preferred node: the next best
+    nobody = TaskReq("m:f", {"cpu": 1}, prefer="fpga")
+    assert {n.name for n in candidates(nobody, [a, b, c])} == {"a", "b", "c"}
