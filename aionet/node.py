@@ -154,6 +154,7 @@ class Node:
         self.cache = Cache(cfg.cache, messaging=self, members=self.membership)  # issue 14
         self._directory.member_state = self.membership.state_of
         self.collectives = Collectives(cfg.collectives, messaging=self, members=self.membership, spawn=self._spawn)
+        self.observer: Any = None  # aionet.observe.Observer while [http] port is set
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -189,6 +190,10 @@ class Node:
             await self.membership.start()  # fetches the member table from the seeds joined above
             await self.scheduler.start()  # learns the members' resources
             await self.cache.start()
+            if self.config.http.port:  # the top layer (aiohttp, prometheus-client), only when asked for
+                from .observe import attach
+
+                self.observer = await attach(self)
         except BaseException:
             await self.stop()
             raise
@@ -198,6 +203,9 @@ class Node:
         if self._closing or not self._running:
             return
         self._closing = True
+        if self.observer is not None:
+            await self.observer.close()
+            self.observer = None
         await self.membership.stop()  # announces a graceful leave before anything closes
         await self.scheduler.stop()  # fails tasks still owned here; drops queued work
         await self.collectives.close()  # pending collectives raise CollectiveError
