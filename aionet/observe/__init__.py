@@ -1,18 +1,16 @@
 """Observability, the top layer: Prometheus metrics, the HTTP server (``/``, ``/status``,
 ``/metrics``, ``/health``, ``/events``) and the live dashboard. Needs aiohttp and
-prometheus-client (``pip install aionet[observe]``); a Node imports this only when
-``[http] port`` is set."""
+prometheus-client (aionet's dependencies); a Node imports this only when ``[http] port`` is set."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..node import Node
     from .http import Observer
 
 
-async def attach(node: Node) -> Observer:
+async def attach(node: Any) -> Observer:
     """Start metrics and the HTTP server for ``node``; ``await observer.close()`` stops them."""
     try:
         from .http import Observer
@@ -21,7 +19,7 @@ async def attach(node: Node) -> Observer:
 
         raise ConfigError(
             f"[http] port is set but {exc.name or 'aiohttp/prometheus-client'} is not installed: "
-            "pip install 'aionet[observe]' (aiohttp, prometheus-client), or set [http] port = 0"
+            "pip install aiohttp prometheus-client, or set [http] port = 0"
         ) from None
     obs = Observer(node)
     try:

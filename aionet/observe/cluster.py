@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RemoteError
 
 if TYPE_CHECKING:
-    from ..node import Node
     from .metrics import MetricsInstrument
 
 SUMMARY_SERVICE = "aionet.observe.summary"
@@ -95,7 +94,7 @@ class ClusterView:
     """Gathers members' summaries (concurrently, each bounded by ``timeout``) and keeps the last
     one per member, so a slow or dead member never holds up the page."""
 
-    def __init__(self, node: Node, local_summary: Callable[[], dict[str, Any]], timeout: float) -> None:
+    def __init__(self, node: Any, local_summary: Callable[[], dict[str, Any]], timeout: float) -> None:
         self.node = node
         self.local_summary = local_summary
         self.timeout = timeout
@@ -138,7 +137,13 @@ class ClusterView:
                     seen.add(key)
                     events.append({**ev, "seen_by": name})
         events.sort(key=lambda e: e.get("t", 0))
-        return {"time": time.time(), "node": self.node.name, "members": members, "nodes": nodes, "events": events[-EVENTS_SHOWN:]}
+        return {
+            "time": time.time(),
+            "node": self.node.name,
+            "members": members,
+            "nodes": nodes,
+            "events": events[-EVENTS_SHOWN:],
+        }
 
 
 __all__ = ["SUMMARY_SERVICE", "ClusterView", "members_view", "summarize"]

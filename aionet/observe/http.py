@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -21,9 +21,6 @@ from ..core.tasks import OwnedTasks
 from ..log import get_logger
 from .cluster import SUMMARY_SERVICE, ClusterView, summarize
 from .metrics import NodeMetrics
-
-if TYPE_CHECKING:
-    from ..node import Node
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 MAX_LOOP_LAG_MS = 2000.0  # /health answers 503 above this: the node is alive but not keeping up
@@ -33,7 +30,7 @@ class Observer:
     """Metrics plus the HTTP server of one node. ``await Observer(node).start()`` (the Node does
     it when ``[http] port`` is set); ``url`` is where it listens."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Any) -> None:
         self.node = node
         cfg = node.config.http
         self.host, self.port, self.interval = cfg.host, cfg.port, cfg.interval

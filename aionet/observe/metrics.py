@@ -24,7 +24,6 @@ from prometheus_client.process_collector import ProcessCollector
 from ..instrument import Instrument
 
 if TYPE_CHECKING:
-    from ..node import Node
     from ..stats import NodeStats
 
 #: request latencies: 100 us .. 30 s (small messages on a LAN are ~100 us; tasks take seconds)
@@ -83,7 +82,9 @@ class MetricsInstrument(Instrument):
         self.latencies.append(seconds)
         if error is not None and error != "cancelled":
             self.request_failures += 1
-            self.recent.append({"t": self.clock(), "kind": "request failed", "who": peer, "detail": f"{service}: {error}"})
+            self.recent.append(
+                {"t": self.clock(), "kind": "request failed", "who": peer, "detail": f"{service}: {error}"}
+            )
 
     def request_handled(self, peer: str, service: str, seconds: float, error: str | None) -> None:
         self._child(self.handled, "hdl", service, _outcome(error)).observe(seconds)
@@ -128,7 +129,9 @@ class _HookCollector:
         yield _counter(
             "aionet_member_events", "Membership events this node saw, by kind.", "kind", i.member_events.items()
         )
-        yield _counter("aionet_link_events", "Link events (connected, lost, dead...), by event.", "event", i.link_events.items())
+        yield _counter(
+            "aionet_link_events", "Link events (connected, lost, dead...), by event.", "event", i.link_events.items()
+        )
         yield _counter(
             "aionet_task_transitions",
             "Task attempts entering a state on this node (fetching, queued, running, finished).",
@@ -136,7 +139,9 @@ class _HookCollector:
             i.task_transitions.items(),
         )
         f = CounterMetricFamily(
-            "aionet_device_transfer_bytes", "Device-array bytes moved, by direction and path.", labels=["direction", "path"]
+            "aionet_device_transfer_bytes",
+            "Device-array bytes moved, by direction and path.",
+            labels=["direction", "path"],
         )
         for (d, p), v in i.transfer_bytes.items():
             f.add_metric([d, p], v)
@@ -157,7 +162,7 @@ def _gauge(name: str, doc: str, value: float | None = None, labels: list[str] | 
 class NodeCollector:
     """Reads ``node.stats()`` (and the member table) at scrape time: nothing runs between scrapes."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Any) -> None:
         self.node = node
 
     def describe(self) -> list[Metric]:
@@ -178,7 +183,9 @@ class NodeCollector:
     # ------------------------------------------------------------------
     @staticmethod
     def _node(s: NodeStats) -> Iterator[Metric]:
-        f = GaugeMetricFamily("aionet_node_info", "This node: name, version, protocol (value 1).", labels=["name", "version", "protocol"])
+        f = GaugeMetricFamily(
+            "aionet_node_info", "This node: name, version, protocol (value 1).", labels=["name", "version", "protocol"]
+        )
         f.add_metric([s.name, s.version, str(s.protocol)], 1)
         yield f
         yield _gauge("aionet_uptime_seconds", "Seconds since the node started.", s.uptime)
@@ -186,16 +193,32 @@ class NodeCollector:
     @staticmethod
     def _peers(s: NodeStats) -> Iterator[Metric]:
         labels = ["peer", "transport"]
-        sent = CounterMetricFamily("aionet_messages_sent", "Sequenced messages sent to a peer (this link's life).", labels=labels)
-        recv = CounterMetricFamily("aionet_messages_received", "Sequenced messages received from a peer.", labels=labels)
+        sent = CounterMetricFamily(
+            "aionet_messages_sent", "Sequenced messages sent to a peer (this link's life).", labels=labels
+        )
+        recv = CounterMetricFamily(
+            "aionet_messages_received", "Sequenced messages received from a peer.", labels=labels
+        )
         sbytes = CounterMetricFamily("aionet_sent_bytes", "Payload bytes sent to a peer.", labels=labels)
         rbytes = CounterMetricFamily("aionet_received_bytes", "Bytes read from a peer's connections.", labels=labels)
-        replay = CounterMetricFamily("aionet_link_replayed_messages", "Messages replayed after a reconnect.", labels=labels)
-        undeliv = CounterMetricFamily("aionet_undeliverable_messages", "Messages given up on (peer gone).", labels=labels)
-        inflight = GaugeMetricFamily("aionet_link_inflight_bytes", "Unacknowledged bytes (the back-pressure window).", labels=labels)
-        unacked = GaugeMetricFamily("aionet_link_unacked_messages", "Messages sent and not yet acknowledged.", labels=labels)
-        qsend = GaugeMetricFamily("aionet_link_queued_send_bytes", "Bytes buffered to be written to a peer.", labels=labels)
-        qrecv = GaugeMetricFamily("aionet_link_queued_recv_bytes", "Bytes read from a peer, not yet taken.", labels=labels)
+        replay = CounterMetricFamily(
+            "aionet_link_replayed_messages", "Messages replayed after a reconnect.", labels=labels
+        )
+        undeliv = CounterMetricFamily(
+            "aionet_undeliverable_messages", "Messages given up on (peer gone).", labels=labels
+        )
+        inflight = GaugeMetricFamily(
+            "aionet_link_inflight_bytes", "Unacknowledged bytes (the back-pressure window).", labels=labels
+        )
+        unacked = GaugeMetricFamily(
+            "aionet_link_unacked_messages", "Messages sent and not yet acknowledged.", labels=labels
+        )
+        qsend = GaugeMetricFamily(
+            "aionet_link_queued_send_bytes", "Bytes buffered to be written to a peer.", labels=labels
+        )
+        qrecv = GaugeMetricFamily(
+            "aionet_link_queued_recv_bytes", "Bytes read from a peer, not yet taken.", labels=labels
+        )
         up = GaugeMetricFamily("aionet_link_connected", "1 while the link to a peer has a connection.", labels=labels)
         for peer, p in s.peers.items():
             transport = p.addresses[0].split("://", 1)[0] if p.addresses else ""
@@ -220,7 +243,9 @@ class NodeCollector:
     def _members(members: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         counts = dict.fromkeys(MEMBER_STATES, 0)
         up = GaugeMetricFamily("aionet_member_up", "1 while a member is alive (this node's view).", labels=["member"])
-        lag = GaugeMetricFamily("aionet_member_loop_lag_seconds", "A member's event-loop lag, as it reported it.", labels=["member"])
+        lag = GaugeMetricFamily(
+            "aionet_member_loop_lag_seconds", "A member's event-loop lag, as it reported it.", labels=["member"]
+        )
         for name, m in members.items():
             st = str(m.get("state", ""))
             counts[st] = counts.get(st, 0) + 1
@@ -264,12 +289,33 @@ class NodeCollector:
     @staticmethod
     def _scheduler(s: NodeStats) -> Iterator[Metric]:
         o, w = s.scheduler.owner, s.scheduler.worker
-        f = CounterMetricFamily("aionet_tasks_owned_outcomes", "Tasks submitted from this node, by outcome.", labels=["outcome"])
-        for k in ("submitted", "completed", "failed", "cancelled", "resubmitted", "moved", "rejected", "reconciled_lost"):
+        f = CounterMetricFamily(
+            "aionet_tasks_owned_outcomes", "Tasks submitted from this node, by outcome.", labels=["outcome"]
+        )
+        for k in (
+            "submitted",
+            "completed",
+            "failed",
+            "cancelled",
+            "resubmitted",
+            "moved",
+            "rejected",
+            "reconciled_lost",
+        ):
             f.add_metric([k], getattr(o, k))
         yield f
         f = CounterMetricFamily("aionet_task_attempts", "Task attempts on this node, by outcome.", labels=["outcome"])
-        for k in ("accepted", "ran", "errors", "rejected", "refused", "stolen_in", "stolen_out", "preempted", "cancelled"):
+        for k in (
+            "accepted",
+            "ran",
+            "errors",
+            "rejected",
+            "refused",
+            "stolen_in",
+            "stolen_out",
+            "preempted",
+            "cancelled",
+        ):
             f.add_metric([k], getattr(w, k))
         yield f
         f = GaugeMetricFamily("aionet_tasks", "Tasks on this node now, by state.", labels=["state"])
@@ -289,7 +335,11 @@ class NodeCollector:
     @staticmethod
     def _devices(s: NodeStats) -> Iterator[Metric]:
         d = s.device
-        f = CounterMetricFamily("aionet_device_arrays", "Device arrays sent and received, by direction and path.", labels=["direction", "path"])
+        f = CounterMetricFamily(
+            "aionet_device_arrays",
+            "Device arrays sent and received, by direction and path.",
+            labels=["direction", "path"],
+        )
         for lv, v in (
             (["send", "inline"], d.sent_inline),
             (["send", "staged"], d.sent_staged),
@@ -324,14 +374,16 @@ class NodeCollector:
         yield _gauge("aionet_cache_entries", "Entries this node's cache shard holds.", c.get("entries", 0))
         yield _gauge("aionet_cache_bytes", "Bytes this node's cache shard holds.", c.get("bytes", 0))
         yield _gauge("aionet_cache_locks_held", "Locks held in this node's shard.", c.get("locks", 0))
-        yield CounterMetricFamily("aionet_cache_evictions", "Cache entries evicted for space.", value=c.get("evictions", 0))
+        yield CounterMetricFamily(
+            "aionet_cache_evictions", "Cache entries evicted for space.", value=c.get("evictions", 0)
+        )
         yield CounterMetricFamily("aionet_cache_expirations", "Cache entries expired.", value=c.get("expirations", 0))
 
 
 class NodeMetrics:
     """The node's registry: scrape-time collector, process metrics and the hook instrument."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Any) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu seconds...
