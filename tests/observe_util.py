@@ -39,3 +39,19 @@ def need(program: str, package: str) -> str:
     if path is None:
         pytest.skip(f"{program} not found: apt-get install {package} (.ci/run does)")
     return path
+
+
+def serve_cluster(spawn: Any, n: int, interval: float = 0.5) -> list[tuple[Any, int]]:
+    """``n`` `aionet serve` processes (the conftest ``spawn`` fixture) with [http] on free ports,
+    joined to the first: [(process, http port)]."""
+    out = []
+    seed = None
+    for i in range(n):
+        port = free_port()
+        args = ["--name", f"node-{i}", "--listen", "tcp://127.0.0.1:0"]
+        if seed:
+            args += ["--join", seed]
+        proc, ready = spawn(*args, env={"AIONET_HTTP_PORT": str(port), "AIONET_HTTP_INTERVAL": str(interval)})
+        seed = seed or ready["addresses"][0]
+        out.append((proc, port))
+    return out

@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("aiohttp", reason="aiohttp is not installed (pip install -e .[test])")
 pytest.importorskip("prometheus_client", reason="prometheus-client is not installed (pip install -e .[test])")
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-from aionet import Node  # noqa: E402
-from aionet.config import Config  # noqa: E402
-from tests.conftest import wait_for  # noqa: E402
-from tests.observe_util import free_port, get, get_json, need  # noqa: E402
+from aionet import Node
+from aionet.config import Config
+from tests.conftest import wait_for
+from tests.observe_util import free_port, get, get_json, need
 
 pytestmark = pytest.mark.timeout(60)
 

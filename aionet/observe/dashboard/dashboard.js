@@ -2,7 +2,8 @@
 // Rates are computed here from consecutive counter snapshots; history is bounded (HISTORY points).
 "use strict";
 
-const HISTORY = 120;
+const WINDOW_S = 120; // seconds of history the charts show
+const HISTORY = 600; // points kept per series (bounded)
 const COLORS = ["#7fb2ff", "#3ecf8e", "#f5b942", "#c792ea", "#ff8a65", "#4dd0e1", "#f06292", "#aed581"];
 const state = { prev: {}, series: { msgs: {}, bytes: {}, p50: {}, p99: {} }, colors: {}, order: [] };
 
@@ -18,6 +19,7 @@ function fmtBytes(n) {
 }
 function fmtNum(n) {
   if (n == null) return "–";
+  if (Number.isInteger(n) && n < 1000) return n.toString();
   if (n >= 1e6) return (n / 1e6).toFixed(1) + "M";
   if (n >= 1e3) return (n / 1e3).toFixed(1) + "k";
   return n >= 10 ? Math.round(n).toString() : n.toFixed(1);
@@ -31,9 +33,10 @@ function el(tag, attrs, ...kids) {
   for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
   return e;
 }
-function push(map, name, v) {
+function push(map, name, v, t) {
   const a = map[name] || (map[name] = []);
-  a.push(v); if (a.length > HISTORY) a.shift();
+  a.push([t, v]);
+  while (a.length > HISTORY || (a.length && a[0][0] < t - WINDOW_S)) a.shift();
 }
 
 // ------------------------------------------------------------------ charts
@@ -47,7 +50,7 @@ function drawChart(id, seriesMap, fmt, dashed) {
   g.clearRect(0, 0, w, h);
   const left = 54, right = 8, top = 8, bottom = 18;
   let max = 0;
-  for (const m of [seriesMap, dashed || {}]) for (const a of Object.values(m)) for (const v of a) if (v != null && v > max) max = v;
+  for (const m of [seriesMap, dashed || {}]) for (const a of Object.values(m)) for (const [, v] of a) if (v != null && v > max) max = v;
   max = max > 0 ? niceMax(max) : 1;
   g.strokeStyle = "#263049"; g.fillStyle = "#8391ab"; g.font = "11px system-ui, sans-serif"; g.lineWidth = 1;
   for (let i = 0; i <= 4; i++) {
@@ -55,17 +58,17 @@ function drawChart(id, seriesMap, fmt, dashed) {
     g.beginPath(); g.moveTo(left, y); g.lineTo(w - right, y); g.stroke();
     g.fillText(fmt(max * i / 4), 4, y + 4);
   }
-  g.fillText(HISTORY + " s ago", left, h - 4);
+  g.fillText(WINDOW_S / 60 + " min ago", left, h - 4);
   g.fillText("now", w - right - 22, h - 4);
   const plot = (a, color, dash, fill) => {
     if (!a || a.length < 2) return;
-    const dx = (w - left - right) / (HISTORY - 1);
-    const x0 = w - right - dx * (a.length - 1);
-    const ys = a.map(v => top + (h - top - bottom) * (1 - (v || 0) / max));
-    g.setLineDash(dash ? [4, 4] : []); g.strokeStyle = color; g.lineWidth = 2;
-    g.beginPath(); ys.forEach((y, i) => (i ? g.lineTo(x0 + i * dx, y) : g.moveTo(x0, y))); g.stroke();
+    const now = state.now, span = w - left - right;
+    const xs = a.map(([t]) => w - right - span * Math.min(1, (now - t) / WINDOW_S));
+    const ys = a.map(([, v]) => top + (h - top - bottom) * (1 - (v || 0) / max));
+    g.setLineDash(dash ? [4, 4] : []); g.strokeStyle = color; g.lineWidth = 2; g.lineJoin = "round";
+    g.beginPath(); ys.forEach((y, i) => (i ? g.lineTo(xs[i], y) : g.moveTo(xs[0], y))); g.stroke();
     if (fill) {
-      g.lineTo(x0 + (a.length - 1) * dx, h - bottom); g.lineTo(x0, h - bottom); g.closePath();
+      g.lineTo(xs[xs.length - 1], h - bottom); g.lineTo(xs[0], h - bottom); g.closePath();
       const grad = g.createLinearGradient(0, top, 0, h - bottom);
       grad.addColorStop(0, color + "40"); grad.addColorStop(1, color + "00");
       g.fillStyle = grad; g.fill();
@@ -94,7 +97,7 @@ function renderMembers(snap) {
     const m = snap.members[name], s = snap.nodes[name] || {}, t = s.tasks || {};
     const gpus = (m.gpus || []).length ? `, ${m.gpus.length} GPU (${m.gpus.map(g => g.name).join(", ")})` : "";
     const cpu = m.cpu_percent == null ? "–" : m.cpu_percent.toFixed(0) + "%";
-    return el("tr", { "data-member": name, "data-state": m.state },
+    return el("tr", { "data-member": name, "data-state": m.state, class: m.state === "alive" ? "" : "down" },
       el("td", {}, el("span", { class: "swatch", style: "background:" + colorOf(name) }), name, m.self ? el("span", { class: "me" }, "(this page)") : ""),
       el("td", {}, el("span", { class: "badge " + m.state }, m.state)),
       el("td", {}, m.address || "–"),
@@ -126,6 +129,9 @@ function renderTasks(snap) {
     for (const [k, c] of TASK_PARTS) if (t[k]) bar.append(el("span", { style: `width:${100 * t[k] / maxTotal}%;background:${c}`, title: `${k}: ${t[k]}` }));
     rows.push(el("div", { class: "taskrow" }, el("span", {}, n), bar));
   }
+  if (maxTotal === 1 && !names.some(n => TASK_PARTS.some(([k]) => (snap.nodes[n].tasks || {})[k]))) {
+    rows.push(el("div", { class: "empty" }, "no tasks yet: node.submit(...) shows up here"));
+  }
   const lg = el("div", { class: "tasklegend" });
   for (const [k, c] of TASK_PARTS) {
     const total = names.reduce((a, n) => a + ((snap.nodes[n].tasks || {})[k] || 0), 0);
@@ -147,6 +153,7 @@ function renderEvents(snap) {
 
 function update(snap) {
   document.getElementById("origin").textContent = snap.node;
+  state.now = snap.time;
   renderMembers(snap);
   const names = Object.keys(snap.members).sort();
   for (const n of names) {
@@ -154,12 +161,14 @@ function update(snap) {
     const alive = snap.members[n].state === "alive";
     if (s && p && s.time > p.time && alive) {
       const dt = s.time - p.time;
-      push(state.series.msgs, n, Math.max(0, (s.messages_sent + s.messages_received - p.messages_sent - p.messages_received) / dt));
-      push(state.series.bytes, n, Math.max(0, (s.bytes_sent + s.bytes_received - p.bytes_sent - p.bytes_received) / dt));
+      push(state.series.msgs, n, Math.max(0, (s.messages_sent + s.messages_received - p.messages_sent - p.messages_received) / dt), s.time);
+      push(state.series.bytes, n, Math.max(0, (s.bytes_sent + s.bytes_received - p.bytes_sent - p.bytes_received) / dt), s.time);
     } else if (!alive) {
-      push(state.series.msgs, n, 0); push(state.series.bytes, n, 0);
+      push(state.series.msgs, n, 0, snap.time); push(state.series.bytes, n, 0, snap.time);
     }
-    if (s && s.latency) { push(state.series.p50, n, s.latency.p50 || 0); push(state.series.p99, n, s.latency.p99 || 0); }
+    if (s && s.latency && alive && (!p || s.time > p.time)) {
+      push(state.series.p50, n, s.latency.p50 || 0, s.time); push(state.series.p99, n, s.latency.p99 || 0, s.time);
+    }
     if (s && (!p || s.time > p.time)) state.prev[n] = s;
   }
   drawAll();

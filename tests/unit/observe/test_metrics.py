@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("prometheus_client", reason="prometheus-client is not installed (pip install -e .[test])")
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-from aionet.observe.cluster import members_view, summarize  # noqa: E402
-from aionet.observe.metrics import NodeMetrics  # noqa: E402
-from aionet.stats import (  # noqa: E402
+from aionet.observe.cluster import members_view, summarize
+from aionet.observe.metrics import NodeMetrics
+from aionet.stats import (
     DeviceTransferStats,
     LinkStats,
     MembershipStats,
