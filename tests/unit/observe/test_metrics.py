@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from aionet.observe.cluster import members_view, summarize
 from aionet.observe.metrics import NodeMetrics
 from aionet.stats import (
+    BufferPoolStats,
     DeviceTransferStats,
     LinkStats,
     MembershipStats,
@@ -41,7 +42,7 @@ def _stats(peers: int = 2) -> NodeStats:
         uptime=12.5,
         peers={f"p{i}": PeerStats("alive", (f"tcp://h{i}:1",), 100, 5, 6, 1, link, ()) for i in range(peers)},
         router=RouterStats(("echo",), {"jobs": 4}, {"jobs": 256}, 1, 2),
-        device=DeviceTransferStats(sent_staged=3),
+        device=DeviceTransferStats(sent_staged=3, pool=BufferPoolStats(9, 2, 7, 0, 1, 4096, 1 << 20, 1, 1, 0, True, 0)),
         membership=MembershipStats(10, 0, 9, 1, 0, 0, 2, 0.7, ("p0",), 3.0, 0.01),
         scheduler=SchedulerStats(
             owner=OwnerStats(5, 3, 1, 0, 0, 0, 0, 0, 0, 1, 0, {}),
