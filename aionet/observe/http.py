@@ -43,6 +43,7 @@ class Observer:
         self._runner: web.AppRunner | None = None
         self._unsubscribe: Any = None
         self.last: bytes | None = None
+        self.updates = 0  # refreshes sent to open pages (benchmarks/observe_soak.py counts them)
 
     @property
     def url(self) -> str:
@@ -99,6 +100,7 @@ class Observer:
             self._publish()  # the member table first (a death shows without waiting on anyone)...
             await self.view.refresh()  # ... then everyone's counters
             self._publish()
+            self.updates += 1
 
     def _publish(self) -> None:
         data = b"data: " + json.dumps(self.view.snapshot(), default=str).encode() + b"\n\n"

@@ -12,12 +12,13 @@ on counters.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
@@ -45,21 +46,10 @@ class MetricsInstrument(Instrument):
 
     def __init__(self, registry: CollectorRegistry, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self.requests = Histogram(
-            "aionet_request_duration_seconds",
-            "Requests this node made, from sending to the reply (or failure), by service and outcome.",
-            ["service", "outcome"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.handled = Histogram(
-            "aionet_handler_duration_seconds",
-            "Requests this node's handlers answered, by service and outcome.",
-            ["service", "outcome"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self._children: dict[tuple[str, str, str], Any] = {}
+        # plain lists bumped inline (a prometheus_client Histogram takes a lock per observation,
+        # ~2.5 us; this is ~0.5 us), exported by _HookCollector as histograms
+        self.requests: dict[tuple[str, str], _Hist] = {}
+        self.handled: dict[tuple[str, str], _Hist] = {}
         self.member_events: dict[str, int] = {}
         self.link_events: dict[str, int] = {}
         self.task_transitions: dict[str, int] = {}
@@ -69,16 +59,13 @@ class MetricsInstrument(Instrument):
         self.latencies: deque[float] = deque(maxlen=RECENT_LATENCIES)
         registry.register(_HookCollector(self))
 
-    def _child(self, hist: Histogram, which: str, service: str, outcome: str) -> Any:
-        key = (which, service, outcome)
-        c = self._children.get(key)
-        if c is None:
-            c = self._children[key] = hist.labels(service, outcome)
-        return c
-
     # ---------------------------------------------------------------- hooks
     def request_finished(self, peer: str, service: str, seconds: float, error: str | None) -> None:
-        self._child(self.requests, "req", service, _outcome(error)).observe(seconds)
+        key = (service, "ok" if error is None else _outcome(error))
+        h = self.requests.get(key)
+        if h is None:
+            h = self.requests[key] = _Hist()
+        h.observe(seconds)
         self.latencies.append(seconds)
         if error is not None and error != "cancelled":
             self.request_failures += 1
@@ -87,7 +74,11 @@ class MetricsInstrument(Instrument):
             )
 
     def request_handled(self, peer: str, service: str, seconds: float, error: str | None) -> None:
-        self._child(self.handled, "hdl", service, _outcome(error)).observe(seconds)
+        key = (service, "ok" if error is None else _outcome(error))
+        h = self.handled.get(key)
+        if h is None:
+            h = self.handled[key] = _Hist()
+        h.observe(seconds)
 
     def member_changed(self, name: str, kind: str, previous: str | None, reason: str) -> None:
         self.member_events[kind] = self.member_events.get(kind, 0) + 1
@@ -115,6 +106,34 @@ class MetricsInstrument(Instrument):
         return {"p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))], "count": len(xs)}
 
 
+class _Hist:
+    """One histogram series: per-bucket counts (not cumulative) and the sum."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS, v)] += 1
+        self.total += v
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for bound, n in zip((*LATENCY_BUCKETS, float("inf")), self.counts, strict=True):
+            acc += n
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), acc))
+        return out
+
+
+def _histogram(name: str, doc: str, series: dict[tuple[str, str], _Hist]) -> HistogramMetricFamily:
+    f = HistogramMetricFamily(name, doc, labels=["service", "outcome"])
+    for (service, outcome), h in list(series.items()):
+        f.add_metric([service, outcome], h.cumulative(), h.total)
+    return f
+
+
 class _HookCollector:
     """Exports the instrument's plain counters (cheaper to bump in a hook than a labelled Counter)."""
 
@@ -126,6 +145,16 @@ class _HookCollector:
 
     def collect(self) -> Iterator[Metric]:
         i = self.inst
+        yield _histogram(
+            "aionet_request_duration_seconds",
+            "Requests this node made, from sending to the reply (or failure), by service and outcome.",
+            i.requests,
+        )
+        yield _histogram(
+            "aionet_handler_duration_seconds",
+            "Requests this node's handlers answered, by service and outcome.",
+            i.handled,
+        )
         yield _counter(
             "aionet_member_events", "Membership events this node saw, by kind.", "kind", i.member_events.items()
         )

@@ -144,6 +144,12 @@ def test_instrument_counts_and_keeps_bounded_recent_events():
     assert v["aionet_request_duration_seconds_count{outcome=ok,service=echo}"] == 500
     assert v["aionet_request_duration_seconds_count{outcome=error,service=echo}"] == 500
     assert v["aionet_request_duration_seconds_count{outcome=cancelled,service=echo}"] == 1
+    # buckets are cumulative and "le" includes the bound: the ok ones took 1, 3, 5, 7, 9 ms, 100 each
+    assert v["aionet_request_duration_seconds_bucket{le=0.001,outcome=ok,service=echo}"] == 100
+    assert v["aionet_request_duration_seconds_bucket{le=0.005,outcome=ok,service=echo}"] == 300
+    assert v["aionet_request_duration_seconds_bucket{le=0.01,outcome=ok,service=echo}"] == 500
+    assert v["aionet_request_duration_seconds_bucket{le=+Inf,outcome=cancelled,service=echo}"] == 1
+    assert v["aionet_request_duration_seconds_sum{outcome=cancelled,service=echo}"] == 5.0
 
 
 def test_summary_and_member_view_for_the_dashboard():

@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""What metrics and an open dashboard cost: 64 B message rate and no-op task throughput with
+metrics off vs on, in one run.
+
+One worker is a real ``aionet serve`` process; the client (sender, task owner) is this process.
+"On" means both nodes serve ``[http]`` (metrics registry, hook instrument, the summary service)
+and a dashboard client holds the worker's live stream open (``/events``, default 1 s refresh,
+which gathers every member's summary). Modes alternate (off, on, off, on, ...) so drift on a
+shared machine hits both alike; the table shows medians and min-max of the repeats.
+
+    python benchmarks/observe_overhead.py                 # 5 repeats of each mode
+    python benchmarks/observe_overhead.py --quick         # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+
+HOST = "127.0.0.1"
+PAYLOAD = b"x" * 64
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+async def _messages(node: Any, n: int, sent: list[int]) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        await node.send("w0", "sink", PAYLOAD)
+    sent[0] += n
+    await node.request("w0", "bench.wait", sent[0], timeout=120)
+    return n / (time.perf_counter() - t)
+
+
+async def _tasks(node: Any, n: int) -> float:
+    t = time.perf_counter()
+    await node.gather([node.submit("tasks:noop") for _ in range(n)])
+    return n / (time.perf_counter() - t)
+
+
+async def _set_observe(node: Any, on: bool, ports: tuple[int, int]) -> None:
+    """Metrics and HTTP on both nodes, at the same ports each time (the dashboard reconnects)."""
+    from aionet.observe import attach
+
+    if on:
+        node.config.http.port = ports[0]
+        node.observer = await attach(node)
+        await node.request("w0", "bench.observe", ports[1], timeout=10)
+    else:
+        await node.request("w0", "bench.observe", 0, timeout=10)
+        if node.observer is not None:
+            await node.observer.close()
+            node.observer = None
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import aionet
+    from aionet.config import Config
+
+    env = {
+        "AIONET_SCHEDULER_ALLOW_MODULES": "tasks",
+        "PYTHONPATH": os.pathsep.join([str(C.BENCH_DIR), str(C.REPO_DIR)]),
+    }
+    argv = [sys.executable, "-m", "aionet", "serve", "--name", "w0", "--listen", f"tcp://{HOST}:0"]
+    worker = C.Child([*argv, "--log-level", "warning", "--app", "_observe_app:setup"], label="w0", env=env)
+    ports = (_free_port(), _free_port())
+    # the dashboard client: connected to the worker's page whenever it serves, retrying otherwise
+    reader = C.Child(
+        [sys.executable, str(C.BENCH_DIR / "_observe_app.py"), "read", f"http://{HOST}:{ports[1]}"], label="dash"
+    )
+    try:
+        seed = (await asyncio.to_thread(worker.expect, "ready", 60))["addresses"][0]
+        cfg = Config.from_dict({"scheduler": {"run_local": False}, "log": {"level": "warning"}})
+        node = aionet.Node(name="client", listen=f"tcp://{HOST}:0", join=[seed], config=cfg)
+        await node.start()
+        try:
+            while "w0" not in node.scheduler.owner.views:
+                await asyncio.sleep(0.02)
+            sent = [0]
+            await _messages(node, args.messages // 5, sent)  # warm-up
+            await _tasks(node, args.tasks // 5)
+            res: dict[str, dict[str, list[float]]] = {m: {"msg_rate": [], "task_rate": []} for m in ("off", "on")}
+            for r in range(args.repeat):
+                for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                    await _set_observe(node, mode == "on", ports)
+                    await asyncio.sleep(1.5)  # on: the page has reconnected and refreshed
+                    res[mode]["msg_rate"].append(await _messages(node, args.messages, sent))
+                    res[mode]["task_rate"].append(await _tasks(node, args.tasks))
+                    print(f"  repeat {r + 1} {mode:>3}: {res[mode]['msg_rate'][-1]:>9.0f} msg/s "
+                          f"{res[mode]['task_rate'][-1]:>7.0f} tasks/s", flush=True)  # fmt: skip
+                    await _set_observe(node, False, ports)
+        finally:
+            await node.stop()
+    finally:
+        reader.kill()
+        reader.remove_log()
+        worker.kill()
+        worker.remove_log()
+    out: dict[str, Any] = {}
+    for metric in ("msg_rate", "task_rate"):
+        off, on = C.summarize(res["off"][metric]), C.summarize(res["on"][metric])
+        out[metric] = {"off": off, "on": on, "change_pct": 100.0 * (on["median"] / off["median"] - 1.0)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=50_000)
+    ap.add_argument("--tasks", type=int, default=2_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.messages, args.tasks, args.repeat = 10_000, 500, 2
+    out = asyncio.run(run(args))
+    print(f"\nmetrics off vs on (dashboard open), medians of {args.repeat} alternating repeats (min-max):")
+    for metric, unit in (("msg_rate", "64 B msg/s"), ("task_rate", "no-op tasks/s")):
+        o = out[metric]
+        print(f"  {unit:>14}: off {o['off']['median']:>9.0f} ({o['off']['min']:.0f}-{o['off']['max']:.0f})  "
+              f"on {o['on']['median']:>9.0f} ({o['on']['min']:.0f}-{o['on']['max']:.0f})  "
+              f"change {o['change_pct']:+.1f} %")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
