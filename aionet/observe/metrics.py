@@ -229,7 +229,9 @@ class NodeCollector:
             "aionet_messages_received", "Sequenced messages received from a peer.", labels=labels
         )
         sbytes = CounterMetricFamily("aionet_sent_bytes", "Payload bytes sent to a peer.", labels=labels)
-        rbytes = CounterMetricFamily("aionet_received_bytes", "Bytes read from a peer's connections.", labels=labels)
+        rbytes = CounterMetricFamily(
+            "aionet_received_bytes", "Bytes of the sequenced messages received from a peer.", labels=labels
+        )
         replay = CounterMetricFamily(
             "aionet_link_replayed_messages", "Messages replayed after a reconnect.", labels=labels
         )
