@@ -41,9 +41,10 @@ def need(program: str, package: str) -> str:
     return path
 
 
-def serve_cluster(spawn: Any, n: int, interval: float = 0.5) -> list[tuple[Any, int]]:
+def serve_cluster(spawn: Any, n: int, interval: float = 0.5, busy: bool = False) -> list[tuple[Any, int]]:
     """``n`` `aionet serve` processes (the conftest ``spawn`` fixture) with [http] on free ports,
-    joined to the first: [(process, http port)]."""
+    joined to the first: [(process, http port)]. ``busy``: the first keeps the cluster busy
+    (tests/observe_traffic.py)."""
     out = []
     seed = None
     for i in range(n):
@@ -51,7 +52,12 @@ def serve_cluster(spawn: Any, n: int, interval: float = 0.5) -> list[tuple[Any, 
         args = ["--name", f"node-{i}", "--listen", "tcp://127.0.0.1:0"]
         if seed:
             args += ["--join", seed]
-        proc, ready = spawn(*args, env={"AIONET_HTTP_PORT": str(port), "AIONET_HTTP_INTERVAL": str(interval)})
+        if busy and i == 0:
+            args += ["--app", "tests.observe_traffic:setup"]
+        env = {"AIONET_HTTP_PORT": str(port), "AIONET_HTTP_INTERVAL": str(interval)}
+        if busy:
+            env["AIONET_SCHEDULER_ALLOW_MODULES"] = "tests.tasks_fns"
+        proc, ready = spawn(*args, env=env)
         seed = seed or ready["addresses"][0]
         out.append((proc, port))
     return out

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 SUMMARY_SERVICE = "aionet.observe.summary"
 EVENTS_PER_NODE = 20
 EVENTS_SHOWN = 40
+DEDUPE_S = 2.0  # the same event reported by several members within this many seconds is one
 
 
 def summarize(info: dict[str, Any], inst: MetricsInstrument | None = None) -> dict[str, Any]:
@@ -128,22 +129,29 @@ class ClusterView:
         """What ``/status`` returns and the live stream sends."""
         members = members_view(self.node.members())
         nodes = {n: s for n, s in self.summaries.items() if n in members}
-        events: list[dict[str, Any]] = []
-        seen: set[tuple[Any, ...]] = set()
-        for name, s in nodes.items():
-            for ev in s.get("events") or []:
-                key = (ev.get("kind"), ev.get("who"), round(float(ev.get("t", 0)), 1))
-                if key not in seen:  # every member reports the same death: show it once
-                    seen.add(key)
-                    events.append({**ev, "seen_by": name})
-        events.sort(key=lambda e: e.get("t", 0))
+        events = sorted(
+            ({**ev, "seen_by": name} for name, sm in nodes.items() for ev in sm.get("events") or []),
+            key=lambda e: e.get("t", 0),
+        )
         return {
             "time": time.time(),
             "node": self.node.name,
             "members": members,
             "nodes": nodes,
-            "events": events[-EVENTS_SHOWN:],
+            "events": _dedupe(events)[-EVENTS_SHOWN:],
         }
+
+
+def _dedupe(events: list[dict[str, Any]], window: float = DEDUPE_S) -> list[dict[str, Any]]:
+    """Every member reports the same death: one line per (kind, member) per ``window`` seconds."""
+    last: dict[tuple[Any, Any], float] = {}
+    out = []
+    for ev in events:
+        key, t = (ev.get("kind"), ev.get("who")), float(ev.get("t", 0))
+        if t - last.get(key, -1e18) > window:
+            out.append(ev)
+        last[key] = t
+    return out
 
 
 __all__ = ["SUMMARY_SERVICE", "ClusterView", "members_view", "summarize"]

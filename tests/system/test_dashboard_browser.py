@@ -1,6 +1,6 @@
 """The dashboard in a real browser (headless Debian chromium driven by Playwright): the page of
-one node of a 3-process cluster shows all 3 members; a member killed with SIGKILL shows as dead
-within 2 s; a screenshot is written for humans."""
+one node of a busy 3-process cluster shows all 3 members; a member killed with SIGKILL shows as
+dead within 2 s; a screenshot is written for humans."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ SCREENSHOT_ENV = "AIONET_DASHBOARD_SCREENSHOT"  # also save a copy here (docs/im
 def test_dashboard_shows_members_and_a_killed_one_dead(spawn, tmp_path: Path):
     chromium = need("chromium", "chromium")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[test])")
-    nodes = serve_cluster(spawn, 3)
+    nodes = serve_cluster(spawn, 3, busy=True)  # traffic and tasks, for the charts
     url = f"http://127.0.0.1:{nodes[0][1]}"
     deadline = time.monotonic() + 20
     while len([m for m in get_json(url + "/status")["members"].values() if m["state"] == "alive"]) < 3:
@@ -48,7 +48,7 @@ def test_dashboard_shows_members_and_a_killed_one_dead(spawn, tmp_path: Path):
                 "document.querySelectorAll('#members tr[data-state=alive]').length === 3", timeout=10_000
             )
             assert page.locator("#conn").inner_text() == "live"
-            page.wait_for_timeout(2500)  # a few updates, so the charts have lines
+            page.wait_for_timeout(6000)  # a few updates, so the charts have lines
             victim, _ = nodes[2]
             os.kill(victim.pid, signal.SIGKILL)
             t0 = time.monotonic()
@@ -56,7 +56,7 @@ def test_dashboard_shows_members_and_a_killed_one_dead(spawn, tmp_path: Path):
             took = time.monotonic() - t0
             assert took <= 2.0
             assert page.locator('#members tr[data-state="alive"]').count() == 2
-            page.wait_for_function("document.querySelector('#events').innerText.includes('node-2')", timeout=5_000)
+            page.locator("#events li", has_text="node-2").filter(has_text="dead").first.wait_for(timeout=5_000)
             shot = tmp_path / "dashboard.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 10_000

@@ -58,12 +58,13 @@ function drawChart(id, seriesMap, fmt, dashed) {
     g.beginPath(); g.moveTo(left, y); g.lineTo(w - right, y); g.stroke();
     g.fillText(fmt(max * i / 4), 4, y + 4);
   }
-  g.fillText(WINDOW_S / 60 + " min ago", left, h - 4);
+  const span_s = chartSpan();
+  g.fillText(span_s >= 120 ? "2 min ago" : Math.round(span_s) + " s ago", left, h - 4);
   g.fillText("now", w - right - 22, h - 4);
   const plot = (a, color, dash, fill) => {
     if (!a || a.length < 2) return;
-    const now = state.now, span = w - left - right;
-    const xs = a.map(([t]) => w - right - span * Math.min(1, (now - t) / WINDOW_S));
+    const now = state.now, span = w - left - right, secs = chartSpan();
+    const xs = a.map(([t]) => w - right - span * Math.min(1, (now - t) / secs));
     const ys = a.map(([, v]) => top + (h - top - bottom) * (1 - (v || 0) / max));
     g.setLineDash(dash ? [4, 4] : []); g.strokeStyle = color; g.lineWidth = 2; g.lineJoin = "round";
     g.beginPath(); ys.forEach((y, i) => (i ? g.lineTo(xs[i], y) : g.moveTo(xs[0], y))); g.stroke();
@@ -77,6 +78,10 @@ function drawChart(id, seriesMap, fmt, dashed) {
   for (const [name, a] of Object.entries(seriesMap)) plot(a, colorOf(name), false, true);
   for (const [name, a] of Object.entries(dashed || {})) plot(a, colorOf(name), true, false);
   g.setLineDash([]);
+}
+function chartSpan() {
+  // the charts fill their width from the first point on, up to WINDOW_S of history
+  return Math.min(WINDOW_S, Math.max(10, state.now - (state.first || state.now)));
 }
 function niceMax(v) {
   const p = Math.pow(10, Math.floor(Math.log10(v)));
@@ -113,7 +118,8 @@ function renderMembers(snap) {
   document.getElementById("summary").innerHTML = `<b>${names.length}</b> members: ${parts}`;
 }
 
-const TASK_PARTS = [["queued", "#f5b942"], ["running", "#7fb2ff"], ["completed", "#3ecf8e"], ["failed", "#f2545b"]];
+// per member, as the node that runs them sees them: waiting, running, ran, raised
+const TASK_PARTS = [["queued", "#f5b942", "queued"], ["running", "#7fb2ff", "running"], ["ran", "#3ecf8e", "ran"], ["errors", "#f2545b", "raised"]];
 function renderTasks(snap) {
   const box = document.getElementById("tasks");
   const rows = [];
@@ -133,9 +139,9 @@ function renderTasks(snap) {
     rows.push(el("div", { class: "empty" }, "no tasks yet: node.submit(...) shows up here"));
   }
   const lg = el("div", { class: "tasklegend" });
-  for (const [k, c] of TASK_PARTS) {
+  for (const [k, c, label] of TASK_PARTS) {
     const total = names.reduce((a, n) => a + ((snap.nodes[n].tasks || {})[k] || 0), 0);
-    lg.append(el("span", {}, el("span", { class: "swatch", style: "background:" + c }), `${k} ${fmtNum(total)}`));
+    lg.append(el("span", {}, el("span", { class: "swatch", style: "background:" + c }), `${label} ${fmtNum(total)}`));
   }
   box.replaceChildren(...rows, lg);
 }
@@ -154,6 +160,7 @@ function renderEvents(snap) {
 function update(snap) {
   document.getElementById("origin").textContent = snap.node;
   state.now = snap.time;
+  if (!state.first) state.first = snap.time;
   renderMembers(snap);
   const names = Object.keys(snap.members).sort();
   for (const n of names) {

@@ -12,7 +12,7 @@ pytest.importorskip("prometheus_client", reason="prometheus-client is not instal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from aionet.observe.cluster import members_view, summarize
+from aionet.observe.cluster import _dedupe, members_view, summarize
 from aionet.observe.metrics import NodeMetrics
 from aionet.stats import (
     BufferPoolStats,
@@ -163,3 +163,13 @@ def test_summary_and_member_view_for_the_dashboard():
     assert summarize(node.stats().as_dict())["latency"] is None  # a member without an observer
     mv = members_view(node.members())
     assert mv["b"]["state"] == "dead" and mv["a"]["self"] is True
+
+
+def test_a_death_every_member_reports_is_shown_once():
+    seen = [
+        {"t": 10.0, "kind": "dead", "who": "c", "detail": "its process is gone", "seen_by": "a"},
+        {"t": 10.4, "kind": "dead", "who": "c", "detail": "via a", "seen_by": "b"},
+        {"t": 10.5, "kind": "link lost", "who": "c", "detail": "reset", "seen_by": "b"},
+        {"t": 30.0, "kind": "dead", "who": "c", "detail": "again, after a restart", "seen_by": "a"},
+    ]
+    assert [(e["kind"], e["t"]) for e in _dedupe(seen)] == [("dead", 10.0), ("link lost", 10.5), ("dead", 30.0)]
