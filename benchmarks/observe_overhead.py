@@ -146,6 +146,46 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+async def update_cost(updates: int = 300) -> dict[str, float]:
+    """CPU seconds one dashboard update costs, all sides included: three in-process nodes with
+    [http] on (so the members' summary handlers run in this process too), one page open. At a
+    1 s refresh this is the fraction of one core the open dashboard takes, whatever the load."""
+    import aionet
+    from aionet.config import Config
+
+    nodes = []
+    try:
+        for i in range(3):
+            cfg = Config.from_dict({"http": {"port": _free_port(), "interval": 3600}, "log": {"level": "warning"}})
+            join = [nodes[0].address] if nodes else None
+            n = aionet.Node(name=f"n{i}", listen=f"tcp://{HOST}:0", join=join, config=cfg)
+            await n.start()
+            nodes.append(n)
+        while sum(m["state"] == "alive" for m in nodes[0].members().values()) < 3:
+            await asyncio.sleep(0.05)
+        obs = nodes[0].observer
+        await obs.view.refresh()
+        obs._subscribers.add(asyncio.Queue(maxsize=1))  # a page: publish encodes for it
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(updates):
+            obs._publish()
+            await obs.view.refresh()
+            obs._publish()
+        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+        scrape_c0 = time.process_time()
+        for _ in range(50):
+            obs.metrics.exposition()
+        scrape = (time.process_time() - scrape_c0) / 50
+    finally:
+        for n in reversed(nodes):
+            await n.stop()
+    return {
+        "cpu_ms_per_update": 1e3 * cpu / updates,
+        "wall_ms_per_update": 1e3 * wall / updates,
+        "cpu_ms_per_scrape": 1e3 * scrape,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=50_000)
@@ -156,6 +196,12 @@ def main() -> None:
     if args.quick:
         args.messages, args.tasks, args.repeat = 10_000, 500, 2
     out = asyncio.run(run(args))
+    out["update_cost"] = asyncio.run(update_cost())
+    pairs = {
+        k: sorted(on / off for on, off in zip(out[k]["on"]["values"], out[k]["off"]["values"], strict=True))
+        for k in KEYS
+    }
+    out["paired_change_pct"] = {k: 100.0 * (C.median(v) - 1.0) for k, v in pairs.items()}
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print("RESULT " + json.dumps(out))
     print(f"\nmetrics off vs on (dashboard open), medians of {args.repeat} alternating repeats (min-max):")
@@ -168,7 +214,11 @@ def main() -> None:
         o = out[metric]
         print(f"  {unit:>14}: off {o['off']['median']:>9.0f} ({o['off']['min']:.0f}-{o['off']['max']:.0f})  "
               f"on {o['on']['median']:>9.0f} ({o['on']['min']:.0f}-{o['on']['max']:.0f})  "
-              f"change {o['change_pct']:+.1f} %")  # fmt: skip
+              f"change {o['change_pct']:+.1f} %  (paired {out['paired_change_pct'][metric]:+.1f} %)")  # fmt: skip
+    u = out["update_cost"]
+    print(f"  one dashboard update (3 members, all sides): {u['cpu_ms_per_update']:.2f} ms CPU "
+          f"= {u['cpu_ms_per_update'] / 10:.2f} % of a core at the 1 s refresh; one /metrics scrape "
+          f"{u['cpu_ms_per_scrape']:.2f} ms CPU")  # fmt: skip
 
 
 if __name__ == "__main__":
