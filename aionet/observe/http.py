@@ -84,6 +84,7 @@ class Observer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self.node.router.services.pop(SUMMARY_SERVICE, None)  # members fall back to aionet.info
         if self.metrics.instrument in list(self.node.instruments):
             self.node.instruments.remove(self.metrics.instrument)
 
@@ -97,9 +98,12 @@ class Observer:
             self._wake.clear()
             if not self._subscribers:
                 continue
-            self._publish()  # the member table first (a death shows without waiting on anyone)...
-            await self.view.refresh()  # ... then everyone's counters
-            self._publish()
+            try:
+                self._publish()  # the member table first (a death shows without waiting on anyone)...
+                await self.view.refresh()  # ... then everyone's counters
+                self._publish()
+            except Exception as exc:  # a bug here must not take the dashboard down for good
+                self.log.warning("dashboard update failed", error=repr(exc))
             self.updates += 1
 
     def _publish(self) -> None:

@@ -123,3 +123,21 @@ async def test_stop_with_a_page_open_is_prompt():
     await a.stop()
     assert loop.time() - t0 < 3.0  # the open stream is ended, not waited on
     writer.close()
+
+
+async def test_a_member_without_http_is_still_shown():
+    """Only one node serves [http]; the other answers aionet.info, from which its summary is made."""
+    a = _node("a", free_port())
+    await a.start()
+    b = Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=Config.from_dict({}, env={}))
+    await b.start()
+    try:
+        await wait_for(lambda: a.members().get("b", {}).get("state") == "alive", 15)
+        for i in range(5):
+            await a.send("b", "inbox", i)
+        st = await asyncio.to_thread(get_json, a.observer.url + "/status")
+        assert st["nodes"]["b"]["messages_received"] >= 5 and st["nodes"]["b"]["latency"] is None
+        assert b.observer is None
+    finally:
+        await b.stop()
+        await a.stop()
