@@ -132,7 +132,7 @@ def test_series_stay_bounded_however_much_work():
 
 def test_no_task_hook_so_worker_threads_never_wake_the_loop_for_metrics():
     """A task_changed hook makes each task finishing on a thread cost a call_soon_threadsafe
-    (about a fifth of no-op task throughput): task states come from stats() instead."""
+    (a loop wake-up per task): task states come from stats() instead."""
     from aionet.instrument import Instruments
 
     m = NodeMetrics(FakeNode())
