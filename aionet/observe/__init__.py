@@ -1,6 +1,7 @@
 """Observability, the top layer: Prometheus metrics, the HTTP server (``/``, ``/status``,
-``/metrics``, ``/health``, ``/events``) and the live dashboard. Needs aiohttp and
-prometheus-client (aionet's dependencies); a Node imports this only when ``[http] port`` is set."""
+``/metrics``, ``/health``, ``/events``) and the live dashboard, which need aiohttp and
+prometheus-client (aionet's dependencies) and are imported only when ``[http] port`` is set;
+and traces (``trace.py``, stdlib only)."""
 
 from __future__ import annotations
 
