@@ -210,7 +210,13 @@ class SecuritySection:
 
 @dataclass
 class HttpSection:
+    """The observability server (aionet/observe): ``/``, ``/status``, ``/metrics``, ``/health``.
+    ``port`` 0 = off; ``host`` is where it binds (a non-loopback host exposes cluster details);
+    ``interval`` is how often the dashboard's live stream refreshes, in seconds."""
+
     port: int = 0
+    host: str = "127.0.0.1"
+    interval: float = 1.0
 
 
 @dataclass
@@ -355,6 +361,8 @@ class Config:
             raise ConfigError(f"log.format must be 'console' or 'json', not {self.log.format!r}")
         self.buffers.normalize()
         validate_cache(self.cache)
+        if not 0 <= self.http.port <= 65535 or not self.http.interval > 0:
+            raise ConfigError("http.port must be 0 (off) to 65535 and http.interval a positive number of seconds")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -168,6 +168,7 @@ class Node:
             instruments=self.instruments,
             device=self._device,
         )
+        self.observer: Any = None  # aionet.observe.Observer while [http] port is set
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -236,6 +237,10 @@ class Node:
             await self.membership.start()  # fetches the member table from the seeds joined above
             await self.scheduler.start()  # learns the members' resources
             await self.cache.start()
+            if self.config.http.port:  # the top layer (aiohttp, prometheus-client), only when asked for
+                from .observe import attach
+
+                self.observer = await attach(self)
             if self.config.trace.enabled:
                 await self._trace_service({"op": "start"})
             if self.world_size:
@@ -263,6 +268,9 @@ class Node:
         if self._closing or not self._running:
             return
         self._closing = True
+        if self.observer is not None:
+            await self.observer.close()
+            self.observer = None
         await self.membership.stop()  # announces a graceful leave before anything closes
         await self.scheduler.stop()  # fails tasks still owned here; drops queued work
         await self.collectives.close()  # pending collectives raise CollectiveError

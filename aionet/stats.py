@@ -68,6 +68,9 @@ class LinkStats(Stats):
     acked: int
     recv_seq: int
     undeliverable: int
+    sent_bytes: int = 0  # sequenced payload bytes posted on this link (this link's lifetime)
+    recv_bytes: int = 0  # bytes of the sequenced messages received on it
+    replayed: int = 0  # messages written again after a reconnect
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,7 @@ class Dispatcher:
                     continue
                 if not link.state.on_receive(env[1]):
                     continue  # duplicate from a replay
+                link.recv_bytes += size  # for metrics (a parked message is counted again on retry: rare)
                 if env[2] > link.state.acked:
                     link.on_ack(env[2])
                 if kind == SEND:

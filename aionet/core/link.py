@@ -113,6 +113,9 @@ class Link:
         self._reconnect_task: asyncio.Task[None] | None = None
         self._switch_task: asyncio.Task[None] | None = None
         self._bytes_owed = 0
+        self.sent_bytes = 0  # sequenced payload bytes posted / delivered (for metrics)
+        self.recv_bytes = 0
+        self.replayed = 0  # messages written again after a reconnect
         self._waiting_senders = 0
         self.disconnected_since: float | None = None
         self._stuck_seq = 0  # oldest unacked seq when the last connection was lost ...
@@ -177,6 +180,7 @@ class Link:
             self._ack_timer = None
             self._bytes_owed = 0
         st.record(seq, frames, nbytes)
+        self.sent_bytes += nbytes
         c = self.current
         w = None
         if c is not None and not self._replaying:
@@ -395,6 +399,7 @@ class Link:
                     break
                 seq, frames, _n = st.unacked[idx]
                 w = c.conn.write_nowait(frames)
+                self.replayed += 1
                 if w is not None:
                     await w
                 nxt = seq + 1
@@ -551,6 +556,9 @@ class Link:
             acked=st.acked,
             recv_seq=st.recv_seq,
             undeliverable=self.undeliverable,
+            sent_bytes=self.sent_bytes,
+            recv_bytes=self.recv_bytes,
+            replayed=self.replayed,
         )
 
 
