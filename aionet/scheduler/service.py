@@ -136,7 +136,9 @@ class Scheduler:
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._params: dict[Any, tuple[Any, frozenset[str]]] = {}  # fn -> its keyword params named like options
-        self._ready: asyncio.Event | None = None
+        # set once start() knows this node's resources: a peer asking before then (it saw us join
+        # the membership first) waits for them rather than learning an empty pool for good
+        self._ready = asyncio.Event()
         self._running = False
         messaging.add_service(SVC_RESOURCES, self._svc_resources)
         messaging.add_service(SVC_FETCH, self._svc_fetch)
@@ -171,7 +173,6 @@ class Scheduler:
         if self._running:
             return
         self.loop = asyncio.get_running_loop()
-        self._ready = asyncio.Event()
         self._running = True
         self.owner._thread = self.worker._loop_thread = threading.get_ident()
         total = await self._detect_resources()
@@ -581,8 +582,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ services
     async def _svc_resources(self, _arg: Any) -> dict[str, Any]:
-        if self._ready is not None:
-            await self._ready.wait()
+        await self._ready.wait()
         w = self.worker
         return {"total": dict(w.pool.total), "run_tasks": w.run_tasks, "load": w.load(None)}
 
