@@ -40,7 +40,7 @@ def setup(node: Any) -> None:
     streamers = [s for s in os.environ.get("MULTIHOST_STREAMERS", "").split(",") if s]
     driver = os.environ.get("MULTIHOST_DRIVER", "")
     world = int(os.environ.get("MULTIHOST_WORLD", "0"))
-    peers = [s for s in streamers if s != node.name]
+    peers = [s for s in streamers if s != node.name] if node.name in streamers else []
     status: dict[str, Any] = {
         "name": node.name,
         "sent": dict.fromkeys(peers, 0),  # per receiver: highest seq whose send returned
