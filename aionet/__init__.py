@@ -29,11 +29,18 @@ from .errors import (
 from .runner import run
 
 if TYPE_CHECKING:
+    from .cache import cache_ref
     from .node import Node
-    from .scheduler import TaskRef, task_context
+    from .scheduler import TaskRef, task, task_context
 
 #: public names loaded on first access -> the module that defines them
-_LAZY = {"Node": ".node", "TaskRef": ".scheduler", "task_context": ".scheduler"}
+_LAZY = {
+    "cache_ref": ".cache",
+    "Node": ".node",
+    "TaskRef": ".scheduler",
+    "task": ".scheduler",
+    "task_context": ".scheduler",
+}
 
 __all__ = [
     "AionetError",
@@ -53,7 +60,9 @@ __all__ = [
     "TransportError",
     "TransportUnavailable",
     "__version__",
+    "cache_ref",
     "run",
+    "task",
     "task_context",
 ]
 

@@ -38,6 +38,10 @@ class NodeSection:
     join: list[str] = field(default_factory=list)
     advertise: str = ""
     join_timeout: float = 60.0  # s to keep retrying seeds that are not up yet (0 = fail at once)
+    # a launched world (aionet.launch: mpirun, srun, torchrun, a StatefulSet, `aionet launch`):
+    # this node's rank, and how many ranks start() waits for (0: not launched, no waiting)
+    rank: int = -1
+    world_size: int = 0
 
 
 @dataclass
@@ -126,11 +130,16 @@ class CollectivesSection:
     # bytes a rank holds for calls it has not started yet (a root broadcasting ahead); beyond
     # it the group breaks with CollectiveError rather than the node's memory growing unbounded
     max_ahead_bytes: int = 1024 * 2**20
+    # float32 allreduce on the wire: "none" | "fp16" | "bf16" (half the bytes; error bound in
+    # aionet/collectives/compression.py); allreduce(compression=...) overrides it per call
+    compression: str = "none"
 
 
 @dataclass
 class SchedulerSection:
-    policy: str = "least-loaded"  # round-robin | least-loaded | shortest-expected | locality
+    # round-robin | least-loaded | shortest-expected | locality | learned, an ``aionet.policies``
+    # entry point, or "package.module:Factory" (docs/scheduler.md, "Writing a policy")
+    policy: str = "least-loaded"
     run_local: bool = True  # this node runs tasks too (false: it only submits)
     resources: dict[str, Any] = field(default_factory=dict)  # e.g. {cpu = 8, gpu = 0, memory = "16GiB", ssd = 1}
     default_retries: int = 3  # re-runs after node deaths when submit() gives no retries=
@@ -142,6 +151,9 @@ class SchedulerSection:
     steal_interval: float = 0.05  # how often idle nodes look for work and load is published
     suspect_grace: float = 0.3  # without membership: a reset connection not back within this is a dead node
     wait_for_nodes: float = 5.0  # how long a task waits when no node at all accepts tasks
+    # s a node asked to leave (SIGTERM, SIGUSR1, node.drain()) keeps finishing the tasks it has
+    # accepted; it takes no new ones, and what is still here after this is re-run elsewhere
+    drain_timeout: float = 20.0  # (under Kubernetes' default 30 s termination grace)
     process_workers: int = 0  # processes for executor="process" (0: one per cpu)
     # task functions this node runs: module names or prefixes ("mypkg", "mypkg.tasks"); empty: none
     # (`aionet serve --app pkg.mod:setup` adds "pkg"); ["*"]: anything installed, trusted clusters only.
@@ -203,6 +215,29 @@ class HttpSection:
 
 
 @dataclass
+class TraceSection:
+    """Always-on tracing (``aionet trace`` turns it on for a while anyway; see aionet/observe/trace.py)."""
+
+    enabled: bool = False  # keep the last max_events trace events, ready for `aionet trace`
+    max_events: int = 100_000  # ring buffer size (about 300 bytes each)
+
+
+@dataclass
+class LaunchSection:
+    """How ``Node.from_env()`` / ``aionet serve`` read a launcher's environment (aionet/launch/)."""
+
+    detect: bool = True  # read torchrun / MPI / SLURM / Kubernetes variables when present
+    port: int = 0  # rank k listens on port + local rank (0: 7700; torchrun: MASTER_PORT + 1)
+    transport: str = "tcp"  # URL scheme of the computed listen addresses
+    name_format: str = "rank-{rank}"  # node names of the world's ranks
+    seed_host: str = ""  # MPI over several hosts without mpi4py: the host running rank 0
+    pod: str = ""  # Kubernetes pod name (default: $HOSTNAME inside a pod)
+    service: str = ""  # Kubernetes headless Service (default: the StatefulSet's name)
+    world_size: int = 0  # Kubernetes: the StatefulSet's replicas
+    wait_timeout: float = 120.0  # s start() waits for every rank of the world to be alive
+
+
+@dataclass
 class LogSection:
     """``level`` sets the ``aionet`` stdlib logger's level when a Node is built ("" leaves it
     to the program; ``aionet serve`` then uses info). Library code adds no handler."""
@@ -236,6 +271,8 @@ class Config:
     buffers: BuffersSection = field(default_factory=BuffersSection)
     security: SecuritySection = field(default_factory=SecuritySection)
     http: HttpSection = field(default_factory=HttpSection)
+    launch: LaunchSection = field(default_factory=LaunchSection)
+    trace: TraceSection = field(default_factory=TraceSection)
     log: LogSection = field(default_factory=LogSection)
     cache: CacheSection = field(default_factory=CacheSection)
 
@@ -286,6 +323,8 @@ class Config:
                 "collectives.small_bytes must be >= 0, collectives.segment_bytes >= 4096 and "
                 "collectives.timeout >= 0 (0: no limit), collectives.max_ahead_bytes >= 1"
             )
+        if co.compression not in ("none", "fp16", "bf16"):
+            raise ConfigError(f"collectives.compression must be 'none', 'fp16' or 'bf16', not {co.compression!r}")
         if self.link.max_inflight_bytes <= 0:
             raise ConfigError("link.max_inflight_bytes must be positive")
         if not self.link.death_grace >= 0:
@@ -298,6 +337,17 @@ class Config:
             raise ConfigError("link.peer_mailbox_bytes and link.peer_mailbox_size must be positive")
         if self.link.max_handshakes < 1 or self.link.max_handshakes_per_host < 1:
             raise ConfigError("link.max_handshakes and link.max_handshakes_per_host must be at least 1")
+        if self.node.world_size < 0 or (self.node.world_size and not 0 <= self.node.rank < self.node.world_size):
+            raise ConfigError(
+                f"node.rank ({self.node.rank}) must be within node.world_size ({self.node.world_size}); "
+                "world_size 0 means the node was not launched as part of a world"
+            )
+        if self.trace.max_events < 1:
+            raise ConfigError("trace.max_events must be at least 1")
+        if "{rank}" not in self.launch.name_format:
+            raise ConfigError(f"launch.name_format must contain {{rank}}, not {self.launch.name_format!r}")
+        if not self.scheduler.drain_timeout >= 0:
+            raise ConfigError("scheduler.drain_timeout must be >= 0 seconds (0: hand back at once)")
         if not self.node.join_timeout >= 0:  # also refuses NaN
             raise ConfigError("node.join_timeout must be >= 0 seconds (0 = fail at once if no seed answers)")
         if isinstance(self.node.listen, str):

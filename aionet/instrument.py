@@ -24,6 +24,7 @@ HOOKS = (
     "member_changed",
     "link_event",
     "task_changed",
+    "collective_finished",
     "transfer_finished",
 )
 
@@ -52,6 +53,10 @@ class Instrument:
         """An attempt of task ``task_id`` (submitted on node ``owner``) changed state on the node
         that runs it: fetching (its inputs), queued, running, finished."""
 
+    def collective_finished(self, group: str, op: str, nbytes: int, seconds: float, error: str | None) -> None:
+        """A collective call on ``group`` ended on this rank: ``op`` (allreduce, broadcast, ...),
+        ``nbytes`` of this rank's input, ``error`` the exception type name if it failed."""
+
     def transfer_finished(self, peer: str, direction: str, nbytes: int, seconds: float, path: str) -> None:
         """A device array crossed the wire (``direction`` "send"/"recv"; ``path`` "staged",
         "device" or "inline")."""
@@ -66,6 +71,7 @@ class Instruments:
     member_changed: Callable[[str, str, str | None, str], None] | None
     link_event: Callable[[str, str, dict[str, Any]], None] | None
     task_changed: Callable[[str, int, int, str, str], None] | None
+    collective_finished: Callable[[str, str, int, float, str | None], None] | None
     transfer_finished: Callable[[str, str, int, float, str], None] | None
 
     def __init__(self, instruments: list[Instrument] | tuple[Instrument, ...] = (), log: Any = None) -> None:

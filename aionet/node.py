@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import errno
 import os
 import time
 import uuid
@@ -24,7 +26,7 @@ from .core.dispatch import Dispatcher
 from .core.peers import Peer, PeerDirectory
 from .core.router import Router
 from .devices import Devices
-from .errors import AionetError
+from .errors import AionetError, PeerUnavailable
 from .instrument import Instrument, Instruments
 from .log import apply_level as apply_log_level
 from .log import get_logger
@@ -128,6 +130,8 @@ class Node:
         )
         self.router.add_service(_SERVICE_ECHO, _echo)
         self.router.add_service(_SERVICE_INFO, self._info_service)
+        self.tracer: Any = None  # aionet.observe.trace.TraceRecorder while tracing ([trace], `aionet trace`)
+        self.router.add_service("aionet.trace", self._trace_service)
         # the services, each on ports (aionet/core/ports.py): membership (gossip, failure detection, load)
         self.membership = Membership(
             cfg.heartbeat,
@@ -150,10 +154,20 @@ class Node:
             load_fields=self.membership.load,
             devices=self.devices,
             instruments=self.instruments,
+            task_node=self,  # task_context().node
+            rank=cfg.node.rank,
         )
         self.cache = Cache(cfg.cache, messaging=self, members=self.membership)  # issue 14
+        self.scheduler.locate = self.cache.owners  # cache_ref arguments: place tasks where the key is
         self._directory.member_state = self.membership.state_of
-        self.collectives = Collectives(cfg.collectives, messaging=self, members=self.membership, spawn=self._spawn)
+        self.collectives = Collectives(
+            cfg.collectives,
+            messaging=self,
+            members=self.membership,
+            spawn=self._spawn,
+            instruments=self.instruments,
+            device=self._device,
+        )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -161,6 +175,30 @@ class Node:
         """Build from a TOML or YAML (``.yaml``/``.yml``) file, or defaults when ``path`` is None; AIONET_* override."""
         cfg = Config.from_file(path) if path is not None else Config.from_dict({})
         return cls(config=cfg, **overrides)
+
+    @classmethod
+    def from_env(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> Node:
+        """Like :meth:`from_config`, plus what a launcher implies (mpirun, srun, torchrun, a
+        Kubernetes StatefulSet, ``aionet launch``): name, rank, world size, listen and seeds."""
+        from .launch.bootstrap import config_from_env  # pure detection; launch/ imports no Node
+
+        return cls(config=config_from_env(path)[0], **overrides)
+
+    @property
+    def rank(self) -> int:
+        """This node's rank in its launched world (-1 when not launched as part of one)."""
+        return self.config.node.rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the launched world (0 when not launched as part of one)."""
+        return self.config.node.world_size
+
+    def world(self) -> list[str] | None:
+        """The launched world's node names in rank order, or None outside a launched world."""
+        n = self.config.node
+        names = [self.config.launch.name_format.format(rank=r) for r in range(n.world_size)]
+        return names if n.world_size and names[n.rank] == self.name else None
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Node:
@@ -180,7 +218,16 @@ class Node:
         try:
             for url in self.config.node.listen:
                 transport = self._connector.transport(url)
-                listener = await transport.listen(url, self._connector.on_accept)
+                try:
+                    listener = await transport.listen(url, self._connector.on_accept)
+                except OSError as exc:
+                    if not self._may_move(url, exc):
+                        raise
+                    # a launched rank's computed port is taken on this host: any free one will do,
+                    # as this rank joins through the others (only the seeds' ports must be known)
+                    self.log.warning("launch port in use; listening on a free port instead", address=url)
+                    free = dataclasses.replace(Address.parse(url), port=0).url()
+                    listener = await transport.listen(free, self._connector.on_accept)
                 self._listeners.append(listener)
                 self.log.info("listening", address=listener.address)
             self._spawn(self._directory.prune_loop(lambda: self._closing), "aionet-peer-prune")
@@ -189,9 +236,27 @@ class Node:
             await self.membership.start()  # fetches the member table from the seeds joined above
             await self.scheduler.start()  # learns the members' resources
             await self.cache.start()
+            if self.config.trace.enabled:
+                await self._trace_service({"op": "start"})
+            if self.world_size:
+                await self.wait_members(self.world() or self.world_size, self.config.launch.wait_timeout)
         except BaseException:
             await self.stop()
             raise
+
+    async def drain(self, timeout: float | None = None) -> int:
+        """Leave gracefully with no work lost: take no new tasks, finish those accepted here (up
+        to ``timeout``, default ``scheduler.drain_timeout``), then stop. Returns the number of
+        tasks handed back (re-run elsewhere by their owners, not counted as retries)."""
+        left = await self.scheduler.drain(self.config.scheduler.drain_timeout if timeout is None else timeout)
+        await self.stop()
+        return left
+
+    def _may_move(self, url: str, exc: OSError) -> bool:
+        """Whether a launched rank may listen elsewhere than ``url`` (one host, no advertised address)."""
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        in_use = cause.errno == errno.EADDRINUSE or "address already in use" in str(exc)
+        return bool(in_use and self.world_size and not self.config.node.advertise and self.config.node.join)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight handlers answer (up to ``grace`` s), say BYE, close."""
@@ -243,10 +308,40 @@ class Node:
         return self.membership.members()
 
     def group(self, members: Sequence[str] | None = None, name: str | None = None) -> Group:
-        """A process group for collectives: ``members`` in rank order, default every alive member
-        sorted by name. Every member must create the same group. See aionet.collectives."""
-        alive = sorted(n for n, m in self.members().items() if m["state"] == "alive")
-        return self.collectives.group(alive if members is None else members, name)
+        """A process group for collectives: ``members`` in rank order; by default the launched
+        world in rank order, else every alive member sorted by name. Every member must create
+        the same group. See aionet.collectives."""
+        if members is None:
+            members = self.world() or sorted(n for n, m in self.members().items() if m["state"] == "alive")
+        return self.collectives.group(members, name)
+
+    async def wait_workers(self, n: int, timeout: float | None = None) -> list[str]:
+        """Wait until ``n`` nodes (this one included, if it runs tasks) take tasks from this
+        node; returns their names. TimeoutError after ``timeout`` seconds names those there."""
+        return await self.scheduler.wait_workers(n, timeout)
+
+    async def wait_members(self, members: int | Sequence[str], timeout: float | None = None) -> list[str]:
+        """Wait until ``members`` (names, or a count including this node) are alive; returns the
+        alive names. Raises PeerUnavailable naming who is missing after ``timeout`` seconds."""
+
+        def missing() -> list[str] | int:
+            alive = {n for n, m in self.members().items() if m["state"] == "alive"}
+            if isinstance(members, int):
+                return max(0, members - len(alive))
+            return [n for n in members if n not in alive]
+
+        async with self.member_events() as stream:
+            try:
+                async with asyncio.timeout(timeout):
+                    while missing():
+                        await stream.get()
+            except TimeoutError:
+                left = missing()
+                what = f"{left} more member(s)" if isinstance(left, int) else ", ".join(left)
+                raise PeerUnavailable(
+                    f"waited {timeout:g} s for {what} to be alive; check that every rank started and can reach a seed"
+                ) from None
+        return sorted(n for n, m in self.members().items() if m["state"] == "alive")
 
     def on_member_change(self, fn: Callable[[MemberEvent], Any]) -> Callable[[], None]:
         """Call ``fn(event)`` on every membership change; returns an unsubscribe function."""
@@ -280,6 +375,11 @@ class Node:
     def info(self) -> dict[str, Any]:
         """:meth:`stats` as plain data (what ``aionet info`` prints)."""
         return self.stats().as_dict()
+
+    async def _trace_service(self, arg: Any) -> dict[str, Any]:
+        from .observe.trace import handle_trace  # stdlib only; the top layer, loaded when asked
+
+        return handle_trace(self, arg)
 
     async def _info_service(self, _arg: Any) -> dict[str, Any]:
         """``aionet.info``: :meth:`info` with devices probed afresh, off the loop (NVML can block)."""

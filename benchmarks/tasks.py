@@ -61,7 +61,7 @@ def sleep_ms(i: int, ms: float = 10.0) -> int:
 async def work(i: int, base: float, slow: dict[str, float]) -> int:
     import aionet
 
-    await asyncio.sleep(base * slow.get(aionet.task_context().node, 1.0))
+    await asyncio.sleep(base * slow.get(aionet.task_context().node_name, 1.0))
     return i
 
 
@@ -121,11 +121,7 @@ async def _client(seeds: list[str], n_workers: int, **sched: Any) -> Any:
     cfg = Config.from_dict({"scheduler": {"run_local": False, **sched}, "log": {"level": "warning"}})
     node = aionet.Node(name=f"client-{os.getpid()}", listen=f"tcp://{HOST}:0", join=seeds, config=cfg)
     await node.start()
-    deadline = time.monotonic() + 30
-    while len(node.scheduler.owner.views) < n_workers:  # wait until every worker's resources are known
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(node.scheduler.owner.views)} of {n_workers} workers joined")
-        await asyncio.sleep(0.02)
+    await node.wait_workers(n_workers, timeout=30)  # every worker joined, its resources known
     return node
 
 

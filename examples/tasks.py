@@ -38,7 +38,7 @@ def total(xs: list[int]) -> int:
 
 
 def where() -> str:
-    return aionet.task_context().node
+    return aionet.task_context().node_name
 
 
 def fails(x: int) -> None:
@@ -77,8 +77,7 @@ async def main() -> None:
     cfg = Config.from_dict({"scheduler": {"run_local": False}})  # this node only submits
     try:
         async with aionet.Node(name="client", listen="tcp://127.0.0.1:0", join=[seed], config=cfg) as node:
-            while len(node.scheduler.owner.views) < 2:  # both workers' resources known
-                await asyncio.sleep(0.05)
+            await node.wait_workers(2, timeout=30)  # both workers joined and their resources known
 
             # 1. submit by import path, await the result
             print("square(7) =", await node.submit("tasks:square", 7))

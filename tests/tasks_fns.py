@@ -44,28 +44,28 @@ def boom(msg: str) -> None:
 
 def where() -> str:
     """The executing node's name."""
-    return aionet.task_context().node
+    return aionet.task_context().node_name
 
 
 def whoami(i: int) -> list[Any]:
     """(i, node, pid): which node ran item i."""
-    return [i, aionet.task_context().node, os.getpid()]
+    return [i, aionet.task_context().node_name, os.getpid()]
 
 
 def sleep_ms(i: int, ms: float = 10.0) -> list[Any]:
     """Block a thread for ``ms`` (a CPU-ish task), report (i, node)."""
     time.sleep(ms / 1000.0)
-    return [i, aionet.task_context().node]
+    return [i, aionet.task_context().node_name]
 
 
 async def async_sleep(seconds: float) -> str:
     await asyncio.sleep(seconds)
-    return aionet.task_context().node
+    return aionet.task_context().node_name
 
 
 async def work(i: int, base: float, slow: dict[str, float]) -> str:
     """Simulated heterogeneous hardware: takes ``base * slow.get(node, 1)`` seconds."""
-    node = aionet.task_context().node
+    node = aionet.task_context().node_name
     await asyncio.sleep(base * slow.get(node, 1.0))
     return node
 
@@ -92,7 +92,7 @@ async def steps(n: int, delay: float, fail_at_attempt_1: int | None = None) -> d
         await asyncio.sleep(delay)
         state["i"] += 1
         ctx.checkpoint(dict(state))
-    return {**state, "attempt": ctx.attempt, "node": ctx.node}
+    return {**state, "attempt": ctx.attempt, "node": ctx.node_name}
 
 
 def sync_steps(n: int, delay: float) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def sync_steps(n: int, delay: float) -> dict[str, Any]:
         time.sleep(delay)
         state["i"] += 1
         ctx.checkpoint(dict(state))
-    return {**state, "node": ctx.node}
+    return {**state, "node": ctx.node_name}
 
 
 async def hold(seconds: float, tag: str) -> str:
@@ -126,3 +126,49 @@ def with_options(x: Any, timeout: float = 1.0, priority: int = 0) -> list[Any]:
 
 
 VALUE = 42  # not callable
+
+
+def context_info() -> dict[str, Any]:
+    """What a task learns of its place: node, rank, devices (and CUDA_VISIBLE_DEVICES)."""
+    ctx = aionet.task_context()
+    return {
+        "has_node": ctx.node is not None and getattr(ctx.node, "name", None) == ctx.node_name,
+        "node_name": ctx.node_name,
+        "rank": ctx.rank,
+        "devices": list(ctx.devices),
+        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "pid": os.getpid(),
+    }
+
+
+async def request_from_task(peer: str, text: str) -> Any:
+    """A task talking to another node through its own: ctx.node is the Node."""
+    return await aionet.task_context().node.request(peer, "upper", text)
+
+
+@aionet.task(retries=3, retry_on=(ConnectionError,))
+def flaky(fail_attempts: int) -> int:
+    """Raises ConnectionResetError (a ConnectionError) on its first ``fail_attempts`` attempts."""
+    attempt = aionet.task_context().attempt
+    if attempt <= fail_attempts:
+        raise ConnectionResetError(f"attempt {attempt} failed")
+    return attempt
+
+
+@aionet.task(resources={"gpu": 1})
+def gpu_hold(seconds: float) -> list[int]:
+    time.sleep(seconds)
+    return list(aionet.task_context().devices)
+
+
+def stamp(seconds: float) -> list[float]:
+    """[start, end] wall times of this task."""
+    t0 = time.time()
+    time.sleep(seconds)
+    return [t0, time.time()]
+
+
+async def cached_where(ref: Any) -> list[Any]:
+    """[node name, value] of a cache_ref argument, read where the task runs."""
+    node = aionet.task_context().node
+    return [node.name, await node.cache.get(ref.key)]

@@ -1,7 +1,7 @@
 """The distributed cache: versioned values spread over the nodes, compare-and-set, watches,
 and leases with fencing tokens (``node.cache``, ``node.lock``). See docs/cache.md."""
 
-from .api import Cache, Change, Lease, LockContext, WatchStream
+from .api import Cache, CacheRef, Change, Lease, LockContext, WatchStream, cache_ref
 from .errors import CacheError, CacheFull, LockLost, StaleFenceError
 from .locks import LeaseTable
 from .placement import Placement
@@ -11,6 +11,7 @@ __all__ = [
     "Cache",
     "CacheError",
     "CacheFull",
+    "CacheRef",
     "Change",
     "Lease",
     "LeaseTable",
@@ -20,4 +21,5 @@ __all__ = [
     "StaleFenceError",
     "Store",
     "WatchStream",
+    "cache_ref",
 ]

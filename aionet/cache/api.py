@@ -163,6 +163,25 @@ class WatchStream:
         self.close()
 
 
+@dataclass(frozen=True)
+class CacheRef:
+    """``aionet.cache_ref(key)``: a task argument naming a cache key. The scheduler places the
+    task on a node holding a replica of the key (the ``locality`` policy, and any policy reading
+    ``TaskReq.dep_bytes``); inside the task, ``await aionet.task_context().node.cache.get(ref.key)``
+    then reads the local copy."""
+
+    key: str
+
+    @property
+    def __aionet_locality__(self) -> str:  # what the scheduler asks of any argument (duck-typed)
+        return self.key
+
+
+def cache_ref(key: str) -> CacheRef:
+    """A task argument that says "run me where this cache key is held"."""
+    return CacheRef(_check_key(key))
+
+
 class Cache:
     """The distributed cache of one node: ``node.cache``."""
 
@@ -170,6 +189,7 @@ class Cache:
         self, cfg: CacheSection, *, messaging: Messaging, members: MemberEvents, clock: Clock = loop_time
     ) -> None:
         self.cfg = cfg
+        messaging.register_type(CacheRef, "aionet.cache_ref")  # travels as a task argument
         self.service = CacheService(cfg, messaging=messaging, members=members, clock=clock)
         self.name = messaging.name
         self._id = f"{messaging.name}/{messaging.node_id[:8]}"

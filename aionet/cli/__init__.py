@@ -1,4 +1,4 @@
-"""Command line: ``aionet serve | status | info | keys | demo | bench``.
+"""Command line: ``aionet serve | status | info | keys | demo | bench | launch | trace``.
 
 Subcommands load lazily: this module names each one by import path and imports it only when
 click asks for it (to run it, or for its one-line help). The subcommand modules in turn import
@@ -20,8 +20,10 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "demo:demo",
     "info": "status:info",
     "keys": "keys:keys",
+    "launch": "launch:launch",
     "serve": "serve:serve",
     "status": "status:status",
+    "trace": "trace:trace",
 }
 
 

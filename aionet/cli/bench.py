@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "p2p", "tasks")
 BUS = {
     "allreduce": lambda n: 2 * (n - 1) / n,
     "allgather": lambda n: (n - 1) / n,
@@ -142,6 +142,8 @@ def _row_text(r: dict[str, Any]) -> list[str]:
 @click.option("--warmup", default=5, show_default=True, help="Untimed calls first.")
 @click.option("--transport", type=click.Choice(sorted(LISTEN)), default="tcp", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per size on stdout instead of the table.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw bandwidth vs size to this PNG.")
+@click.option("--tasks", "n_tasks", default=5000, show_default=True, help="tasks: no-op tasks in the throughput run.")
 def bench(
     op: str,
     nodes: int,
@@ -152,13 +154,22 @@ def bench(
     warmup: int,
     transport: str,
     as_json: bool,
+    plot_path: str | None,
+    n_tasks: int,
 ) -> None:
-    """Time a collective over NODES local node processes, nccl-tests style (with #wrong)."""
+    """Time a collective over NODES local node processes, nccl-tests style (with #wrong);
+    ``p2p``: request/reply latency and one-way bandwidth per size between two node processes;
+    ``tasks``: task throughput and latency with NODES - 1 worker processes."""
     if nodes < 2 or factor < 2 or iters < 1 or warmup < 0:
         raise click.BadParameter("need --nodes >= 2, --factor >= 2, --iters >= 1, --warmup >= 0")
     sizes = sizes_between(parse_size(min_size), parse_size(max_size), factor)
     if not sizes:
         raise click.BadParameter("--min is larger than --max")
+    if plot_path and op == "tasks":
+        raise click.BadParameter("--plot draws bandwidth against size: p2p and the collectives")
+    if op in ("p2p", "tasks"):
+        _bench_p2p_tasks(op, nodes, sizes, iters, transport, as_json, plot_path, n_tasks)
+        return
     rows: list[dict[str, Any]] = []
     from rich.console import Console
     from rich.progress import Progress
@@ -204,8 +215,81 @@ def bench(
     for r in rows:
         table.add_row(*_row_text(r))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
+    if plot_path and rows:
+        from .bench_p2p import plot_collective
+
+        plot_collective(rows, plot_path, f"aionet {op}, {nodes} nodes over {transport}://")
+        click.echo(f"plot: {plot_path}")
     if any(r[v]["wrong"] for r in rows for v in ("out", "in") if r.get(v)):
         raise SystemExit(1)
+
+
+def _bench_p2p_tasks(
+    op: str, nodes: int, sizes: list[int], iters: int, transport: str, as_json: bool, plot_path: str | None,
+    n_tasks: int,
+) -> None:  # fmt: skip
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from . import bench_p2p
+
+    procs: list[subprocess.Popen[bytes]] = []
+    listen = LISTEN[transport]
+
+    def check() -> None:
+        for p in procs:
+            if p.poll() is not None:
+                raise click.ClickException(
+                    f"a bench peer process exited with code {p.returncode} (see its stderr above)"
+                )
+
+    def start_peer(seed: str) -> None:
+        args = [sys.executable, "-m", "aionet.cli.bench_p2p", "peer", seed, listen]
+        procs.append(subprocess.Popen(args, env=os.environ.copy(), stdout=subprocess.DEVNULL))
+
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True, disable=as_json) as progress:
+        bar = progress.add_task(f"{op} over {transport}://", total=len(sizes) if op == "p2p" else 3)
+
+        def advance(row: dict[str, Any]) -> None:
+            progress.advance(bar)
+            if as_json:
+                click.echo(json.dumps({"bench": op, "transport": transport, **row}))
+
+        try:
+            if op == "p2p":
+                rows = asyncio.run(bench_p2p.run_p2p(sizes, iters, 32 << 20, listen, start_peer, advance, check))
+            else:
+                rows = asyncio.run(bench_p2p.run_tasks(nodes - 1, n_tasks, listen, start_peer, advance, check))
+        finally:
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    if plot_path and op == "p2p":
+        bench_p2p.plot_p2p(rows, plot_path, f"aionet p2p over {transport}://")
+        click.echo(f"plot: {plot_path}", err=as_json)
+    if as_json:
+        return
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    if op == "tasks":
+        table = Table(title=f"aionet tasks: 1 submitter, {nodes - 1} worker processes over {transport}://")
+        for col in ("measure", "value", "unit"):
+            table.add_column(col, justify="left" if col == "measure" else "right")
+        for r in rows:
+            table.add_row(r["metric"], f"{r['value']:,.3f}" if r["unit"] == "s" else f"{r['value']:,.1f}", r["unit"])
+        out.print(table)
+        return
+    table = Table(title=f"aionet p2p: 2 node processes over {transport}://, numpy payloads; round trips: {iters}")
+    for col in ("size", "rtt p50 us", "rtt p99 us", "one-way GB/s", "msgs/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["size"]), f"{r['rtt_p50_us']:.1f}", f"{r['rtt_p99_us']:.1f}", f"{r['gbytes_per_s']:.3f}",
+                      f"{r['msgs_per_s']:,.0f}")  # fmt: skip
+    out.print(table)
 
 
 def _worker() -> None:

@@ -10,11 +10,24 @@ from ..errors import ConfigError
 
 
 def load_config(
-    config: str | None, name: str | None, listen: tuple[str, ...], join: tuple[str, ...], advertise: str | None
+    config: str | None,
+    name: str | None,
+    listen: tuple[str, ...],
+    join: tuple[str, ...],
+    advertise: str | None,
+    *,
+    launched: bool = False,
 ) -> Config:
     """The config file (or the defaults, with ``AIONET_*`` overrides), then the command line's
-    ``--name/--listen/--join/--advertise``, which win; validated, so errors name the key."""
-    cfg = Config.from_file(config) if config else Config.from_dict({})
+    ``--name/--listen/--join/--advertise``, which win; validated, so errors name the key.
+    ``launched``: fill what is left at its default from the launcher's environment (mpirun,
+    srun, torchrun, a StatefulSet, ``aionet launch``; see aionet.launch)."""
+    if launched:
+        from ..launch.bootstrap import config_from_env
+
+        cfg = config_from_env(config)[0]
+    else:
+        cfg = Config.from_file(config) if config else Config.from_dict({})
     if name:
         cfg.node.name = name
     if listen:

@@ -66,14 +66,17 @@ def serve(
     log_level: str | None,
     json_logs: bool,
 ) -> None:
-    """Run a node until SIGINT/SIGTERM, then shut down cleanly (exit code 0); a second signal
-    during that shutdown exits at once (code 128 + signal number).
+    """Run a node until SIGINT/SIGTERM/SIGUSR1, then drain and shut down cleanly (exit code 0):
+    no new tasks are taken, accepted ones finish (up to scheduler.drain_timeout) or are re-run
+    elsewhere, then the node leaves. A second signal during that exits at once (128 + signal).
+    Under mpirun, srun, torchrun, a StatefulSet or ``aionet launch``, rank, world size, listen
+    address and seeds come from the launcher (see ``aionet launch --help``).
 
     Prints one line ``ready {json}`` to stdout once listening, for scripts. Logs go to stderr."""
     from ..log import configure as configure_logging  # structlog and rich: only when running
 
     try:
-        cfg = load_config(config, name, listen, join, advertise)
+        cfg = load_config(config, name, listen, join, advertise, launched=True)
         level = (log_level or cfg.log.level or "info").lower()
         configure_logging(level, "json" if json_logs else cfg.log.format)
     except (ConfigError, ValueError) as exc:
@@ -118,13 +121,18 @@ async def _serve(cfg: Any, setups: list[Any]) -> None:
         node.log.warning("second signal: exiting now without the shutdown grace", signal=sig.name)
         _exit_now(128 + sig)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGUSR1: a batch system's walltime warning (SLURM: srun --signal=USR1@120), drained like SIGTERM
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         loop.add_signal_handler(sig, on_signal, sig)
     async with node:
-        sys.stdout.write("ready " + json.dumps({"name": node.name, "addresses": node.addresses}) + "\n")
+        ready = {"name": node.name, "addresses": node.addresses}
+        if node.world_size:
+            ready.update(rank=node.rank, world_size=node.world_size)
+        sys.stdout.write("ready " + json.dumps(ready) + "\n")
         sys.stdout.flush()
         await stop.wait()
-        node.log.info("signal received; shutting down (a second signal exits at once)")
+        node.log.info("signal received; shutting down: draining tasks, then leaving (a second signal exits at once)")
+        await node.drain()  # no new tasks; those accepted finish (scheduler.drain_timeout) or go elsewhere
     stopped = True
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import gc
+import importlib
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -218,9 +219,9 @@ class Decoder:
 
     def _ndarray(self, data: bytes) -> np.ndarray:
         m = self._meta(data)
-        if type(m) is not list or len(m) != 4:
+        if type(m) is not list or len(m) not in (4, 5) or (len(m) == 5 and m[4] != 1):
             raise DecodeError("malformed array record")
-        wire, shape, fortran, ref = m
+        wire, shape, fortran, ref = m[:4]
         dt = self._ser._dtypes.from_wire(wire)
         if type(shape) is not list or len(shape) > _MAX_NDIM or type(fortran) is not bool:
             raise DecodeError("malformed array record")
@@ -238,6 +239,12 @@ class Decoder:
         arr = np.ndarray(shape, dt, buffer=buf, order="F" if fortran else "C")
         if not arr.flags.writeable:
             arr = arr.copy(order="K")  # read-only frame (bytes): copy once, users get a writable array
+        if len(m) == 5:  # sent as a torch tensor: one again, sharing the memory, where torch is installed
+            try:
+                torch = importlib.import_module("torch")
+            except ImportError:
+                return arr
+            return torch.from_dlpack(arr)
         return arr
 
     def _npscalar(self, data: bytes) -> np.generic:

@@ -294,7 +294,18 @@ class Encoder:
             rec = [DT_DATETIME if t is _dt.datetime else DT_DATE if t is _dt.date else DT_TIME, o.isoformat()]
         return ExtType(EXT_DATETIME, self._meta.pack(rec))
 
-    def _ndarray(self, a: np.ndarray) -> Any:
+    def _torch(self, t: Any) -> Any:
+        """A CPU torch tensor: its memory viewed through DLPack (no copy), sent as an array that
+        the receiver turns back into a tensor (or leaves as numpy where torch is not installed)."""
+        if t.device.type != "cpu":
+            return self._unsendable(t, "CUDA torch tensors cannot travel: send t.cpu(), or a CuPy array")
+        try:
+            a = np.from_dlpack(t.detach().resolve_conj().resolve_neg())
+        except (BufferError, TypeError, RuntimeError) as exc:
+            return self._unsendable(t, f"a torch tensor of dtype {t.dtype} has no numpy view ({exc}); convert it first")
+        return self._ndarray(a, torch=True)
+
+    def _ndarray(self, a: np.ndarray, torch: bool = False) -> Any:
         wire = self._ser._dtypes.to_wire(a.dtype)
         if wire is None:
             return self._unsendable(a, f"numpy arrays of dtype {a.dtype} cannot be sent as raw memory")
@@ -313,7 +324,8 @@ class Encoder:
             # ravel in the array's own order is a view; viewing as bytes makes any dtype
             # (datetime, structured, ...) exportable through the buffer protocol.
             ref = self._add_frame(memoryview(a.ravel(order=order).view(np.uint8)), nbytes)
-        return ExtType(EXT_NDARRAY, self._meta.pack([wire, a.shape, order == "F", ref]))
+        rec = [wire, a.shape, order == "F", ref, 1] if torch else [wire, a.shape, order == "F", ref]
+        return ExtType(EXT_NDARRAY, self._meta.pack(rec))
 
     def _npscalar(self, o: np.generic) -> Any:
         wire = self._ser._dtypes.to_wire(o.dtype)
@@ -338,6 +350,9 @@ class Encoder:
             return self._dataclass(o, entry[0], entry[1])
         if isinstance(o, np.memmap):
             return self._ndarray(o.view(np.ndarray))
+        if t.__module__.startswith("torch") and hasattr(o, "__dlpack__") and hasattr(o, "detach"):
+            self._dispatch[t] = self._torch  # torch imported by the caller: tensors are common, learn the type
+            return self._torch(o)
         if isinstance(o, np.ndarray):
             return self._unsendable(o, f"numpy array subclass {qualname(t)} is not supported")
         # Subclasses of plain types travel as their base type (what msgpack would do).

@@ -71,6 +71,9 @@ class SchedKind(IntEnum):
     RESULTS = 4  # [RESULTS, worker, [item, ...], load]
     LOAD = 5  # [LOAD, worker, load]
     RECONCILE = 6  # [RECONCILE, owner, [[tid, attempt], ...], ask_back]: after a refuted or rejoined death
+    # local only, in a node's own mailbox: [DEPARTED, self, peer, nonce] queues a peer's graceful
+    # leave behind the messages it sent before leaving (its last results), so none is re-run
+    DEPARTED = 7
 
 
 # plain-int copies for the hot path (see the module docstring)
@@ -100,6 +103,7 @@ M_FREE: Final[int] = SchedKind.FREE.value
 M_RESULTS: Final[int] = SchedKind.RESULTS.value
 M_LOAD: Final[int] = SchedKind.LOAD.value
 M_RECONCILE: Final[int] = SchedKind.RECONCILE.value
+M_DEPARTED: Final[int] = SchedKind.DEPARTED.value
 
 SEQUENCED: Final[frozenset[int]] = frozenset({SEND, REQ, REP, ERR, PEERS, BYE, XFER})
 CONTROL_MIN: Final[int] = HB  # kinds from here on are control kinds (Node.add_control_handler)
@@ -121,6 +125,7 @@ __all__ = [
     "HB_ACK",
     "HELLO",
     "M_CANCEL",
+    "M_DEPARTED",
     "M_FREE",
     "M_LOAD",
     "M_RECONCILE",

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..core.ports import Messaging
+from ..core.ports import DeviceArrays, Messaging
 from ..errors import CollectiveError, PeerUnavailable
+from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
+from .compression import WireCodec, wire_codec
 from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, write_out
 from .wire import CHANNEL_PREFIX, Tag, tag
 
@@ -52,6 +55,9 @@ class Group:
         on_close: Callable[[Group], None],
         factory: Callable[[list[str], str, int], Group],
         epoch: int = 0,
+        instruments: Instruments | None = None,
+        compression: str = "none",
+        device: DeviceArrays | None = None,
     ) -> None:
         if messaging.name not in members:
             raise ValueError(f"node {messaging.name!r} is not in the group's members {list(members)}")
@@ -63,6 +69,8 @@ class Group:
         self.rank = self.members.index(messaging.name)
         self.size = len(self.members)
         self.small_bytes = small_bytes
+        self.compression = compression  # allreduce's default wire compression of float32
+        self._device = device  # device (GPU) inputs: reduced through host copies
         self.max_ahead_bytes = max_ahead_bytes
         self.segment_bytes = max(1, segment_bytes)
         self.timeout = timeout
@@ -70,6 +78,7 @@ class Group:
         # the member list is part of the channel: groups whose members disagree never mix
         self.channel = f"{CHANNEL_PREFIX}{name}#{epoch}.{digest}"
         self._msg = messaging
+        self._instruments = instruments if instruments is not None else Instruments()  # collective_finished
         self._alive = alive
         self._on_close = on_close
         self._factory = factory
@@ -190,8 +199,24 @@ class Group:
             self.member_lost(peer, f"unreachable ({exc})")
             raise self._broken or CollectiveError(str(exc), member=peer) from exc
 
-    async def _run(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None) -> Any:
-        """One collective call: its sequence number, the failure and timeout rules."""
+    async def _run(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None, nbytes: int = 0) -> Any:
+        """One collective call: its sequence number, the failure and timeout rules, the hook."""
+        hook = self._instruments.collective_finished
+        if hook is None:
+            return await self._call(what, fn, timeout)
+        t0 = time.perf_counter()
+        error: str | None = "CancelledError"
+        try:
+            out = await self._call(what, fn, timeout)
+            error = None
+            return out
+        except Exception as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            hook(self.name, what, nbytes, time.perf_counter() - t0, error)
+
+    async def _call(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None) -> Any:
         if self._broken is not None:
             raise self._broken
         if self._closed:
@@ -234,24 +259,81 @@ class Group:
         return task
 
     # ------------------------------------------------------------------ reductions
+    # ---------------------------------------------------------------- reductions
     async def allreduce(
-        self, x: Any, op: str = "sum", *, out: Any = None, algorithm: str = "auto", timeout: float | None = None
+        self,
+        x: Any,
+        op: str = "sum",
+        *,
+        out: Any = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        compression: str | None = None,
     ) -> Any:
         """The reduction of every rank's ``x`` (same shape and dtype everywhere), on every rank.
         A list or tuple of arrays is fused into one message per dtype (tensor fusion) and comes
-        back as a list. ``out=``: write the result there (may be ``x`` itself)."""
+        back as a list. ``out=``: write the result there (may be ``x`` itself).
+        ``compression="fp16"|"bf16"``: float32 travels as 16 bits (error bound in
+        aionet.collectives.compression); default ``collectives.compression``. Device (CuPy)
+        arrays are reduced through host copies and come back as device arrays."""
+        hx, back = self._on_host(x, out)
+        res = await self._allreduce(hx, op, out=out, algorithm=algorithm, timeout=timeout, compression=compression)
+        return back(res)
+
+    async def reduce(
+        self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
+    ) -> Any:
+        """The reduction on rank ``root`` (None elsewhere), over a binomial tree."""
+        hx, back = self._on_host(x, out)
+        res = await self._reduce(hx, root, op, out=out, timeout=timeout)
+        return None if res is None else back(res)
+
+    async def reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
+        """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
+        ``size`` near-equal blocks (as ``numpy.array_split``), reduced around the ring."""
+        hx, back = self._on_host(x, None)
+        return back(await self._reduce_scatter(hx, op, timeout=timeout))
+
+    def _on_host(self, x: Any, out: Any) -> tuple[Any, Callable[[Any], Any]]:
+        """``x`` with device arrays copied to the host, and how to give the result back (device
+        results for device inputs, through the node's staging backend)."""
+        dev = self._device
+        items = list(x) if isinstance(x, (list, tuple)) else [x]
+        on_dev = [dev is not None and not isinstance(i, np.ndarray) and dev.is_device_array(i) for i in items]
+        if not any(on_dev):
+            return x, _same
+        assert dev is not None
+        if out is not None:
+            raise TypeError("out= takes host arrays: a device input's result comes back as a new device array")
+        host = [dev.to_host(i) if d else i for i, d in zip(items, on_dev, strict=True)]
+        if not isinstance(x, (list, tuple)):
+            return host[0], dev.to_device
+        return host, lambda res: [dev.to_device(r) if d else r for r, d in zip(res, on_dev, strict=True)]
+
+    async def _allreduce(
+        self,
+        x: Any,
+        op: str = "sum",
+        *,
+        out: Any = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        compression: str | None = None,
+    ) -> Any:
         fn = ufunc(op)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}")
+        comp = self.compression if compression is None else compression
         if isinstance(x, (list, tuple)):
-            return await self._allreduce_many(list(x), op, algorithm, timeout)
+            return await self._allreduce_many(list(x), op, algorithm, timeout, comp)
         c = to_numpy(x)
+        codec = self._codec(comp, c.flat.dtype, algorithm)
 
         async def go(seq: int) -> Any:
-            res = await self._allreduce_flat(seq, c.flat, fn, algorithm)
+            res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec)
             return self._finish(c, res, op, out)
 
-        return await self._run("allreduce", go, timeout)
+        return await self._run("allreduce", go, timeout, c.flat.nbytes)
 
     def _finish(self, c: Converted, res: np.ndarray, op: str, out: Any) -> Any:
         if op == "mean":
@@ -260,9 +342,20 @@ class Group:
             return write_out(out, res)
         return from_numpy(c, res)
 
-    async def _allreduce_many(self, xs: list[Any], op: str, algorithm: str, timeout: float | None) -> list[Any]:
+    def _codec(self, compression: str | None, dtype: np.dtype[Any], algorithm: str) -> WireCodec | None:
+        codec = wire_codec(compression, dtype)
+        if codec is not None and algorithm == "tree":
+            raise ValueError("compression works with the ring and recursive doubling, not algorithm='tree'")
+        return codec
+
+    async def _allreduce_many(
+        self, xs: list[Any], op: str, algorithm: str, timeout: float | None, compression: str | None
+    ) -> list[Any]:
         fn = ufunc(op)
         cs = [to_numpy(x) for x in xs]
+        # compression applies to the float32 buckets; others travel as they are
+        codecs = {c.flat.dtype: self._codec(compression if c.flat.dtype == np.float32 else None, c.flat.dtype,
+                                            algorithm) for c in cs}  # fmt: skip
         by_dtype: dict[np.dtype[Any], list[int]] = {}
         for i, c in enumerate(cs):
             by_dtype.setdefault(c.flat.dtype, []).append(i)
@@ -271,7 +364,7 @@ class Group:
             results: list[Any] = [None] * len(cs)
             for bucket, idx in enumerate(by_dtype.values()):
                 fused = np.concatenate([cs[i].flat for i in idx]) if len(idx) > 1 else cs[idx[0]].flat
-                res = await self._allreduce_flat(seq, fused, fn, algorithm, bucket)
+                res = await self._allreduce_flat(seq, fused, fn, algorithm, bucket, codecs[fused.dtype])
                 start = 0
                 for i in idx:
                     n = cs[i].flat.size
@@ -279,38 +372,50 @@ class Group:
                     start += n
             return results
 
-        return await self._run("allreduce", go, timeout)
+        return await self._run("allreduce", go, timeout, sum(c.flat.nbytes for c in cs))
 
-    async def _allreduce_flat(self, seq: int, flat: np.ndarray, fn: Any, algorithm: str, bucket: int = 0) -> np.ndarray:
+    async def _allreduce_flat(
+        self, seq: int, flat: np.ndarray, fn: Any, algorithm: str, bucket: int = 0, codec: WireCodec | None = None
+    ) -> np.ndarray:
         if self.size == 1:
             return flat.copy()
         if algorithm == "auto":
             algorithm = "doubling" if flat.nbytes <= self.small_bytes or flat.size < self.size else "ring"
         if algorithm == "ring" and flat.size >= self.size:
-            return await self._ring_allreduce(seq, flat, fn, bucket)
+            return await self._ring_allreduce(seq, flat, fn, bucket, codec)
         if algorithm == "tree":
             red = await self._tree_reduce(seq, flat, fn, 0, bucket)
             return await self._tree_bcast(seq, red, 0, bucket, phase=3)
-        return await self._doubling(seq, flat, fn, bucket)
+        return await self._doubling(seq, flat, fn, bucket, codec)
 
-    async def _doubling(self, seq: int, acc: np.ndarray, fn: Any, bucket: int) -> np.ndarray:
+    async def _doubling(
+        self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+    ) -> np.ndarray:
         plan = recursive_doubling(self.size, self.rank)
+        enc = codec.encode if codec is not None else _same
+        dec = codec.decode if codec is not None else _same
         if plan.fold_to is not None:
-            self._post(plan.fold_to, seq, tag(bucket, 0, 0), acc)
-            return np.asarray(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to)).copy()
-        acc = acc.copy()
+            self._post(plan.fold_to, seq, tag(bucket, 0, 0), enc(acc))
+            return np.array(dec(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to)))
+        acc = acc.copy() if codec is None else codec.round(acc)  # kept as the partner will see it
         if plan.fold_from is not None:
-            fn(acc, await self._recv(seq, tag(bucket, 0, 0), plan.fold_from), out=acc)
+            fn(acc, dec(await self._recv(seq, tag(bucket, 0, 0), plan.fold_from)), out=acc)
         for k, partner in enumerate(plan.partners):
-            self._post(partner, seq, tag(bucket, 1, k), acc)
-            got = await self._recv(seq, tag(bucket, 1, k), partner)
+            if codec is not None:
+                acc = codec.round(acc)
+            self._post(partner, seq, tag(bucket, 1, k), enc(acc))
+            got = dec(await self._recv(seq, tag(bucket, 1, k), partner))
             # the same operand order on both sides: results agree bit for bit (floats too)
             acc = fn(acc, got) if self.rank < partner else fn(got, acc)
+        if codec is not None:
+            acc = codec.round(acc)  # what a folded-in rank will receive: every rank the same bits
         if plan.unfold_to is not None:
-            self._post(plan.unfold_to, seq, tag(bucket, 2, 0), acc)
+            self._post(plan.unfold_to, seq, tag(bucket, 2, 0), enc(acc))
         return acc
 
-    async def _ring_allreduce(self, seq: int, flat: np.ndarray, fn: Any, bucket: int) -> np.ndarray:
+    async def _ring_allreduce(
+        self, seq: int, flat: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+    ) -> np.ndarray:
         """Ring reduce-scatter then ring allgather into one result buffer, every chunk sent in
         segments so the reduction (or copy) of segment j overlaps the transfer of j + 1."""
         n, r = self.size, self.rank
@@ -327,25 +432,32 @@ class Group:
             a, b = bounds[c]
             return [(s, min(s + seg, b)) for s in range(a, b, seg)] or [(a, a)]
 
+        enc = codec.encode if codec is not None else _same
+        dec = codec.decode if codec is not None else _same
         rs = ring_reduce_scatter(n, r)
         for j, (a, b) in enumerate(segments(rs[0].send)):
-            self._post(right, seq, tag(bucket, 4, 0, j), flat[a:b])
+            self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
         for s, step in enumerate(rs):
             for j, (a, b) in enumerate(segments(step.recv)):
-                got = await self._recv(seq, tag(bucket, 4, s, j), left)
+                got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
                 fn(flat[a:b], got, out=res[a:b])  # one chain per chunk: every rank gets the same bits
                 if s + 1 < len(rs):
-                    holds.setdefault(step.recv, []).append(self._post(right, seq, tag(bucket, 4, s + 1, j), res[a:b]))
+                    holds.setdefault(step.recv, []).append(
+                        self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
+                    )
         ag = ring_allgather(n, r)
         for j, (a, b) in enumerate(segments(ag[0].send)):
-            self._post(right, seq, tag(bucket, 5, 0, j), res[a:b])
+            if codec is not None:  # the chunk reduced here, kept as the others will receive it
+                res[a:b] = codec.round(res[a:b])
+            self._post(right, seq, tag(bucket, 5, 0, j), enc(res[a:b]))
         for s, step in enumerate(ag):
             if step.recv in holds:  # about to overwrite what an earlier send may still be reading
                 await asyncio.gather(*holds.pop(step.recv))
             for j, (a, b) in enumerate(segments(step.recv)):
-                np.copyto(res[a:b], await self._recv(seq, tag(bucket, 5, s, j), left))
+                got = await self._recv(seq, tag(bucket, 5, s, j), left)
+                np.copyto(res[a:b], dec(got))
                 if s + 1 < len(ag):
-                    self._post(right, seq, tag(bucket, 5, s + 1, j), res[a:b])
+                    self._post(right, seq, tag(bucket, 5, s + 1, j), got if codec is not None else res[a:b])
         return res
 
     async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, bucket: int) -> np.ndarray | None:
@@ -367,7 +479,7 @@ class Group:
             self._post(child, seq, tag(bucket, phase, 0), value)
         return value
 
-    async def reduce(
+    async def _reduce(
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
     ) -> Any:
         """The reduction on rank ``root`` (None elsewhere), over a binomial tree."""
@@ -378,9 +490,9 @@ class Group:
             res = await self._tree_reduce(seq, c.flat, fn, root, 0)
             return None if res is None else self._finish(c, res, op, out)
 
-        return await self._run("reduce", go, timeout)
+        return await self._run("reduce", go, timeout, c.flat.nbytes)
 
-    async def reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
+    async def _reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
         ``size`` near-equal blocks (as ``numpy.array_split``), reduced around the ring."""
         fn, c = ufunc(op), to_numpy(x)
@@ -401,7 +513,7 @@ class Group:
             a, b = rows[r]
             return from_numpy(Converted(res, (b - a, *c.shape[1:]), c.kind, x), res)
 
-        return await self._run("reduce_scatter", go, timeout)
+        return await self._run("reduce_scatter", go, timeout, c.flat.nbytes)
 
     async def _ring_reduce_scatter(
         self, seq: int, flat: np.ndarray, fn: Any, bounds: list[tuple[int, int]]
@@ -428,7 +540,8 @@ class Group:
     async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
         """``root``'s ``x`` on every rank (any serializable object), over a binomial tree."""
         self._check_root(root)
-        return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, 0), timeout)
+        nbytes = getattr(x, "nbytes", 0)
+        return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, 0), timeout, nbytes)
 
     async def allgather(self, x: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's ``x``, in rank order, on every rank (around the ring)."""
@@ -442,7 +555,7 @@ class Group:
                 items[step.recv] = await self._recv(seq, tag(0, 9, s), (r - 1) % n)
             return items
 
-        return await self._run("allgather", go, timeout)
+        return await self._run("allgather", go, timeout, getattr(x, "nbytes", 0))
 
     async def gather(self, x: Any, root: int = 0, *, timeout: float | None = None) -> list[Any] | None:
         """Every rank's ``x`` in rank order on ``root`` (None elsewhere)."""
@@ -455,7 +568,7 @@ class Group:
             futs = {src: self._recv(seq, tag(0, 10, 0), src) for src in range(self.size) if src != root}
             return [x if src == root else await futs[src] for src in range(self.size)]
 
-        return await self._run("gather", go, timeout)
+        return await self._run("gather", go, timeout, getattr(x, "nbytes", 0))
 
     async def scatter(self, xs: Sequence[Any] | None = None, root: int = 0, *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets ``xs[r]`` from ``root`` (``xs`` only matters on the root)."""
@@ -498,3 +611,7 @@ class Group:
 
 
 __all__ = ["ALGORITHMS", "Group"]
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x

@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..config import CollectivesSection
-from ..core.ports import MemberEventInfo, MemberEvents, Messaging
+from ..core.ports import DeviceArrays, MemberEventInfo, MemberEvents, Messaging
+from ..instrument import Instruments
 from .group import Group
 
 
@@ -24,8 +25,12 @@ class Collectives:
         messaging: Messaging,
         members: MemberEvents,
         spawn: Callable[[Awaitable[Any], str], asyncio.Task[Any]],
+        instruments: Instruments | None = None,
+        device: DeviceArrays | None = None,
     ) -> None:
         self.cfg = cfg
+        self._device = device  # device (GPU) inputs are reduced through host copies
+        self.instruments = instruments if instruments is not None else Instruments()
         self._msg = messaging
         self._spawn = spawn
         self._groups: set[Group] = set()
@@ -53,6 +58,9 @@ class Collectives:
             on_close=self._groups.discard,
             factory=self.make,
             epoch=epoch,
+            instruments=self.instruments,
+            compression=cfg.compression,
+            device=self._device,
         )
         self._groups.add(g)
         for m in members:  # a member already gone: the group cannot work, say so at once

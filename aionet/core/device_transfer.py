@@ -245,6 +245,16 @@ class DeviceTransfers:
         )
 
     # ------------------------------------------------------------------ serializer hook
+    # ------------------------------------------------------------------ DeviceArrays port
+    def is_device_array(self, obj: Any) -> bool:
+        return self.stager.is_device_array(obj)
+
+    def to_host(self, obj: Any) -> Any:
+        return self.stager.to_host(obj)
+
+    def to_device(self, arr: Any) -> Any:
+        return self.stager.to_device(arr)
+
     def encode(self, obj: Any) -> tuple[int, Any, Any] | None:
         if not is_device_array(obj):
             return None

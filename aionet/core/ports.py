@@ -101,6 +101,19 @@ class LoadFields(Protocol):
     def add_field(self, name: str, fn: Callable[[], Any]) -> None: ...
 
 
+class DeviceArrays(Protocol):
+    """Device (GPU) arrays to and from host memory, through the node's staging backend
+    (collectives reduce on the host)."""
+
+    def is_device_array(self, obj: Any) -> bool: ...
+
+    def to_host(self, obj: Any) -> Any:
+        """A numpy copy of device array ``obj`` (same dtype and shape)."""
+
+    def to_device(self, arr: Any) -> Any:
+        """``arr`` (numpy) as a device array of this node (numpy when it has no GPU)."""
+
+
 class Spawner(Protocol):
     """Start a task someone owns and awaits."""
 

@@ -42,6 +42,8 @@ class GPUInfo:
     memory_used: int
     utilization: float | None  # percent, None when the probe cannot tell
     uuid: str = ""
+    temperature_c: float | None = None  # NVML only
+    power_w: float | None = None  # NVML only: board power draw
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,14 +168,16 @@ class Devices:
         pynvml = self._nvml
         out: list[GPUInfo] = []
         for g in self._static_gpus:
-            used, util = g.memory_used, None
+            used, util, temp, power = g.memory_used, None, None, None
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(g.index)
                 used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
                 util = float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+                temp = float(pynvml.nvmlDeviceGetTemperature(h, getattr(pynvml, "NVML_TEMPERATURE_GPU", 0)))
+                power = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0  # mW
             except Exception:
-                pass  # keep the last known numbers; a flaky NVML must not break load reports
-            out.append(GPUInfo(g.index, g.name, g.memory_total, used, util, g.uuid))
+                pass  # keep what was read; a flaky NVML (or a board without sensors) must not break load reports
+            out.append(GPUInfo(g.index, g.name, g.memory_total, used, util, g.uuid, temp, power))
         return out
 
     # ------------------------------------------------------------------ public

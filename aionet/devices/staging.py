@@ -236,6 +236,24 @@ class Stager:
                 off += v.nbytes
         return target.finalize(flat, dtype, shape, order)
 
+    def to_host(self, obj: Any) -> np.ndarray:
+        """A host (numpy) copy of device array ``obj``, in its dtype and shape."""
+        flat, dtype, shape, order = self.backend.prepare(obj)
+        nbytes = int(flat.nbytes)
+        host = np.empty(nbytes, dtype=np.uint8)
+        for off in range(0, nbytes, self.chunk_bytes):
+            self.backend.copy_to_host(flat, off, host[off : off + self.chunk_bytes])
+        return host.view(dtype).reshape(shape, order=order)
+
+    def to_device(self, arr: np.ndarray) -> Any:
+        """``arr`` copied to this node's device (numpy when it has none and host fallback allows)."""
+        a = np.ascontiguousarray(arr)
+        target = self._target()
+        flat = target.empty(a.nbytes)
+        if a.nbytes:
+            target.copy_from_host(flat, 0, memoryview(a.reshape(-1).view(np.uint8)))
+        return target.finalize(flat, a.dtype, tuple(a.shape), "C")
+
     def _device_frame(self, frame: Any, nbytes: int) -> Any:
         flat, _, _, _ = self.backend.prepare(frame)
         if int(flat.nbytes) != nbytes:

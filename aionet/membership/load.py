@@ -33,14 +33,18 @@ class GpuLoad:
     memory_used: int
     memory_total: int
     utilization: float | None  # percent; None when the driver cannot tell
+    temperature_c: float | None = None  # NVML only
+    power_w: float | None = None  # NVML only
 
     def to_wire(self) -> list[Any]:
-        return [self.index, self.name, self.memory_used, self.memory_total, self.utilization]
+        return [self.index, self.name, self.memory_used, self.memory_total, self.utilization, self.temperature_c,
+                self.power_w]  # fmt: skip
 
     @classmethod
     def from_wire(cls, w: Any) -> GpuLoad:
-        idx, name, used, total, util = w
-        return cls(int(idx), str(name), int(used), int(total), None if util is None else float(util))
+        idx, name, used, total, util = w[:5]  # 5 fields from nodes before temperature and power
+        temp, power = (w[5], w[6]) if len(w) >= 7 else (None, None)
+        return cls(int(idx), str(name), int(used), int(total), _opt(util), _opt(temp), _opt(power))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,7 +53,13 @@ class GpuLoad:
             "memory_used": self.memory_used,
             "memory_total": self.memory_total,
             "utilization": self.utilization,
+            "temperature_c": self.temperature_c,
+            "power_w": self.power_w,
         }
+
+
+def _opt(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 @dataclass(frozen=True)
@@ -238,7 +248,9 @@ class LoadSampler:
                     str(g.get("name", "")),
                     int(g.get("memory_used", 0)),
                     int(g.get("memory_total", 0)),
-                    None if g.get("utilization") is None else float(g["utilization"]),
+                    _opt(g.get("utilization")),
+                    _opt(g.get("temperature_c")),
+                    _opt(g.get("power_w")),
                 )
                 for i, g in enumerate(info.get("gpus", []))
             )

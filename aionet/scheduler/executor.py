@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import queue
 import threading
 import time
@@ -115,8 +116,14 @@ class ThreadRunner:
 
 def process_entry(fn: str, args: list[Any], kwargs: dict[str, Any] | None, info: list[Any]) -> tuple[bool, Any, float]:
     """Runs in a pool process: import by path, call, report (ok, value or error fields, seconds)."""
-    task_id, node, owner, attempt, ckpt = info
-    token = _CURRENT.set(TaskContext(task_id, node, owner, attempt, ckpt, None))
+    task_id, node, owner, attempt, ckpt, rank, devices = info
+    ctx = TaskContext(task_id, node, owner, attempt, ckpt, None, rank=rank, devices=tuple(devices))
+    token = _CURRENT.set(ctx)
+    # the task's GPUs, for libraries this process initialises CUDA in from here on (a pool process
+    # that already initialised CUDA keeps the devices it saw then: use ctx.devices to pick one)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     t0 = time.perf_counter()
     try:
         f, _is_async = import_fn(fn)
@@ -128,6 +135,11 @@ def process_entry(fn: str, args: list[Any], kwargs: dict[str, Any] | None, info:
         return False, error_fields(exc), time.perf_counter() - t0
     finally:
         _CURRENT.reset(token)
+        if devices:
+            if visible is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = visible
 
 
 def process_pool(workers: int) -> Executor:

@@ -7,7 +7,7 @@ tests can drive them with a fake host: no node, no sockets.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -28,6 +28,9 @@ class SchedulerHost(Protocol):
     loop: asyncio.AbstractEventLoop
     log: Any  # a structlog logger
     instruments: Instruments  # the node's hooks (task_changed)
+    task_node: Any  # what task code gets as task_context().node (opaque here)
+    rank: int  # this node's rank in a launched world (-1 outside one)
+    locate: Callable[[str], Sequence[str]] | None  # the nodes holding a cache key (cache_ref arguments)
 
     # ---- running things
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, log_errors: bool = True) -> asyncio.Task[Any] | None:

@@ -8,8 +8,7 @@ and placement runs in bounded batches on the loop so heartbeats never starve.
 
 Exactly-once: a record accepts the first completion of any attempt while it is placed; every
 later completion (an old attempt from a node wrongly presumed dead, a stolen copy) is dropped,
-so each future is resolved once. A task's state (:class:`.state.TaskState`) changes only in
-:meth:`Owner._transition`, which checks the transition table.
+so each future is resolved once. A task's state changes only in :meth:`Owner._transition`.
 
 The owner decides, the service (:class:`.host.SchedulerHost`) does the I/O: the stimuli
 (``on_results``, ``node_dead``, ``announce``) return :mod:`.instructions`; user entry points
@@ -42,16 +41,8 @@ from .instructions import (
     SendSpecs,
     Suspect,
 )
-from .policies import (
-    NodeView,
-    RuntimeEstimator,
-    TaskReq,
-    check_policy,
-    choose,
-    feasible,
-    unsatisfiable_reason,
-    window_size,
-)
+from .placement import PlacementPolicy, PolicySet, task_req
+from .policies import NodeView, RuntimeEstimator, TaskReq, feasible, least_loaded, unsatisfiable_reason, window_size
 from .state import DEFAULT_RES, TASK_NEXT, TERMINAL, InvalidTransition, Rec, TaskState, normalize_resources
 from .tasks import (
     TaskCancelled,
@@ -60,8 +51,12 @@ from .tasks import (
     TaskRef,
     TaskTimeout,
     Unschedulable,
+    dep_error,
     extract_refs,
     fn_path,
+    locality_keys,
+    order_refs,
+    retry_names,
 )
 from .wire import (
     DEP_AT,
@@ -104,6 +99,8 @@ class Owner:
         self.max_per_slot = max(1, cfg.max_queued_per_slot)
         self.wait_for_nodes = cfg.wait_for_nodes
         self.estimator = RuntimeEstimator()
+        self.policies = PolicySet(self.estimator, sched.clock)
+        self.policy_obj = self.policies.get(self.policy)
         self.views: dict[str, NodeView] = {}
         self._live: list[NodeView] | None = None
         self.dead: set[str] = set()
@@ -164,7 +161,10 @@ class Owner:
         key: str | None = None,
         preemptible: bool = False,
         affinity: str | None = None,
-        policy: str | None = None,
+        policy: str | PlacementPolicy | None = None,
+        after: Any = None,
+        retry_on: Any = None,
+        prefer: str | None = None,
     ) -> TaskRef:
         if self.closed:
             raise TaskError("the scheduler is stopped (node not running)")
@@ -183,7 +183,7 @@ class Owner:
         except (KeyError, TypeError):
             raise ValueError(f"executor must be None, 'thread' or 'process', not {executor!r}") from None
         if policy is not None:
-            check_policy(policy)
+            self.policies.get(policy)  # ConfigError naming the choices for a bad name
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout!r}")
         prio = int(priority)
@@ -197,26 +197,32 @@ class Owner:
         rec.exe = exe
         rec.timeout = timeout
         rec.retries = self.default_retries if retries is None else int(retries)
-        rec.affinity = affinity
-        rec.policy = policy
+        rec.affinity, rec.policy, rec.prefer = affinity, policy, prefer
+        rec.locality = locality_keys(args, kwargs) if self.sched.locate is not None else ()
+        rec.retry_on = retry_names(retry_on) if retry_on else rec.retry_on
         rec.submitted = self.sched.clock()
         found: dict[int, tuple[int, TaskRef]] = {}
         rec.args = extract_refs(list(args), found) if args else []
         rec.kwargs = extract_refs(kwargs, found) if kwargs else None
-        flags = (F_PREEMPTIBLE if preemptible else 0) | (F_PINNED if affinity is not None else 0)
+        pinned = affinity is not None or (policy or self.policy) == "round-robin"  # stealing would undo a rotation
+        flags = (F_PREEMPTIBLE if preemptible else 0) | (F_PINNED if pinned else 0)
+        order_only = order_refs(after, self)
         self.recs[tid] = rec
         if key is not None:
             self.by_key[key] = rec
         ref = TaskRef(self, rec)
         self.counts["submitted"] += 1
-        if found:
-            flags |= F_HAS_DEPREFS
+        if found or order_only:
             deps: list[Rec] = []
             for _i, r in sorted(found.values(), key=lambda e: e[0]):
                 if r._owner is not self:
                     self.recs.pop(tid, None)
                     raise TaskError(f"{r!r} belongs to another node's scheduler; TaskRefs do not travel")
                 deps.append(r._rec)
+            if deps:
+                flags |= F_HAS_DEPREFS
+            rec.n_vdeps = len(deps)
+            deps += order_only  # waited for, never sent: the worker fetches only deps[:n_vdeps]
             rec.deps = deps
             rec.flags = flags
             for d in deps:
@@ -229,6 +235,16 @@ class Owner:
         self._perform()  # a dependency that already failed failed this task too
         return ref
 
+    def set_priority(self, rec: Rec, priority: int) -> bool:
+        """A task still at its owner (waiting or ready) takes ``priority`` from now on."""
+        if rec.state not in (WAITING, READY) or rec.tid not in self.recs:
+            return False
+        if rec.prio != priority:
+            rec.prio = priority
+            if rec.state == READY:
+                self._make_ready(rec)  # the old heap entry goes stale (skipped by _dispatch)
+        return True
+
     def _deps_ready(self, rec: Rec) -> bool:
         """True when every dependency has a result; otherwise registers ``rec`` to wait (or
         fails it when a dependency failed)."""
@@ -238,7 +254,7 @@ class Owner:
             if st == DONE:
                 continue
             if st in (FAILED, CANCELLED):
-                self._fail(rec, self._dep_error(rec, d))
+                self._fail(rec, dep_error(rec, d))
                 return False
             n += 1
             if d.dependents is None:
@@ -251,16 +267,6 @@ class Owner:
             rec.waiting = n
             return False
         return True
-
-    def _dep_error(self, rec: Rec, dep: Rec, cause: BaseException | None = None) -> TaskError:
-        why = "was cancelled" if dep.state == CANCELLED else "failed"
-        cls = TaskCancelled if dep.state == CANCELLED else TaskError
-        err = cls(f"task {rec.name} not run: its dependency {dep.name} ({dep.fn}) {why}")
-        if cause is not None:
-            err.__cause__ = cause
-        elif dep.fut.done() and not dep.fut.cancelled():
-            err.__cause__ = dep.fut.exception()
-        return err
 
     def _make_ready(self, rec: Rec) -> None:
         if rec.state is not READY:  # a re-queued record keeps its state
@@ -282,13 +288,7 @@ class Owner:
         return self._live
 
     def _req(self, rec: Rec) -> TaskReq:
-        dep_bytes: dict[str, int] = {}
-        for d in rec.deps or ():
-            if d.holder is not None:
-                dep_bytes[d.holder] = dep_bytes.get(d.holder, 0) + d.nbytes
-            elif d.nbytes:
-                dep_bytes[self.name] = dep_bytes.get(self.name, 0) + d.nbytes
-        return TaskReq(rec.fn, rec.res, rec.prio, dep_bytes, rec.affinity, rec.exclude)
+        return task_req(rec, self.name, self.sched.locate)
 
     def _dispatch(self) -> None:
         self._dispatch_pending = False
@@ -300,16 +300,19 @@ class Owner:
         deferred: list[tuple[int, int, Rec]] = []
         retry_later = False
         now = self.sched.clock()
+        ctx = self.policies.ctx
+        ctx.now = now
         while heap and budget > 0:
-            rec = heap[0][2]
-            if rec.state != READY:
+            prio, _, rec = heap[0]
+            if rec.state != READY or prio != -rec.prio:  # done elsewhere, or re-prioritized
                 heapq.heappop(heap)
                 continue
             if rec.deps is not None and not self._deps_ready(rec):
                 heapq.heappop(heap)
                 continue
             req = self._req(rec)
-            name = choose(rec.policy or self.policy, req, live, seq=self.rr_seq, estimator=self.estimator)
+            ctx.seq = self.rr_seq
+            name = (self.policy_obj if rec.policy is None else self.policies.get(rec.policy)).choose(req, live, ctx)
             if name is None:
                 entry = heapq.heappop(heap)
                 if not feasible(req, live):
@@ -326,7 +329,9 @@ class Owner:
                     break
                 continue
             heapq.heappop(heap)
-            self._place(rec, self.views[name])
+            view = self.views.get(name) or self.views[least_loaded(req, live) or live[0].name]  # not offered: ours
+            rec.placed_at = now
+            self._place(rec, view)
             budget -= 1
         for e in deferred:
             heapq.heappush(heap, e)
@@ -364,22 +369,10 @@ class Owner:
                 if k != "cpu":
                     free[k] = free.get(k, 0.0) - v
         self.rr_seq += 1
-        deps = self._deps_wire(rec, name) if rec.deps is not None else None
-        spec = [
-            rec.tid,
-            rec.fn,
-            rec.args,
-            rec.kwargs,
-            rec.prio,
-            rec.res_wire,
-            rec.exe,
-            rec.flags,
-            rec.timeout,
-            rec.attempt,
-            deps,
-            rec.ckpt,
-            rec.key,
-        ]
+        deps = self._deps_wire(rec, name) if rec.deps is not None and rec.n_vdeps else None
+        # the S_* fields of wire.py, in order
+        spec = [rec.tid, rec.fn, rec.args, rec.kwargs, rec.prio, rec.res_wire, rec.exe, rec.flags, rec.timeout,
+                rec.attempt, deps, rec.ckpt, rec.key]  # fmt: skip
         box = self.outbox.get(name)
         if box is None:
             box = self.outbox[name] = []
@@ -388,7 +381,7 @@ class Owner:
 
     def _deps_wire(self, rec: Rec, target: str) -> list[list[Any]]:
         out = []
-        for i, d in enumerate(rec.deps or ()):
+        for i, d in enumerate((rec.deps or ())[: rec.n_vdeps]):
             if d.holder is not None and (d.holder == target or not d.has_value):
                 out.append([i, DEP_AT, [d.holder, d.tid]])
             else:
@@ -466,6 +459,7 @@ class Owner:
         recs = self.recs
         stats = self.counts
         est = self.estimator
+        policies = self.policies
         for item in items:
             tid, _attempt, status, payload, runtime, nbytes = item
             rec = recs.get(tid)
@@ -498,14 +492,16 @@ class Owner:
             if where is not None and where != worker:
                 self._send_ctrl(where, M_CANCEL, tid)  # another attempt may still run there
             rec.node = worker
-            if status == R_VALUE:
+            if status in (R_VALUE, R_HELD, R_ERROR):
                 est.update(rec.fn, worker, runtime)
+                if policies.observers:
+                    policies.observe(rec.tid, rec.fn, self.views.get(worker), worker, runtime, rec.placed_at, status)
+            if status == R_VALUE:
                 rec.value = payload
                 rec.has_value = True
                 rec.nbytes = nbytes
                 self._done(rec)
             elif status == R_HELD:
-                est.update(rec.fn, worker, runtime)
                 rec.holder = worker
                 rec.nbytes = nbytes
                 h = self.held.get(worker)
@@ -514,9 +510,12 @@ class Owner:
                 h[tid] = rec
                 self._done(rec)
             elif status == R_ERROR:
-                est.update(rec.fn, worker, runtime)
-                rtype, msg, tb = payload
-                self._fail(rec, TaskFailed(rec.name, worker, str(rtype), str(msg), str(tb)))
+                rtype, msg, tb = payload[:3]
+                bases = payload[3] if len(payload) > 3 and isinstance(payload[3], list) else [rtype]
+                if rec.retry_on and rec.retries > 0 and not rec.retry_on.isdisjoint(map(str, bases)):
+                    self._retry(rec, f"it raised {rtype}: {msg}", count=True)  # retry_on=
+                else:
+                    self._fail(rec, TaskFailed(rec.name, worker, str(rtype), str(msg), str(tb)))
             elif status == R_TIMEOUT:
                 self._fail(rec, TaskTimeout(f"task {rec.name} ({rec.fn}) on {worker}: {payload}"))
             elif status == R_DEPLOST:
@@ -535,7 +534,7 @@ class Owner:
 
     def _apply_load(self, view: NodeView, load: Any, mine: bool) -> None:
         try:
-            q, r, m, free = load
+            q, r, m, free = load[:4]
             view.other = max(0, int(q) + int(r) - (int(m) if mine else view.inflight))
             if isinstance(free, dict):
                 view.free = {k: float(v) for k, v in free.items()}
@@ -543,6 +542,9 @@ class Owner:
             pass
 
     def load_report(self, node: str, load: Any) -> None:
+        if isinstance(load, list) and len(load) > 4 and load[4] is False:
+            self.node_up(node, {}, run_tasks=False)  # it is draining: place nothing more there
+            return
         view = self.views.get(node)
         if view is not None:
             self._apply_load(view, load, mine=False)
@@ -636,7 +638,7 @@ class Owner:
                 r.dependents = None
                 for d in deps:
                     if d.state == WAITING:
-                        stack.append((d, self._dep_error(d, r, e)))
+                        stack.append((d, dep_error(d, r, e)))
 
     def _release_deps(self, rec: Rec) -> None:
         deps = rec.deps

@@ -22,15 +22,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-from ..errors import ConfigError
+from types import MappingProxyType
 
 __all__ = [
     "POLICIES",
     "NodeView",
     "RuntimeEstimator",
     "TaskReq",
-    "check_policy",
+    "candidates",
     "choose",
     "feasible",
     "fits",
@@ -79,6 +78,8 @@ class TaskReq:
     dep_bytes: Mapping[str, int] = field(default_factory=dict)  # node -> bytes of arguments held there
     affinity: str | None = None  # run only on this node
     exclude: frozenset[str] = frozenset()  # nodes that refused the task
+    tid: int = 0  # the owner's id for this placement (matches Completion.tid for learning policies)
+    prefer: str | None = None  # soft: among nodes with room, those with the most of this resource free
 
 
 def fits(req: Mapping[str, float], avail: Mapping[str, float]) -> bool:
@@ -130,8 +131,19 @@ def _scarce_free(task: TaskReq, nodes: list[NodeView]) -> list[NodeView]:
     return free or nodes
 
 
-def _candidates(task: TaskReq, nodes: Sequence[NodeView]) -> list[NodeView]:
-    return _scarce_free(task, [n for n in feasible(task, nodes) if n.has_room(task.priority)])
+def candidates(task: TaskReq, nodes: Sequence[NodeView]) -> list[NodeView]:
+    """Feasible nodes with room now, narrowed to those whose scarce resources are free, and to
+    those with the most of ``task.prefer`` free when the task states a preference."""
+    cands = _scarce_free(task, [n for n in feasible(task, nodes) if n.has_room(task.priority)])
+    return _preferred(task.prefer, cands) if task.prefer and len(cands) > 1 else cands
+
+
+def _preferred(resource: str, nodes: list[NodeView]) -> list[NodeView]:
+    """The nodes with the most ``resource`` free (a soft preference: all of them when none has any)."""
+    most = max(n.free.get(resource, 0.0) for n in nodes)
+    if most <= EPS:
+        return nodes
+    return [n for n in nodes if n.free.get(resource, 0.0) >= most - EPS]
 
 
 def _load(n: NodeView) -> float:
@@ -153,7 +165,7 @@ def round_robin(task: TaskReq, nodes: Sequence[NodeView], *, seq: int = 0, **_: 
 
 def least_loaded(task: TaskReq, nodes: Sequence[NodeView], **_: object) -> str | None:
     """The node with the fewest tasks (ours in flight + others' reported) per cpu slot."""
-    cands = _candidates(task, nodes)
+    cands = candidates(task, nodes)
     if not cands:
         return None
     return min(cands, key=lambda n: (_load(n), n.name)).name
@@ -165,7 +177,7 @@ def shortest_expected(
     """The node where the task is expected to *finish* first: queued work ahead of it spread
     over the node's slots, plus this function's learned runtime there. Fast nodes therefore
     receive work in proportion to their speed."""
-    cands = _candidates(task, nodes)
+    cands = candidates(task, nodes)
     if not cands:
         return None
     est = estimator or RuntimeEstimator()
@@ -184,7 +196,7 @@ def shortest_expected(
 
 def locality(task: TaskReq, nodes: Sequence[NodeView], **kw: object) -> str | None:
     """The node already holding most of the task's argument bytes; least-loaded otherwise."""
-    cands = _candidates(task, nodes)
+    cands = candidates(task, nodes)
     if not cands:
         return None
     if task.dep_bytes:
@@ -196,18 +208,16 @@ def locality(task: TaskReq, nodes: Sequence[NodeView], **kw: object) -> str | No
 
 Policy = Callable[..., "str | None"]
 
-POLICIES: dict[str, Policy] = {
-    "round-robin": round_robin,
-    "least-loaded": least_loaded,
-    "shortest-expected": shortest_expected,
-    "locality": locality,
-}
-
-
-def check_policy(policy: str) -> None:
-    """ConfigError unless ``policy`` names one of :data:`POLICIES`."""
-    if policy not in POLICIES:
-        raise ConfigError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+# The built-in heuristics as plain functions (constant). Third-party and learned policies plug
+# in through :class:`aionet.scheduler.placement.PolicyRegistry`, not here.
+POLICIES: MappingProxyType[str, Policy] = MappingProxyType(
+    {
+        "round-robin": round_robin,
+        "least-loaded": least_loaded,
+        "shortest-expected": shortest_expected,
+        "locality": locality,
+    }
+)
 
 
 def choose(
@@ -270,6 +280,14 @@ class RuntimeEstimator:
     def estimate(self, fn: str, node: str) -> float | None:
         per = self._by_fn_node.get(fn)
         return None if per is None else per.get(node)
+
+    def runtimes(self, fn: str) -> Mapping[str, float]:
+        """Node -> learned runtime of ``fn`` (the live table: read it, never change it)."""
+        return self._by_fn_node.get(fn) or {}
+
+    def node_means(self) -> Mapping[str, float]:
+        """Node -> runtime over every function (the live table: read it, never change it)."""
+        return self._by_node
 
     def mean(self, fn: str) -> float | None:
         per = self._by_fn_node.get(fn)

@@ -142,6 +142,42 @@ class ResourcePool:
         return {k: self.total.get(k, 0.0) - self.free.get(k, 0.0) for k in self.total}
 
 
+class GpuSlots:
+    """Which of a node's GPUs (indices 0..n-1, CUDA ordinals within what the process sees)
+    running tasks hold, so that tasks asking whole GPUs get distinct ones (``ctx.devices``)."""
+
+    __slots__ = ("use",)
+
+    def __init__(self, n: int):
+        self.use = [0.0] * n
+
+    def take(self, want: float) -> tuple[int, ...]:
+        """Devices for a task asking ``want`` GPUs (the resource pool already said they fit):
+        whole GPUs take idle devices, lowest index first; a fraction packs onto the busiest
+        device that still has room, keeping whole devices free for whole-GPU tasks."""
+        use = self.use
+        if not use:
+            return ()
+        if want >= 1.0:
+            n = round(want)
+            idle = [i for i, u in enumerate(use) if u <= EPS][:n]
+            if len(idle) < n:  # fractions spread over more devices than needed: the least used
+                idle = sorted(range(len(use)), key=lambda i: (use[i], i))[:n]
+            for i in idle:
+                use[i] += 1.0
+            return tuple(sorted(idle))
+        room = [i for i, u in enumerate(use) if u + want <= 1.0 + EPS]
+        best = max(room, key=lambda i: (use[i], -i)) if room else min(range(len(use)), key=lambda i: (use[i], i))
+        use[best] += want
+        return (best,)
+
+    def give(self, devices: tuple[int, ...], want: float) -> None:
+        """Return what :meth:`take` gave for a request of ``want``."""
+        each = 1.0 if want >= 1.0 else want
+        for d in devices:
+            self.use[d] = max(0.0, self.use[d] - each)
+
+
 @dataclass(slots=True, frozen=True)
 class Preemptible:
     """A running task as preemption sees it."""

@@ -20,13 +20,14 @@ attempts are resubmitted under the retry rules, and owners accept one completion
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import inspect
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.ports import Clock, ControlChannel, LoadFields, MemberEventInfo, MemberEvents, Messaging
@@ -51,13 +52,14 @@ from .instructions import (
     WorkerInstruction,
 )
 from .owner import MAX_DEPLOST, Owner
-from .policies import check_policy
+from .placement import check_policy
 from .state import Rec, TaskState, normalize_resources
 from .tasks import TaskLost, TaskRef
 from .wire import (
     CHANNEL,
     DEP_TYPE_NAME,
     M_CANCEL,
+    M_DEPARTED,
     M_FREE,
     M_LOAD,
     M_RECONCILE,
@@ -89,15 +91,17 @@ def _name(t: asyncio.Future[Any]) -> str:
     return t.get_name() if isinstance(t, asyncio.Task) else repr(t)
 
 
-def _count_gpus(devices: Devices | None) -> int:
-    """GPUs to offer (none without the node's ``devices``). Skips the (slow) CUDA probe when
-    the host has no NVIDIA device files."""
-    if devices is None or not glob.glob("/dev/nvidia[0-9]*"):
-        return 0
-    try:
-        return int(devices.gpu_count())
-    except Exception:
-        return 0
+def _gpu_resources(devices: Devices | None, declared: Mapping[str, float]) -> dict[str, float]:
+    """GPUs to offer, and their memory in bytes as the resource ``gpu_memory`` (what tasks may
+    ask for, or ``prefer=``), unless declared. Skips the (slow) CUDA probe without NVIDIA device files."""
+    out = {"gpu": 0.0}
+    if devices is not None and glob.glob("/dev/nvidia[0-9]*"):
+        try:
+            gpus = devices.discover().get("gpus", [])
+            out = {"gpu": float(len(gpus)), "gpu_memory": float(sum(int(g["memory_total"]) for g in gpus))}
+        except Exception:
+            pass
+    return {k: v for k, v in out.items() if k not in declared and (v or k == "gpu")}
 
 
 class Scheduler:
@@ -115,8 +119,15 @@ class Scheduler:
         devices: Devices | None = None,
         clock: Clock = time.monotonic,
         instruments: Instruments | None = None,
+        task_node: Any = None,
+        rank: int = -1,
     ):
         self._msg = messaging
+        # handed to task code as ``task_context().node`` (and never used here): the node a task
+        # runs on, so it can send, request and join groups; and that node's launched rank
+        self.task_node = task_node
+        self.rank = rank
+        self.locate: Callable[[str], Sequence[str]] | None = None  # set by the Node: the cache's owners(key)
         self.instruments = instruments if instruments is not None else Instruments()
         self._dumps = dumps
         self._devices = devices  # the node's: how many GPUs to offer
@@ -132,12 +143,15 @@ class Scheduler:
         self.alive: set[str] = set()
         self.down: set[str] = set()
         self._states: dict[str, str] = {}  # member -> state, as membership's events said
+        self._leaving: set[str] = set()  # peers that left gracefully, until our mailbox catches up
+        self._nonce = os.urandom(8).hex()  # marks our own M_DEPARTED markers (peers cannot forge them)
         self._info_pending: set[str] = set()
+        self._workers_waiters: list[asyncio.Future[None]] = []  # wait_workers()
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._params: dict[Any, tuple[Any, frozenset[str]]] = {}  # fn -> its keyword params named like options
-        # set once start() knows this node's resources: a peer asking before then (it saw us join
-        # the membership first) waits for them rather than learning an empty pool for good
+        # set once start() knows this node's resources: a peer asking before then waits (else it
+        # would learn an empty pool and place nothing here, or fail tasks as unschedulable)
         self._ready = asyncio.Event()
         self._running = False
         messaging.add_service(SVC_RESOURCES, self._svc_resources)
@@ -179,6 +193,7 @@ class Scheduler:
         self.worker.start(total)
         self._ready.set()
         self.owner.node_up(self.name, total, self.worker.run_tasks)
+        self._workers_changed()
         self.spawn(self._consume(), "aionet-sched-consume")
         self.spawn(self._tick(), "aionet-sched-tick")
         for name in sorted(self.alive):  # members membership reported alive before we started
@@ -196,10 +211,33 @@ class Scheduler:
             total["memory"] = float(psutil.virtual_memory().total)
         except Exception:
             pass
-        if "gpu" not in declared:
-            total["gpu"] = float(await asyncio.to_thread(_count_gpus, self._devices))
-        total.update(declared)
+        total.update(await asyncio.to_thread(_gpu_resources, self._devices, declared), **declared)
         return total
+
+    async def drain(self, timeout: float) -> int:
+        """Stop taking tasks (peers are told; new ones are rejected and placed elsewhere) and let
+        those accepted here finish, for up to ``timeout`` seconds. Returns how many are left: when
+        the node then leaves, their owners re-run them elsewhere without counting a retry."""
+        w = self.worker
+        if not self._running:
+            return len(w.jobs)
+        w.run_tasks = False
+        self.owner.node_up(self.name, {}, run_tasks=False)
+        self.broadcast_load([*w.load(None), False])
+        w.idle = asyncio.Event()
+        if w.jobs:
+            self.log.info("draining: finishing the tasks accepted here", tasks=len(w.jobs), timeout=timeout)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(w.idle.wait(), timeout)
+        left = len(w.jobs)
+        if left:
+            self.log.warning("drain timed out; their owners will re-run the tasks still here", tasks=left)
+        # the last results must be on their links before the node says it leaves (owners apply
+        # a leave after what was sent before it, so they count, and nothing is re-run)
+        deadline = self.loop.time() + 5.0
+        while w.unsent() and self.loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        return left
 
     async def stop(self) -> None:
         """Fail what this node owns, drop queued work, then cancel and await every task the
@@ -247,6 +285,27 @@ class Scheduler:
         _consume(t)
 
     # ------------------------------------------------------------------ user API
+    async def wait_workers(self, n: int, timeout: float | None = None) -> list[str]:
+        """Wait until ``n`` nodes take tasks from here (alive, resources learned); their names."""
+        views = self.owner.views
+        try:
+            async with asyncio.timeout(timeout):
+                while len(views) < n:
+                    fut = self.loop.create_future()
+                    self._workers_waiters.append(fut)
+                    await fut
+        except TimeoutError:
+            there = ", ".join(sorted(views)) or "none"
+            raise TimeoutError(
+                f"{len(views)} of {n} workers after {timeout:g} s ({there}): have the others joined?"
+            ) from None
+        return sorted(views)
+
+    def _workers_changed(self) -> None:
+        waiters, self._workers_waiters = self._workers_waiters, []
+        for fut in (f for f in waiters if not f.done()):
+            fut.set_result(None)
+
     def submit(self, fn: Any, *args: Any, **options: Any) -> TaskRef:
         """Keywords named in ``_OPTIONS`` are task options; ``kwargs={...}`` holds the
         function's keyword arguments. Without ``kwargs=``, other keywords go to the function,
@@ -268,6 +327,9 @@ class Scheduler:
             if opts:
                 self._check_shadowing(fn, opts)
             kw = options or None
+        preset = getattr(fn, "__aionet_task__", None)  # @aionet.task(...) defaults; submit()'s win
+        if preset:
+            opts = {**preset, **opts}
         return self.owner.submit(fn, args, kw, **opts)
 
     def _check_shadowing(self, fn: Any, opts: Mapping[str, Any]) -> None:
@@ -564,6 +626,10 @@ class Scheduler:
                         owner.load_report(sender, m[2])
                     elif kind == M_RECONCILE:
                         self._on_reconcile(sender, m[2], bool(m[3]))
+                    elif kind == M_DEPARTED:
+                        if sender == self.name and m[3] == self._nonce and m[2] in self._leaving:
+                            self._leaving.discard(m[2])
+                            self.node_down(m[2], graceful=True, reason="left")
                     else:
                         raise ValueError(f"unknown scheduler message kind {kind!r}")
                 except Exception as exc:  # one bad message must not stop the scheduler
@@ -636,6 +702,7 @@ class Scheduler:
             except (TypeError, ValueError, AttributeError):
                 total, run_tasks = {}, False
             self.owner.node_up(name, total, run_tasks)
+            self._workers_changed()
             load = info.get("load")
             if load:
                 self.worker.peer_load[name] = list(load)
@@ -647,7 +714,7 @@ class Scheduler:
             if self._states.get(peer) == "alive":
                 self._peer_alive(peer)
         elif event == "left":
-            self.node_down(peer, graceful=True, reason=str(details.get("reason", event)))
+            self._departed(peer)
 
     def _on_member_change(self, ev: MemberEventInfo) -> None:
         """A membership event: who is alive comes only from these."""
@@ -660,13 +727,26 @@ class Scheduler:
             self.node_down(name, graceful=False, reason="restarted")
         if state == "alive":
             self._peer_alive(name)
-        elif state in ("dead", "left"):
-            self.node_down(name, graceful=state == "left", reason=f"membership: {kind or state}")
+        elif state == "left":
+            self._departed(name)
+        elif state == "dead":
+            self.node_down(name, graceful=False, reason=f"membership: {kind or state}")
+
+    def _departed(self, peer: str) -> None:
+        """A graceful leave takes effect after the messages ``peer`` sent before it (already in
+        our mailbox: one link, in order), so its last results count and nothing is re-run."""
+        if not self._running or peer in self.down or peer in self._leaving:
+            return
+        self._leaving.add(peer)
+        marker = [M_DEPARTED, self.name, peer, self._nonce]
+        if self.spawn(self._msg.send(self.name, CHANNEL, marker), "aionet-sched-departed") is None:
+            self.node_down(peer, graceful=True, reason="membership: left")
 
     def _peer_alive(self, peer: str) -> None:
         if peer == self.name:
             return
         back = peer in self.down
+        self._leaving.discard(peer)  # back before its leave took effect: it never left
         self.down.discard(peer)
         self.alive.add(peer)
         self._learn(peer)
@@ -706,14 +786,5 @@ class Scheduler:
         self.perform_worker(self.worker.peer_dead(peer))
 
 
-_OPTIONS = (
-    "resources",
-    "priority",
-    "retries",
-    "timeout",
-    "executor",
-    "key",
-    "preemptible",
-    "affinity",
-    "policy",
-)
+_OPTIONS = ("resources", "priority", "retries", "timeout", "executor", "key", "preemptible", "affinity", "policy",
+            "after", "retry_on", "prefer")  # fmt: skip

@@ -159,16 +159,21 @@ class Rec:
         "holder",
         "key",
         "kwargs",
+        "locality",
+        "n_vdeps",
         "name",
         "nbytes",
         "node",
         "nrefs",
         "pins",
+        "placed_at",
         "policy",
+        "prefer",
         "prio",
         "res",
         "res_wire",
         "retries",
+        "retry_on",
         "state",
         "submitted",
         "tid",
@@ -194,8 +199,12 @@ class Rec:
         self.retries = 0
         self.affinity: str | None = None
         self.exclude: frozenset[str] = frozenset()
-        self.policy: str | None = None
+        self.policy: Any = None  # per-call policy: a name, an import path or a policy object
+        self.prefer: str | None = None  # submit(prefer=): a resource to have the most of free
+        self.locality: tuple[str, ...] = ()  # keys of cache_ref arguments: where their data is held
         self.deps: list[Rec] | None = None
+        self.n_vdeps = 0  # deps[:n_vdeps] feed arguments; the rest are order-only (submit(after=))
+        self.retry_on: frozenset[str] = frozenset()  # exception type names re-run on (retry_on=)
         self.waiting = 0
         self.dependents: list[Rec] | None = None
         self.pins = 0
@@ -211,6 +220,7 @@ class Rec:
         self.ckpt: Any = None
         self.deplost = 0
         self.submitted = 0.0
+        self.placed_at = 0.0
 
     @property
     def state_name(self) -> str:
@@ -228,6 +238,7 @@ class Job:
         "ckpt",
         "ctx",
         "deps",
+        "devices",
         "exe",
         "flags",
         "fn",
@@ -282,6 +293,7 @@ class Job:
         self.task: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.ctx: TaskContext | None = None
+        self.devices: tuple[int, ...] = ()  # GPU indices given to this job while it runs
         self.preempting = False
         self.cancelled = False
         self.timed_out = False

@@ -27,6 +27,7 @@ __all__ = [
     "TaskRef",
     "TaskTimeout",
     "Unschedulable",
+    "task",
     "task_context",
 ]
 
@@ -79,19 +80,30 @@ class TaskContext:
     ``restore()`` instead of from scratch. ``state`` must be serializable by aionet.
     """
 
-    __slots__ = ("_sink", "_state", "attempt", "node", "owner", "task_id")
+    __slots__ = ("_sink", "_state", "attempt", "devices", "node", "node_name", "owner", "rank", "task_id")
 
     def __init__(
         self,
         task_id: str,
-        node: str,
+        node_name: str,
         owner: str,
         attempt: int,
         state: Any,
         sink: Callable[[Any], None] | None,
+        *,
+        node: Any = None,
+        rank: int = -1,
+        devices: tuple[int, ...] = (),
     ):
         self.task_id = task_id
+        #: the Node running this task (send, request, groups, cache from task code); None in
+        #: executor="process" tasks, which run in another process
         self.node = node
+        self.node_name = node_name  # that node's name
+        self.rank = rank  # its rank in a launched world (-1 outside one)
+        #: GPU indices given to this task by resources={"gpu": n} (CUDA_VISIBLE_DEVICES is set
+        #: to them for executor="process" tasks)
+        self.devices = devices
         self.owner = owner
         self.attempt = attempt
         self._state = state
@@ -108,7 +120,7 @@ class TaskContext:
         return self._state
 
     def __repr__(self) -> str:
-        return f"<TaskContext {self.task_id} on {self.node} attempt={self.attempt}>"
+        return f"<TaskContext {self.task_id} on {self.node_name} attempt={self.attempt}>"
 
 
 def task_context() -> TaskContext:
@@ -147,6 +159,8 @@ class RefOwner(Protocol):
 
     def cancel(self, rec: Any) -> bool: ...
 
+    def set_priority(self, rec: Any, priority: int) -> bool: ...
+
     def ref_dropped(self, rec: Any) -> None: ...
 
 
@@ -176,6 +190,12 @@ class TaskRef:
         """Cancel the task (removed from queues; running async tasks are cancelled). Awaiting it
         then raises :class:`TaskCancelled`. False if it had already finished."""
         return self._owner.cancel(self._rec)
+
+    def set_priority(self, priority: int) -> bool:
+        """Change the priority of a task that has not been placed on a node yet (waiting for
+        its dependencies or for room). Returns False when it was already placed, running or
+        done: a node's own queue keeps the order it was given."""
+        return self._owner.set_priority(self._rec, int(priority))
 
     @property
     def id(self) -> str:
@@ -302,12 +322,86 @@ def substitute(obj: Any, values: list[Any]) -> Any:
     return _replace(obj, DepRef, lambda d: values[d.i])
 
 
-def error_fields(exc: BaseException) -> list[str]:
-    """[type, message, traceback] of an exception, as results carry it."""
+def type_name(t: type) -> str:
+    """How results name an exception type: ``ValueError``, ``pkg.mod.MyError``."""
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def error_fields(exc: BaseException) -> list[Any]:
+    """[type, message, traceback, [type and its bases]] of an exception, as results carry it
+    (the bases let the owner apply ``retry_on=`` to subclasses without importing them)."""
     t = type(exc)
-    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
     tb = "".join(traceback.format_exception(t, exc, exc.__traceback__))
-    return [name, str(exc), tb]
+    return [type_name(t), str(exc), tb, [type_name(b) for b in t.__mro__ if b is not object]]
+
+
+#: options ``@aionet.task(...)`` may preset (``node.submit`` keywords override them)
+TASK_OPTIONS = ("resources", "priority", "retries", "retry_on", "timeout", "executor", "preemptible", "policy")
+
+
+def task(fn: Any = None, /, **options: Any) -> Any:
+    """Preset task options on a module-level function: ``@aionet.task(resources={"gpu": 1},
+    retries=2, retry_on=(OSError,))``, then ``node.submit(fn, ...)``. The function is still
+    named by import path (each node runs its own installed copy) and stays callable as is."""
+    bad = [k for k in options if k not in TASK_OPTIONS]
+    if bad:
+        raise TypeError(f"aionet.task(): unknown option {bad[0]!r}; options: {', '.join(TASK_OPTIONS)}")
+    if "retry_on" in options:
+        options["retry_on"] = retry_names(options["retry_on"])
+
+    def mark(f: Any) -> Any:
+        fn_path(f)  # fails now, at definition, for a function that cannot be named by path
+        f.__aionet_task__ = dict(options)
+        return f
+
+    return mark if fn is None else mark(fn)
+
+
+def order_refs(after: Any, owner: Any) -> list[Any]:
+    """``submit(after=[refs])``: the records to wait for (order only, no value passed)."""
+    if after is None:
+        return []
+    refs = [after] if isinstance(after, TaskRef) else list(after)
+    for r in refs:
+        if not isinstance(r, TaskRef):
+            raise TypeError(f"after= takes TaskRefs, not {r!r}")
+        if r._owner is not owner:
+            raise TaskError(f"{r!r} belongs to another node's scheduler; TaskRefs do not travel")
+    return [r._rec for r in refs]
+
+
+def dep_error(rec: Any, dep: Any, cause: BaseException | None = None) -> TaskError:
+    """Why ``rec`` will not run: its dependency ``dep`` (a record) failed or was cancelled."""
+    cancelled = dep.state_name == "cancelled"
+    cls = TaskCancelled if cancelled else TaskError
+    why = "was cancelled" if cancelled else "failed"
+    err = cls(f"task {rec.name} not run: its dependency {dep.name} ({dep.fn}) {why}")
+    if cause is not None:
+        err.__cause__ = cause
+    elif dep.fut.done() and not dep.fut.cancelled():
+        err.__cause__ = dep.fut.exception()
+    return err
+
+
+def locality_keys(args: Any, kwargs: Any) -> tuple[str, ...]:
+    """The keys of arguments that name where their data lives (``aionet.cache_ref(key)``: any
+    object whose type has ``__aionet_locality__``), top level only."""
+    items = [*(args or ()), *((kwargs or {}).values())]
+    return tuple(str(a.__aionet_locality__) for a in items if hasattr(type(a), "__aionet_locality__"))
+
+
+def retry_names(retry_on: Any) -> frozenset[str]:
+    """``retry_on=`` (an exception type, a tuple of them, or their names) as type names."""
+    items = retry_on if isinstance(retry_on, (tuple, list, set, frozenset)) else (retry_on,)
+    out = set()
+    for it in items:
+        if isinstance(it, str):
+            out.add(it)
+        elif isinstance(it, type) and issubclass(it, BaseException):
+            out.add(type_name(it))
+        else:
+            raise TypeError(f"retry_on= takes exception types (or their names), not {it!r}")
+    return frozenset(out)
 
 
 def estimate_nbytes(obj: Any, depth: int = 0) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..codecs.envelope import M_CANCEL, M_FREE, M_LOAD, M_RECONCILE, M_RESULTS, M_SUBMIT  # noqa: F401  (re-exported for the scheduler)
+from ..codecs.envelope import M_CANCEL, M_DEPARTED, M_FREE, M_LOAD, M_RECONCILE, M_RESULTS, M_SUBMIT  # noqa: F401  (re-exported for the scheduler)
 
 
 @dataclass(slots=True)
@@ -25,7 +25,7 @@ S_TID, S_FN, S_ARGS, S_KWARGS, S_PRIO, S_RES, S_EXE, S_FLAGS, S_TIMEOUT, S_ATTEM
 SPEC_LEN = 13
 F_PREEMPTIBLE = 1
 F_HAS_DEPREFS = 2  # args contain DepRef placeholders (saves walking args of plain tasks)
-F_PINNED = 4  # submitted with affinity: never stolen
+F_PINNED = 4  # submitted with affinity, or placed by round-robin rotation: never stolen
 
 EXE_AUTO, EXE_THREAD, EXE_PROCESS = 0, 1, 2
 EXECUTORS = {None: EXE_AUTO, "auto": EXE_AUTO, "thread": EXE_THREAD, "process": EXE_PROCESS}

@@ -31,7 +31,7 @@ from .executor import ThreadRunner, process_entry, process_pool
 from .host import SchedulerHost
 from .instructions import Interrupt, PostResult, WorkerInstruction
 from .policies import fits
-from .queue import Preemptible, ResourcePool, TaskQueue, pick_preemptions
+from .queue import GpuSlots, Preemptible, ResourcePool, TaskQueue, pick_preemptions
 from .state import DEFAULT_RES, JOB_NEXT, InvalidTransition, Job, JobState
 from .tasks import (
     _CURRENT,
@@ -83,9 +83,10 @@ class Worker:
         self.steal_enabled = cfg.steal
         self.process_workers = cfg.process_workers
         self.allow_modules = normalize_allow(cfg.allow_modules)
-        self.pool = ResourcePool({})
+        self.pool, self.gpus = ResourcePool({}), GpuSlots(0)
         self.queue = TaskQueue()
         self.jobs: dict[tuple[str, int], Job] = {}
+        self.idle: asyncio.Event | None = None  # set when the last job leaves (made by drain())
         self.active: dict[str, int] = {}  # owner -> tasks here (fetching, queued or running)
         self.async_running: dict[tuple[str, int], Job] = {}
         self.n_preemptible = 0
@@ -136,6 +137,9 @@ class Worker:
 
     def start(self, total: dict[str, float]) -> None:
         self.pool = ResourcePool(total)
+        # GPUs as indices 0..n-1 (CUDA ordinals within what this process sees); how much of each
+        # running tasks hold, so that tasks asking whole GPUs get distinct ones
+        self.gpus = GpuSlots(int(total.get("gpu", 0.0)))
         self._loop_thread = threading.get_ident()
         self._threads = ThreadRunner(self, self.sched.loop, f"aionet-task-{self.name}")
 
@@ -309,6 +313,8 @@ class Worker:
 
     def _acquire_locked(self, job: Job) -> None:
         self.pool.acquire(job.res)
+        if job.res.get("gpu", 0.0) > 0.0:
+            job.devices = self.gpus.take(job.res["gpu"])
         self.n_running += 1
         self._transition(job, RUNNING)
         if job.sync:
@@ -319,6 +325,8 @@ class Worker:
             return
         job.released = True
         self.pool.release(job.res)
+        if job.devices:
+            self.gpus.give(job.devices, job.res.get("gpu", 0.0))
         self.n_running -= 1
         if job.sync:
             self.sync_running -= 1
@@ -340,7 +348,9 @@ class Worker:
 
     def make_context(self, job: Job) -> None:
         sink = None if job.exe == EXE_PROCESS else functools.partial(self._checkpoint, job)
-        job.ctx = TaskContext(job.name, self.name, job.owner, job.attempt, job.ckpt, sink)
+        node, rank = None if job.exe == EXE_PROCESS else self.sched.task_node, self.sched.rank
+        job.ctx = TaskContext(job.name, self.name, job.owner, job.attempt, job.ckpt, sink, node=node, rank=rank,
+                              devices=job.devices)  # fmt: skip
 
     def _schedule_pump(self) -> None:
         if not self._pump_pending:
@@ -400,7 +410,7 @@ class Worker:
     def _start_process(self, job: Job) -> None:
         if self._ppool is None:
             self._ppool = process_pool(self.process_workers or int(max(self.pool.total.get("cpu", 1.0), 1.0)))
-        info = [job.name, self.name, job.owner, job.attempt, job.ckpt]
+        info = [job.name, self.name, job.owner, job.attempt, job.ckpt, self.sched.rank, list(job.devices)]
         fut = self.sched.loop.run_in_executor(self._ppool, process_entry, job.fn, job.args, job.kwargs, info)
         job.task = fut
         fut.add_done_callback(functools.partial(self._process_done, job))
@@ -523,6 +533,11 @@ class Worker:
         k = (job.owner, job.tid)
         if self.jobs.get(k) is job:
             del self.jobs[k]
+            if not self.jobs and self.idle is not None:  # drain() waits for this
+                if threading.get_ident() == self._loop_thread:
+                    self.idle.set()
+                else:
+                    self.sched.loop.call_soon_threadsafe(self.idle.set)
             n = self.active.get(job.owner, 1) - 1
             if n > 0:
                 self.active[job.owner] = n
@@ -554,6 +569,9 @@ class Worker:
             self.sched.loop.call_soon(self._flush_local)
         else:
             self.sched.spawn(self._flush_remote(owner), f"aionet-sched-results-{owner}")
+
+    def unsent(self) -> bool:  # results posted but not yet handed to their links
+        return bool(self._flushing) or any(self.outbox.values())
 
     def _flush_local(self) -> None:
         self._flushing.discard(self.name)

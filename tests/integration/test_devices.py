@@ -92,6 +92,9 @@ def test_nvml_gpus_are_reported(monkeypatch):
     fake.nvmlDeviceGetMemoryInfo = lambda h: mem
     fake.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
     fake.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=37)
+    fake.NVML_TEMPERATURE_GPU = 0
+    fake.nvmlDeviceGetTemperature = lambda h, sensor: 61
+    fake.nvmlDeviceGetPowerUsage = lambda h: 70500  # milliwatts
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     d = Devices(use_cupy=False)
     assert d.gpu_count() == 2
@@ -103,6 +106,8 @@ def test_nvml_gpus_are_reported(monkeypatch):
         "memory_used": 1 << 30,
         "utilization": 37.0,
         "uuid": "GPU-1",
+        "temperature_c": 61.0,
+        "power_w": 70.5,
     }
     assert d.resources()["gpu"] == 2
     d.close()

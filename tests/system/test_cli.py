@@ -251,7 +251,7 @@ def test_serve_json_logs_go_to_stderr():
     assert any(e["event"] == "listening" and e["level"] == "info" and e["logger"] == "aionet.node" for e in events)
 
 
-SUBCOMMANDS = ("bench", "demo", "info", "keys", "serve", "status")
+SUBCOMMANDS = ("bench", "demo", "info", "keys", "launch", "serve", "status", "trace")
 
 _HEAVY_PROBE = r"""
 import json, sys

@@ -61,3 +61,31 @@ def test_bench_table_and_bad_arguments() -> None:
     assert bad.returncode != 0 and "--nodes >= 2" in bad.stderr
     bad = run("allreduce", "--max", "lots")
     assert bad.returncode != 0 and "not a size" in bad.stderr
+
+
+@pytest.mark.timeout(150)
+def test_bench_p2p_json_and_plot(tmp_path) -> None:
+    png = tmp_path / "p2p.png"
+    out = run("p2p", "--min", "64", "--max", "64K", "--factor", "32", "--iters", "5", "--json", "--plot", str(png),
+              timeout=140)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["size"] for r in rows] == [64, 2048, 65536]
+    for r in rows:
+        assert r["bench"] == "p2p" and 0 < r["rtt_p50_us"] <= r["rtt_p99_us"] and r["msgs_per_s"] > 0
+        assert r["gbytes_per_s"] == pytest.approx(r["msgs_per_s"] * r["size"] / 1e9)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(150)
+def test_bench_tasks_reports_throughput_latency_and_a_map() -> None:
+    out = run("tasks", "--nodes", "2", "--tasks", "300", "--json", timeout=140)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["unit"] for r in rows] == ["tasks/s", "us", "s"] and all(r["value"] > 0 for r in rows)
+    assert rows[2]["value"] >= 0.01  # 10 ms tasks cannot all finish faster than one of them
+
+
+def test_bench_plot_is_refused_for_tasks() -> None:
+    out = run("tasks", "--plot", "x.png")
+    assert out.returncode != 0 and "--plot" in out.stderr

@@ -33,7 +33,7 @@ WIRE: dict[type[IntEnum], dict[str, int]] = {
         "GOSSIP": 15,
     },
     HandshakeKind: {"HELLO": 0, "REJECT": 9, "CONFIRM": 10, "WELCOME": 11, "RESUME": 12},
-    SchedKind: {"SUBMIT": 1, "CANCEL": 2, "FREE": 3, "RESULTS": 4, "LOAD": 5, "RECONCILE": 6},
+    SchedKind: {"SUBMIT": 1, "CANCEL": 2, "FREE": 3, "RESULTS": 4, "LOAD": 5, "RECONCILE": 6, "DEPARTED": 7},
 }
 PREFIX = {Kind: "", HandshakeKind: "", SchedKind: "M_"}  # module constant = PREFIX + member name
 

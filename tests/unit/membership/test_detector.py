@@ -277,12 +277,15 @@ def test_load_report_wire_roundtrip():
         loop_lag_ms=1.25,
         max_stall_ms=30.0,
         load_avg=0.5,
-        gpus=(GpuLoad(0, "A100", 1, 2, 50.0), GpuLoad(1, "A100", 1, 2, None)),
+        gpus=(GpuLoad(0, "A100", 1, 2, 50.0, 64.0, 250.5), GpuLoad(1, "A100", 1, 2, None)),
         extra={"queued": 4},
     )
     back = LoadReport.from_wire(rep.to_wire())
     assert back == rep
     assert back.devices()["gpus"][1]["utilization"] is None
+    assert back.devices()["gpus"][0]["temperature_c"] == 64.0 and back.devices()["gpus"][0]["power_w"] == 250.5
+    # a node from before temperature and power sends five fields per GPU
+    assert GpuLoad.from_wire([0, "A100", 1, 2, 50.0]) == GpuLoad(0, "A100", 1, 2, 50.0, None, None)
     assert LoadReport().devices()["gpus"] == []
     with pytest.raises((TypeError, KeyError, ValueError)):
         LoadReport.from_wire({"s": 1})

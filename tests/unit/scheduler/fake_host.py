@@ -74,6 +74,8 @@ class FakeHost:
         self.loop = ManualLoop()
         self.log = _NullLog()
         self.instruments = Instruments()
+        self.task_node: Any = None
+        self.rank = -1
         self.spec_sends: list[str] = []
         self.local_specs: list[list[Any]] = []
         self.local_ctrl: list[tuple[int, list[int]]] = []
@@ -132,7 +134,6 @@ class FakeHost:
 
     def is_alive(self, name: str) -> bool:
         return True
-
 
 
 class _NullLog:

@@ -1,0 +1,1 @@
+"""Observability, the top layer: metrics, the HTTP server, the dashboard and traces."""
