@@ -32,7 +32,7 @@ REQUEST_TIMEOUT = 1.0  # s; a request to the partitioned node fails, the others 
 def where() -> str:
     """A task: the name of the node that ran it."""
     time.sleep(0.05)  # long enough that a batch spreads over the workers
-    return aionet.task_context().node
+    return aionet.task_context().node.name  # ctx.node is the Node that runs the task
 
 
 def setup(node: Any) -> None:
