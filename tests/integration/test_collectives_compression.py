@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from aionet.collectives.compression import CODECS, wire_codec
 from aionet.testing import cluster
 
-
 # bf16's largest finite value is about 3.39e38: float32 beyond it rounds to inf, as it should
 _F32 = st.floats(width=32, allow_nan=False, allow_infinity=False).filter(lambda v: abs(v) < 3.38e38)
 
