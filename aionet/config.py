@@ -1,4 +1,4 @@
-"""Node settings: TOML file -> validated dataclasses, with ``AIONET_<SECTION>_<KEY>`` overrides.
+"""Node settings: TOML (or YAML) file -> validated dataclasses, with ``AIONET_<SECTION>_<KEY>`` overrides.
 
 Plain dataclasses rather than pydantic: the schema is small and flat, import time stays low
 (``aionet`` is imported by every worker process), and we control the error text exactly
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config_yaml import is_yaml, read_yaml
 from .errors import ConfigError
 
 ENV_PREFIX = "AIONET_"
@@ -284,7 +285,7 @@ class Config:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Config:
-        """Build from a nested mapping (as read from TOML), then apply environment overrides."""
+        """Build from a nested mapping (as read from TOML or YAML), then apply environment overrides."""
         cfg = cls()
         _apply(cfg, data, where="")
         if env is None:
@@ -295,10 +296,12 @@ class Config:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
+        """Read a TOML file, or YAML when the name ends in ``.yaml``/``.yml`` (same schema and
+        checks); errors name the file and the key."""
         p = Path(path)
         try:
             with p.open("rb") as fh:
-                data = tomllib.load(fh)
+                data = read_yaml(fh, p) if is_yaml(p) else tomllib.load(fh)
         except FileNotFoundError as exc:
             raise ConfigError(f"config file not found: {p}") from exc
         except tomllib.TOMLDecodeError as exc:

@@ -173,7 +173,7 @@ class Node:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> Node:
-        """Build from a TOML file (or defaults when ``path`` is None) plus AIONET_* overrides."""
+        """Build from a TOML or YAML (``.yaml``/``.yml``) file, or defaults when ``path`` is None; AIONET_* override."""
         cfg = Config.from_file(path) if path is not None else Config.from_dict({})
         return cls(config=cfg, **overrides)
 

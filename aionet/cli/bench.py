@@ -13,20 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
 import click
 
+from ..errors import AionetError, PeerUnavailable
+
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "p2p", "tasks")
-BUS = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-}
 LISTEN = {"tcp": "tcp://127.0.0.1:0", "zmq": "zmq+tcp://127.0.0.1:0", "ucx": "ucx://127.0.0.1:0"}
 
 
@@ -51,8 +46,7 @@ async def run_rank(
     rank: int, n: int, op: str, sizes: list[int], iters: int, warmup: int, listen: str, seed: str | None, report: Any
 ) -> None:
     """One rank of the benchmark (rank 0 reports rows through ``report``)."""
-    import numpy as np
-
+    from ..collectives.bench import measure
     from ..node import Node
 
     node = Node(name=f"bench{rank}", listen=listen, join=[seed] if seed else None)
@@ -61,67 +55,44 @@ async def run_rank(
         if rank == 0:
             report({"addr": node.address})
         names = [f"bench{i}" for i in range(n)]
-        deadline = time.monotonic() + 60
-        while not all(node.members().get(m, {}).get("state") == "alive" for m in names):
-            if time.monotonic() > deadline:
-                raise click.ClickException("the bench nodes did not all join within 60 s")
-            await asyncio.sleep(0.01)
+        try:
+            await node.wait_members(names, timeout=60)
+        except PeerUnavailable as exc:
+            raise click.ClickException(f"the bench nodes did not all join: {exc}") from None
         grp = node.group(members=names, name="aionet-bench")
-        for size in sizes:
-            count = max(1, size // 4)
-            if op == "allgather":
-                count = max(1, count // n)  # size is the gathered output
-            row: dict[str, Any] = {
-                "size": size,
-                "count": count,
-                "type": "float",
-                "redop": "sum" if op in ("allreduce", "reduce_scatter") else "-",
-            }
-            for variant in ("out", "in"):
-                if variant == "in" and op != "allreduce":
-                    continue  # only allreduce writes into its input (out=)
-                times, wrong = [], 0
-                for i in range(warmup + iters):
-                    x = np.full(count, rank + 1, dtype=np.float32)
-                    await grp.barrier()
-                    t = time.perf_counter()
-                    got = await _call(grp, op, x, variant)
-                    if i >= warmup:
-                        times.append(time.perf_counter() - t)
-                        wrong += _wrong(np, op, got, x, n, rank)
-                wrong = sum(await grp.allgather(wrong))
-                med = statistics.median(times)
-                alg = size / med / 1e9
-                row[variant] = {
-                    "time_us": med * 1e6,
-                    "algbw": alg,
-                    "busbw": alg * BUS.get(op, lambda _n: 1.0)(n),
-                    "wrong": wrong,
-                }
-            if rank == 0:
-                report(row)
-        await grp.barrier()
+        await measure(grp, op, sizes, iters, warmup, report if rank == 0 else None)
     finally:
         await node.stop()
 
 
-async def _call(grp: Any, op: str, x: Any, variant: str) -> Any:
-    if op == "allreduce":
-        return await grp.allreduce(x, out=x if variant == "in" else None)
-    if op == "broadcast":
-        return await grp.broadcast(x if grp.rank == 0 else None, root=0)
-    if op == "allgather":
-        return await grp.allgather(x)
-    return await grp.reduce_scatter(x)
+async def run_connected(
+    url: str, config: str | None, n: int, op: str, sizes: list[int], iters: int, warmup: int, timeout: float
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """``--connect``: the members of a running cluster run the bench (this client does not join)."""
+    import secrets
 
+    from ..collectives.bench import BENCH_SERVICE
+    from ..membership import MEMBERS_SERVICE
+    from .config import client_config
+    from .status import client
 
-def _wrong(np: Any, op: str, got: Any, x: Any, n: int, rank: int) -> int:
-    total = n * (n + 1) / 2
-    if op in ("allreduce", "reduce_scatter"):
-        return int(np.count_nonzero(np.asarray(got) != total))
-    if op == "broadcast":
-        return int(np.count_nonzero(np.asarray(got) != 1))  # rank 0's value
-    return sum(int(np.count_nonzero(np.asarray(part) != i + 1)) for i, part in enumerate(got))
+    cfg, _seeds = client_config(config)
+    async with client(cfg, [url], "bench", timeout) as (node, peer):
+        snap = await node.request(peer, MEMBERS_SERVICE, None, timeout=timeout)
+        alive = sorted(name for name, m in snap.get("members", {}).items() if m.get("state") == "alive")
+        members = alive if n <= 0 else alive[:n]
+        if len(members) < max(2, n):
+            raise click.ClickException(f"need {max(2, n)} alive members, the cluster has {len(alive)}: {alive}")
+        names = {}
+        for name in members:
+            address = snap["members"][name]["address"]
+            names[name] = peer if name == peer else await asyncio.wait_for(node.connect(address), timeout)
+        arg = {"op": op, "members": members, "name": f"aionet-bench-{secrets.token_hex(4)}", "sizes": sizes,
+               "iters": iters, "warmup": warmup}  # fmt: skip
+        # a long wait: every size, every iteration; the members' own collectives.timeout still applies
+        limit = max(120.0, 5.0 * len(sizes) * (iters + warmup))
+        rows = await asyncio.gather(*(node.request(names[m], BENCH_SERVICE, arg, timeout=limit) for m in members))
+        return members, rows[0]
 
 
 def _row_text(r: dict[str, Any]) -> list[str]:
@@ -144,6 +115,8 @@ def _row_text(r: dict[str, Any]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per size on stdout instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw bandwidth vs size to this PNG.")
 @click.option("--tasks", "n_tasks", default=5000, show_default=True, help="tasks: no-op tasks in the throughput run.")
+@click.option("--connect", "url", help="Run the collective on the members of this running cluster instead.")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), help="With --connect: TOML config (token, TLS).")
 def bench(
     op: str,
     nodes: int,
@@ -156,19 +129,42 @@ def bench(
     as_json: bool,
     plot_path: str | None,
     n_tasks: int,
+    url: str | None,
+    config: str | None,
 ) -> None:
     """Time a collective over NODES local node processes, nccl-tests style (with #wrong);
     ``p2p``: request/reply latency and one-way bandwidth per size between two node processes;
-    ``tasks``: task throughput and latency with NODES - 1 worker processes."""
-    if nodes < 2 or factor < 2 or iters < 1 or warmup < 0:
-        raise click.BadParameter("need --nodes >= 2, --factor >= 2, --iters >= 1, --warmup >= 0")
+    ``tasks``: task throughput and latency with NODES - 1 worker processes. ``--connect URL``:
+    the collective runs on the first NODES members (by name) of a running cluster (``--nodes
+    0``: all alive members), which every ``aionet serve`` node answers; this client does not join."""
+    if (nodes < 2 and not (url and nodes == 0)) or factor < 2 or iters < 1 or warmup < 0:
+        raise click.BadParameter(
+            "need --nodes >= 2 (0 with --connect: all), --factor >= 2, --iters >= 1, --warmup >= 0"
+        )
     sizes = sizes_between(parse_size(min_size), parse_size(max_size), factor)
     if not sizes:
         raise click.BadParameter("--min is larger than --max")
     if plot_path and op == "tasks":
         raise click.BadParameter("--plot draws bandwidth against size: p2p and the collectives")
     if op in ("p2p", "tasks"):
+        if url:
+            raise click.BadParameter("--connect runs the collectives; p2p and tasks start their own processes")
         _bench_p2p_tasks(op, nodes, sizes, iters, transport, as_json, plot_path, n_tasks)
+        return
+    if url:
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"{op} on the cluster at {url} ({len(sizes)} sizes)", spinner="dots"):
+            try:
+                members, rows = asyncio.run(run_connected(url, config, nodes, op, sizes, iters, warmup, 10.0))
+            except (TimeoutError, OSError, AionetError) as exc:
+                raise click.ClickException(f"{url}: {exc or type(exc).__name__}") from None
+        nodes, transport = len(members), url.split("://")[0]
+        if as_json:
+            for row in rows:
+                click.echo(json.dumps({"op": op, "nodes": nodes, "members": members, **row}))
+            return
+        _print_table(op, nodes, transport, iters, rows, plot_path)
         return
     rows: list[dict[str, Any]] = []
     from rich.console import Console
@@ -201,6 +197,12 @@ def bench(
                     p.wait()
     if as_json:
         return
+    _print_table(op, nodes, transport, iters, rows, plot_path)
+
+
+def _print_table(op: str, nodes: int, transport: str, iters: int, rows: list[dict[str, Any]], plot: str | None) -> None:
+    """nccl-tests' table (and the busbw plot); exit code 1 if any element was wrong."""
+    from rich.console import Console
     from rich.table import Table
 
     table = Table(
@@ -215,11 +217,11 @@ def bench(
     for r in rows:
         table.add_row(*_row_text(r))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
-    if plot_path and rows:
+    if plot and rows:
         from .bench_p2p import plot_collective
 
-        plot_collective(rows, plot_path, f"aionet {op}, {nodes} nodes over {transport}://")
-        click.echo(f"plot: {plot_path}")
+        plot_collective(rows, plot, f"aionet {op}, {nodes} nodes over {transport}://")
+        click.echo(f"plot: {plot}")
     if any(r[v]["wrong"] for r in rows for v in ("out", "in") if r.get(v)):
         raise SystemExit(1)
 

@@ -48,7 +48,7 @@ def _load_app(spec: str) -> Any:
 
 
 @click.command()
-@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML or YAML (.yaml, .yml) config file.")
 @click.option("--name", help="Node name (unique in the cluster).")
 @click.option("--listen", multiple=True, help="URL to listen on, e.g. tcp://0.0.0.0:7700 (repeatable).")
 @click.option("--join", multiple=True, help="Seed URL to join (repeatable).")

@@ -45,7 +45,7 @@ async def client(cfg: Any, urls: list[str], role: str, timeout: float) -> AsyncI
 
 @click.command()
 @click.option("--connect", "url", help="URL of any node (default: the seeds in --config's [node] join).")
-@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML config file (token, TLS).")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML or YAML config file (token, TLS).")
 @click.option("--timeout", default=5.0, show_default=True)
 def info(url: str | None, config: str | None, timeout: float) -> None:
     """Print a node's ``aionet.info`` as JSON. Connects as a client: it does not join."""
@@ -67,7 +67,7 @@ def info(url: str | None, config: str | None, timeout: float) -> None:
 
 @click.command()
 @click.option("--connect", "url", help="URL of any node of the cluster (default: the seeds in --config).")
-@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML config file (cluster token, TLS).")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML or YAML config file (token, TLS).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes with --watch.")

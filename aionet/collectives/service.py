@@ -14,6 +14,7 @@ from typing import Any
 from ..config import CollectivesSection
 from ..core.ports import DeviceArrays, MemberEventInfo, MemberEvents, Messaging
 from ..instrument import Instruments
+from .bench import BENCH_SERVICE
 from .group import Group
 
 
@@ -37,6 +38,7 @@ class Collectives:
         self._states: dict[str, str] = {}  # member -> last state membership reported
         self._gone: dict[str, str] = {}  # member -> why, for members dead or left
         members.on_member_change(self._on_member)
+        messaging.add_service(BENCH_SERVICE, self._bench)  # `aionet bench OP --connect URL`
 
     def group(self, members: Sequence[str], name: str | None = None) -> Group:
         """A group over ``members`` (in this order: rank i is ``members[i]``)."""
@@ -67,6 +69,24 @@ class Collectives:
             if m in self._gone:
                 g.member_lost(m, self._gone[m])
         return g
+
+    async def _bench(self, arg: Any) -> list[dict[str, Any]]:
+        """Run the bench loop as one member of the group ``arg`` names (aionet.collectives.bench);
+        every member is asked at once and answers with the rows."""
+        from .bench import measure  # only when benchmarked
+
+        try:
+            op, members, name = str(arg["op"]), [str(m) for m in arg["members"]], str(arg["name"])
+            sizes, iters, warmup = [int(s) for s in arg["sizes"]], int(arg["iters"]), int(arg["warmup"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{BENCH_SERVICE} takes op, members, name, sizes, iters, warmup: {exc!r}") from None
+        if not 1 <= iters <= 10_000 or not 0 <= warmup <= 10_000 or not sizes or max(sizes) > 1 << 31:
+            raise ValueError("bench: 1 <= iters <= 10000, 0 <= warmup <= 10000, sizes up to 2 GiB")
+        grp = self.make(members, name, 0)
+        try:
+            return await measure(grp, op, sizes, iters, warmup)
+        finally:
+            await grp.close()
 
     def alive(self, name: str) -> bool:
         return name == self._msg.name or (name not in self._gone and self._states.get(name, "alive") != "dead")

@@ -262,7 +262,14 @@ class LearnedPolicy:
             return self.fallback or LEARNED
         others = [a for a in (LEARNED, *c.heuristics) if a != (self.fallback or LEARNED)]
         self._probe_turn += 1
+        if len(others) > 1 and self._probe_turn % 4:  # 3 probes in 4 go to the best-looking other arm
+            return min(others, key=self._arm_cost)
         return others[self._probe_turn % len(others)]
+
+    def _arm_cost(self, arm: str) -> float:
+        """An arm's mean relative cost over its window (unknown: 0, so it gets probed)."""
+        w = self.windows[arm]
+        return sum(w) / len(w) if len(w) >= self.cfg.window // 2 else 0.0
 
     def choose(self, task: TaskReq, nodes: Sequence[NodeView], ctx: PolicyContext) -> str | None:
         est = ctx.estimator or RuntimeEstimator()

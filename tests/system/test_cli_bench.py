@@ -89,3 +89,19 @@ def test_bench_tasks_reports_throughput_latency_and_a_map() -> None:
 def test_bench_plot_is_refused_for_tasks() -> None:
     out = run("tasks", "--plot", "x.png")
     assert out.returncode != 0 and "--plot" in out.stderr
+
+
+@pytest.mark.timeout(150)
+def test_bench_connect_runs_on_the_members_of_a_running_cluster(spawn) -> None:
+    _p0, r0 = spawn("--name", "s0", "--listen", "tcp://127.0.0.1:0")
+    for name in ("s1", "s2"):
+        spawn("--name", name, "--listen", "tcp://127.0.0.1:0", "--join", r0["addresses"][0])
+    out = run("allreduce", "--connect", r0["addresses"][0], "--nodes", "0", "--min", "64", "--max", "64K",
+              "--factor", "32", "--iters", "3", "--warmup", "1", "--json", timeout=140)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["size"] for r in rows] == [64, 2048, 65536]
+    assert all(r["members"] == ["s0", "s1", "s2"] and r["nodes"] == 3 for r in rows)
+    assert all(r[v]["wrong"] == 0 and r[v]["busbw"] > 0 for r in rows for v in ("out", "in"))
+    too_many = run("broadcast", "--connect", r0["addresses"][0], "--nodes", "5", timeout=60)
+    assert too_many.returncode != 0 and "need 5 alive members" in too_many.stderr

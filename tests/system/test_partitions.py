@@ -16,142 +16,44 @@ sequence on one stream (the 40 s one last); the whole file takes about two minut
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import select
-import shutil
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.netns import NetnsCluster, skip_reason, wait
+
 TOKEN = "partition-test-token"
-SUBNET = "10.250.0"
 NODES = {"x": 1, "y": 2, "z": 3}  # name -> host part of its address
-PORT = 7700
 RECOVER = 60.0  # s allowed to catch up after a cut heals (TCP retransmission backs off)
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create network namespaces"),
-    pytest.mark.skipif(
-        shutil.which("ip") is None or shutil.which("iptables") is None,
-        reason="needs the `ip` (iproute2) and `iptables` commands",
-    ),
-]
+_wait = wait
 
 
-def _sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, timeout=30)
+class Netns(NetnsCluster):
+    """x, y and z on 10.250.0.1-3, running tests/partition_app.py."""
 
+    def __init__(self, tmp):
+        super().__init__(tmp, NODES, subnet="10.250.0", tag="part")
 
-def _addr(name: str) -> str:
-    return f"{SUBNET}.{NODES[name]}"
-
-
-class Netns:
-    """The namespaces and processes of one test cluster; :meth:`close` removes all of it."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.prefix = f"aionet-part-{os.getpid()}"
-        self.bridge = f"{self.prefix}-br"
-        self.created: list[str] = []
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def ns(self, name: str) -> str:
-        return f"{self.prefix}-{name}"
-
-    def build(self) -> None:
-        _sh("ip", "netns", "add", self.bridge)
-        self.created.append(self.bridge)
-        _sh("ip", "-n", self.bridge, "link", "add", "br0", "type", "bridge")
-        _sh("ip", "-n", self.bridge, "link", "set", "br0", "up")
-        for name in NODES:
-            ns = self.ns(name)
-            _sh("ip", "netns", "add", ns)
-            self.created.append(ns)
-            # created inside the namespaces: nothing appears in the host's namespace
-            _sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"v{name}", "netns", self.bridge)
-            _sh("ip", "-n", self.bridge, "link", "set", f"v{name}", "master", "br0", "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{_addr(name)}/24", "dev", "eth0")
-            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-
-    def start(self, name: str, role: str, join: str | None = None) -> None:
-        cmd = ["ip", "netns", "exec", self.ns(name), sys.executable, "-m", "aionet", "serve", "--log-level", "warning"]
-        cmd += ["--name", name, "--listen", f"tcp://{_addr(name)}:{PORT}", "--app", "tests.partition_app:setup"]
-        if join:
-            cmd += ["--join", f"tcp://{_addr(join)}:{PORT}"]
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(REPO),
-            "AIONET_SECURITY_TOKEN": TOKEN,
-            "PARTITION_DIR": str(self.tmp),
-            "PARTITION_ROLE": role,
-            "PARTITION_PEER": "y",
-        }
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env)
-        log.close()
-        self.procs[name] = p  # `ip netns exec` execs python: this PID is the node's
-        assert p.stdout is not None
-        ready, _, _ = select.select([p.stdout], [], [], 30)
-        line = p.stdout.readline() if ready else b""
-        if not line.startswith(b"ready "):
-            raise RuntimeError(f"node {name} did not start: {line!r} {(self.tmp / f'{name}.log').read_text()[-2000:]}")
-
-    def status(self, name: str) -> dict:
-        try:
-            return json.loads((self.tmp / f"{name}.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
+    def start(self, name: str, role: str, join: str | None = None) -> None:  # type: ignore[override]
+        args = ["--app", "tests.partition_app:setup", *(["--join", self.url(join)] if join else [])]
+        env = {"AIONET_SECURITY_TOKEN": TOKEN, "PARTITION_DIR": str(self.tmp), "PARTITION_ROLE": role}
+        super().start(name, args, {**env, "PARTITION_PEER": "y"})
 
     def cut(self, both_ways: bool) -> None:
-        """Drop x -> y (and y -> x when ``both_ways``) on arrival, inside the receiving
-        namespace. Not in OUTPUT: a packet dropped there fails locally and TCP retries it
-        every 0.5 s instead of backing off as it does for a packet lost on the way."""
-        _sh("ip", "netns", "exec", self.ns("y"), "iptables", "-A", "INPUT", "-s", _addr("x"), "-j", "DROP")
+        """Drop x -> y (and y -> x when ``both_ways``) on arrival, inside the receiving namespace."""
+        self.drop("y", "x")
         if both_ways:
-            _sh("ip", "netns", "exec", self.ns("x"), "iptables", "-A", "INPUT", "-s", _addr("y"), "-j", "DROP")
+            self.drop("x", "y")
 
-    def heal(self) -> None:
-        for name in ("x", "y"):
-            _sh("ip", "netns", "exec", self.ns(name), "iptables", "-F")
-
-    def close(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-        for p in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
-            if p.stdout:
-                p.stdout.close()
-        for ns in reversed(self.created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-
-
-def _wait(predicate, timeout: float, what: str, check=None) -> None:
-    """Poll ``predicate``; ``check`` (asserting) runs on every poll, so a broken invariant
-    fails at once with its own message rather than as a timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if check is not None:
-            check()
-        if predicate():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+    def heal(self) -> None:  # type: ignore[override]
+        super().heal("x", "y")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    if (reason := skip_reason()) is not None:
+        pytest.skip(reason)
     c = Netns(tmp_path_factory.mktemp("partitions"))
     try:
         c.build()

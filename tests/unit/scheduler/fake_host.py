@@ -84,6 +84,7 @@ class FakeHost:
         self.down: list[str] = []
         self.performed: list[Any] = []
         self.now = 0.0
+        self.locate: Any = None  # no cache: cache_ref arguments are not located (host.SchedulerHost.locate)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, log_errors: bool = True) -> None:
         coro.close()  # effects are not performed here

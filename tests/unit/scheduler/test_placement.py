@@ -19,7 +19,7 @@ from aionet.scheduler.placement import (
     RoundRobin,
     check_policy,
 )
-from aionet.scheduler.policies import NodeView, TaskReq
+from aionet.scheduler.policies import NodeView, TaskReq, candidates
 from aionet.scheduler.wire import R_ERROR, R_VALUE
 
 from .fake_host import FakeHost
@@ -147,6 +147,32 @@ def test_a_node_the_policy_was_not_offered_falls_back(host: FakeHost) -> None:
     ref = o.submit(FN, (1,), None, policy=Wrong())
     placed(o, host, ref)
     assert ref._rec.node == "a"
+
+
+class FewestGPUsFirst:
+    """The example in docs/scheduler.md ("Writing a policy"), verbatim in behaviour."""
+
+    def choose(self, task: TaskReq, nodes: Sequence[NodeView], ctx: PolicyContext) -> str | None:
+        cands = candidates(task, nodes)
+        if not cands:
+            return None
+
+        def key(n: NodeView) -> tuple[bool, float, str]:
+            wastes_gpu = n.total.get("gpu", 0) > 0 and not task.resources.get("gpu")
+            return (wastes_gpu, (n.inflight + n.other) / n.slots, n.name)
+
+        return min(cands, key=key).name
+
+
+def test_the_documented_example_policy(host: FakeHost) -> None:
+    o = owner_with(host)
+    o.node_up("gpu", {"cpu": 8.0, "gpu": 1.0}, run_tasks=True)
+    o.node_up("cpu", {"cpu": 2.0}, run_tasks=True)
+    pol = FewestGPUsFirst()
+    cpu_ref = o.submit(FN, (1,), None, policy=pol)
+    gpu_ref = o.submit(FN, (2,), None, policy=pol, resources={"gpu": 1})
+    host.loop.run_soon()
+    assert cpu_ref._rec.node == "cpu" and gpu_ref._rec.node == "gpu"
 
 
 def test_prefer_narrows_candidates_to_the_most_free_and_is_soft() -> None:
