@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import urllib.error
 import urllib.request
 from typing import Any
 
