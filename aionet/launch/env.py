@@ -264,11 +264,8 @@ def detect(
     m = _K8S_POD.match(pod) if pod else None
     if m is not None:
         world = int(opts.get("world_size") or 0) or None
-        if world is None:
-            raise ConfigError(
-                f"Kubernetes pod {pod!r}: set AIONET_LAUNCH_WORLD_SIZE to the StatefulSet's replicas "
-                "(deploy/k8s/ does) so ranks and the world group are known"
-            )
+        if world is None:  # a StatefulSet configured by its own files (deploy/k8s/ is): no launched world
+            return None
         service = str(opts.get("service") or "") or m.group("set")
         ns = env.get("POD_NAMESPACE") or (namespace_file or "").strip() or "default"
         port = base if base is not None else DEFAULT_PORT
