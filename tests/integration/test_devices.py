@@ -164,8 +164,8 @@ async def test_a_node_builds_one_devices_and_hands_it_down(monkeypatch):
         await node.membership.load._refresh_gpus()  # load reports
         assert ("discover", node.devices) in asked
         asked.clear()
-        await node.scheduler._detect_resources()
-        assert ("gpu_count", node.devices) in asked
+        await node.scheduler._detect_resources()  # GPUs and their memory (gpu, gpu_memory)
+        assert ("discover", node.devices) in asked
         asked.clear()
         await node._info_service(None)
         assert ("discover", node.devices) in asked

@@ -188,3 +188,19 @@ def test_prefer_narrows_candidates_to_the_most_free_and_is_soft() -> None:
     assert least_loaded(want, [full, b]) == "b"  # no room on the preferred node: the next best
     nobody = TaskReq("m:f", {"cpu": 1}, prefer="fpga")
     assert {n.name for n in candidates(nobody, [a, b, c])} == {"a", "b", "c"}
+
+
+def test_gpu_nodes_offer_gpu_memory_unless_declared(monkeypatch) -> None:
+    import types
+
+    import aionet.scheduler.service as sched_service
+
+    class FakeDevices:
+        def discover(self) -> dict:
+            return {"gpus": [{"memory_total": 16 << 30}, {"memory_total": 32 << 30}]}
+
+    monkeypatch.setattr(sched_service, "glob", types.SimpleNamespace(glob=lambda pattern: ["/dev/nvidia0"]))
+    assert sched_service._gpu_resources(FakeDevices(), {}) == {"gpu": 2.0, "gpu_memory": float(48 << 30)}
+    assert sched_service._gpu_resources(FakeDevices(), {"gpu": 1.0}) == {"gpu_memory": float(48 << 30)}
+    monkeypatch.setattr(sched_service, "glob", types.SimpleNamespace(glob=lambda pattern: []))
+    assert sched_service._gpu_resources(FakeDevices(), {}) == {"gpu": 0.0}  # no device files: no probe
