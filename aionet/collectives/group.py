@@ -259,7 +259,6 @@ class Group:
         return task
 
     # ------------------------------------------------------------------ reductions
-    # ---------------------------------------------------------------- reductions
     async def allreduce(
         self,
         x: Any,
@@ -482,7 +481,6 @@ class Group:
     async def _reduce(
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
     ) -> Any:
-        """The reduction on rank ``root`` (None elsewhere), over a binomial tree."""
         fn, c = ufunc(op), to_numpy(x)
         self._check_root(root)
 
@@ -493,8 +491,6 @@ class Group:
         return await self._run("reduce", go, timeout, c.flat.nbytes)
 
     async def _reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
-        """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
-        ``size`` near-equal blocks (as ``numpy.array_split``), reduced around the ring."""
         fn, c = ufunc(op), to_numpy(x)
         if not c.shape:
             raise ValueError("reduce_scatter needs an array with at least one axis")
