@@ -43,8 +43,9 @@ def sizes_between(lo: int, hi: int, factor: int) -> list[int]:
 
 
 async def run_rank(
-    rank: int, n: int, op: str, sizes: list[int], iters: int, warmup: int, listen: str, seed: str | None, report: Any
-) -> None:
+    rank: int, n: int, op: str, sizes: list[int], iters: int, warmup: int, listen: str, seed: str | None, report: Any,
+    device: str = "cpu",
+) -> None:  # fmt: skip
     """One rank of the benchmark (rank 0 reports rows through ``report``)."""
     from ..collectives.bench import measure
     from ..node import Node
@@ -60,14 +61,15 @@ async def run_rank(
         except PeerUnavailable as exc:
             raise click.ClickException(f"the bench nodes did not all join: {exc}") from None
         grp = node.group(members=names, name="aionet-bench")
-        await measure(grp, op, sizes, iters, warmup, report if rank == 0 else None)
+        await measure(grp, op, sizes, iters, warmup, report if rank == 0 else None, device)
     finally:
         await node.stop()
 
 
 async def run_connected(
-    url: str, config: str | None, n: int, op: str, sizes: list[int], iters: int, warmup: int, timeout: float
-) -> tuple[list[str], list[dict[str, Any]]]:
+    url: str, config: str | None, n: int, op: str, sizes: list[int], iters: int, warmup: int, timeout: float,
+    device: str = "cpu",
+) -> tuple[list[str], list[dict[str, Any]]]:  # fmt: skip
     """``--connect``: the members of a running cluster run the bench (this client does not join)."""
     import secrets
 
@@ -88,7 +90,7 @@ async def run_connected(
             address = snap["members"][name]["address"]
             names[name] = peer if name == peer else await asyncio.wait_for(node.connect(address), timeout)
         arg = {"op": op, "members": members, "name": f"aionet-bench-{secrets.token_hex(4)}", "sizes": sizes,
-               "iters": iters, "warmup": warmup}  # fmt: skip
+               "iters": iters, "warmup": warmup, "device": device}  # fmt: skip
         # a long wait: every size, every iteration; the members' own collectives.timeout still applies
         limit = max(120.0, 5.0 * len(sizes) * (iters + warmup))
         rows = await asyncio.gather(*(node.request(names[m], BENCH_SERVICE, arg, timeout=limit) for m in members))
@@ -116,6 +118,13 @@ def _row_text(r: dict[str, Any]) -> list[str]:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw bandwidth vs size to this PNG.")
 @click.option("--tasks", "n_tasks", default=5000, show_default=True, help="tasks: no-op tasks in the throughput run.")
 @click.option("--connect", "url", help="Run the collective on the members of this running cluster instead.")
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "gpu"]),
+    default="cpu",
+    show_default=True,
+    help="Buffers in host memory (numpy) or on the GPU (CuPy, staged through pinned host buffers).",
+)
 @click.option("--config", "-c", type=click.Path(dir_okay=False), help="With --connect: TOML config (token, TLS).")
 def bench(
     op: str,
@@ -131,6 +140,7 @@ def bench(
     n_tasks: int,
     url: str | None,
     config: str | None,
+    device: str,
 ) -> None:
     """Time a collective over NODES local node processes, nccl-tests style (with #wrong);
     ``p2p``: request/reply latency and one-way bandwidth per size between two node processes;
@@ -146,17 +156,22 @@ def bench(
         raise click.BadParameter("--min is larger than --max")
     if plot_path and op == "tasks":
         raise click.BadParameter("--plot draws bandwidth against size: p2p and the collectives")
+    if device == "gpu":
+        if op == "tasks":
+            raise click.BadParameter("--device gpu moves GPU buffers: p2p and the collectives")
+        if not url:  # with --connect the members need the GPU, not this client
+            _require_gpu()
     if op in ("p2p", "tasks"):
         if url:
             raise click.BadParameter("--connect runs the collectives; p2p and tasks start their own processes")
-        _bench_p2p_tasks(op, nodes, sizes, iters, transport, as_json, plot_path, n_tasks)
+        _bench_p2p_tasks(op, nodes, sizes, iters, transport, as_json, plot_path, n_tasks, device)
         return
     if url:
         from rich.console import Console
 
         with Console(stderr=True).status(f"{op} on the cluster at {url} ({len(sizes)} sizes)", spinner="dots"):
             try:
-                members, rows = asyncio.run(run_connected(url, config, nodes, op, sizes, iters, warmup, 10.0))
+                members, rows = asyncio.run(run_connected(url, config, nodes, op, sizes, iters, warmup, 10.0, device))
             except (TimeoutError, OSError, AionetError) as exc:
                 raise click.ClickException(f"{url}: {exc or type(exc).__name__}") from None
         nodes, transport = len(members), url.split("://")[0]
@@ -164,7 +179,7 @@ def bench(
             for row in rows:
                 click.echo(json.dumps({"op": op, "nodes": nodes, "members": members, **row}))
             return
-        _print_table(op, nodes, transport, iters, rows, plot_path)
+        _print_table(op, nodes, transport, iters, rows, plot_path, device)
         return
     rows: list[dict[str, Any]] = []
     from rich.console import Console
@@ -178,7 +193,7 @@ def bench(
         def report(item: dict[str, Any]) -> None:
             if "addr" in item:
                 args = [sys.executable, "-m", "aionet.cli.bench", op, str(nodes), json.dumps(sizes), str(iters)]
-                args += [str(warmup), LISTEN[transport], item["addr"]]
+                args += [str(warmup), LISTEN[transport], item["addr"], device]
                 procs.extend(subprocess.Popen([*args, str(r)], env=os.environ.copy()) for r in range(1, nodes))
                 return
             rows.append(item)
@@ -187,7 +202,7 @@ def bench(
                 click.echo(json.dumps({"op": op, "nodes": nodes, "transport": transport, **item}))
 
         try:
-            asyncio.run(run_rank(0, nodes, op, sizes, iters, warmup, LISTEN[transport], None, report))
+            asyncio.run(run_rank(0, nodes, op, sizes, iters, warmup, LISTEN[transport], None, report, device))
         finally:
             for p in procs:
                 try:
@@ -197,17 +212,29 @@ def bench(
                     p.wait()
     if as_json:
         return
-    _print_table(op, nodes, transport, iters, rows, plot_path)
+    _print_table(op, nodes, transport, iters, rows, plot_path, device)
 
 
-def _print_table(op: str, nodes: int, transport: str, iters: int, rows: list[dict[str, Any]], plot: str | None) -> None:
+def _require_gpu() -> None:
+    """``--device gpu`` on a machine that cannot: say why before any process starts."""
+    from ..devices import Devices
+
+    devices = Devices(use_nvml=False)
+    if not devices.cuda_available():
+        raise click.ClickException(f"--device gpu needs CuPy and a CUDA device: {devices.cuda_reason()}")
+
+
+def _print_table(
+    op: str, nodes: int, transport: str, iters: int, rows: list[dict[str, Any]], plot: str | None, device: str = "cpu"
+) -> None:
     """nccl-tests' table (and the busbw plot); exit code 1 if any element was wrong."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(
-        title=f"aionet {op}: {nodes} nodes over {transport}://, float32; time = median of {iters} (us), bw in GB/s",
-        caption="columns 5-8 out of place, 9-12 in place (allreduce with out=x)",
+        title=f"aionet {op}: {nodes} nodes over {transport}://, float32 {'CuPy (GPU)' if device == 'gpu' else 'numpy'}"
+        f" buffers; time = median of {iters} (us), bw in GB/s",
+        caption="columns 5-8 out of place, 9-12 in place (allreduce with out=x; host buffers only)",
     )
     for col in ("size", "count", "type", "redop"):
         table.add_column(col, justify="right")
@@ -228,7 +255,7 @@ def _print_table(op: str, nodes: int, transport: str, iters: int, rows: list[dic
 
 def _bench_p2p_tasks(
     op: str, nodes: int, sizes: list[int], iters: int, transport: str, as_json: bool, plot_path: str | None,
-    n_tasks: int,
+    n_tasks: int, device: str = "cpu",
 ) -> None:  # fmt: skip
     from rich.console import Console
     from rich.progress import Progress
@@ -257,11 +284,13 @@ def _bench_p2p_tasks(
         def advance(row: dict[str, Any]) -> None:
             progress.advance(bar)
             if as_json:
-                click.echo(json.dumps({"bench": op, "transport": transport, **row}))
+                click.echo(json.dumps({"bench": op, "transport": transport, "device": device, **row}))
 
         try:
             if op == "p2p":
-                rows = asyncio.run(bench_p2p.run_p2p(sizes, iters, 32 << 20, listen, start_peer, advance, check))
+                rows = asyncio.run(
+                    bench_p2p.run_p2p(sizes, iters, 32 << 20, listen, start_peer, advance, check, device)
+                )
             else:
                 rows = asyncio.run(bench_p2p.run_tasks(nodes - 1, n_tasks, listen, start_peer, advance, check))
         finally:
@@ -272,7 +301,7 @@ def _bench_p2p_tasks(
                     p.kill()
                     p.wait()
     if plot_path and op == "p2p":
-        bench_p2p.plot_p2p(rows, plot_path, f"aionet p2p over {transport}://")
+        bench_p2p.plot_p2p(rows, plot_path, f"aionet p2p over {transport}:// ({device} buffers)")
         click.echo(f"plot: {plot_path}", err=as_json)
     if as_json:
         return
@@ -285,7 +314,8 @@ def _bench_p2p_tasks(
             table.add_row(r["metric"], f"{r['value']:,.3f}" if r["unit"] == "s" else f"{r['value']:,.1f}", r["unit"])
         out.print(table)
         return
-    table = Table(title=f"aionet p2p: 2 node processes over {transport}://, numpy payloads; round trips: {iters}")
+    kind = "CuPy (GPU)" if device == "gpu" else "numpy"
+    table = Table(title=f"aionet p2p: 2 node processes over {transport}://, {kind} payloads; round trips: {iters}")
     for col in ("size", "rtt p50 us", "rtt p99 us", "one-way GB/s", "msgs/s"):
         table.add_column(col, justify="right")
     for r in rows:
@@ -295,8 +325,10 @@ def _bench_p2p_tasks(
 
 
 def _worker() -> None:
-    op, n, sizes, iters, warmup, listen, seed, rank = sys.argv[1:9]
-    asyncio.run(run_rank(int(rank), int(n), op, json.loads(sizes), int(iters), int(warmup), listen, seed, print))
+    op, n, sizes, iters, warmup, listen, seed, device, rank = sys.argv[1:10]
+    asyncio.run(
+        run_rank(int(rank), int(n), op, json.loads(sizes), int(iters), int(warmup), listen, seed, print, device)
+    )
 
 
 if __name__ == "__main__":

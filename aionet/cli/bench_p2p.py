@@ -76,11 +76,14 @@ async def peer(seed: str, listen: str) -> None:
 
 async def run_p2p(
     sizes: list[int], iters: int, burst_bytes: int, listen: str, on_peer: Callable[[str], None],
-    progress: Callable[[dict[str, Any]], None], check: Callable[[], None],
+    progress: Callable[[dict[str, Any]], None], check: Callable[[], None], device: str = "cpu",
 ) -> list[dict[str, Any]]:  # fmt: skip
-    import numpy as np
-
+    """Round trips and one-way bursts per size; ``device="gpu"`` sends CuPy arrays (staged through
+    pinned host buffers, or as device frames where the transport moves GPU memory)."""
+    from ..collectives.bench import array_module
     from ..node import Node
+
+    xp = array_module(device)
 
     rows = []
     async with Node(name="bench-p2p", listen=listen) as node:
@@ -88,7 +91,7 @@ async def run_p2p(
         await _wait(lambda: node.wait_members(2, timeout=0.5), check)
         other = next(n for n in node.members() if n != node.name)
         for size in sizes:
-            payload = np.zeros(size, np.uint8)
+            payload = xp.zeros(size, xp.uint8)
             for _ in range(3):  # warm up connections and buffers
                 await node.request(other, "aionet.echo", payload)
             rtts = []

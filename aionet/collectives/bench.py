@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BENCH_SERVICE", "BUS", "OPS", "measure"]
+__all__ = ["BENCH_SERVICE", "BUS", "DEVICES", "OPS", "array_module", "measure"]
 
 BENCH_SERVICE = "aionet.collectives.bench"
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+#: where the benchmarked buffers live: host numpy arrays, or CuPy arrays on the current GPU
+DEVICES = ("cpu", "gpu")
 #: busbw = algbw * what each rank's link carries, so results compare across group sizes
 BUS: dict[str, Callable[[int], float]] = {
     "allreduce": lambda n: 2 * (n - 1) / n,
@@ -27,26 +29,50 @@ BUS: dict[str, Callable[[int], float]] = {
 }
 
 
+def array_module(device: str) -> Any:
+    """numpy for ``cpu``; CuPy for ``gpu``, imported only then, with the reason when this node
+    cannot (no CuPy, no driver, no device)."""
+    if device == "cpu":
+        return np
+    if device != "gpu":
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+    from ..devices import Devices
+
+    Devices(use_nvml=False).require_cuda("aionet bench --device gpu")
+    import cupy
+
+    return cupy
+
+
 async def measure(
-    grp: Any, op: str, sizes: list[int], iters: int, warmup: int, report: Callable[[dict[str, Any]], None] | None = None
+    grp: Any,
+    op: str,
+    sizes: list[int],
+    iters: int,
+    warmup: int,
+    report: Callable[[dict[str, Any]], None] | None = None,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
-    """Time ``op`` on ``grp`` at each size; every rank runs this, every rank gets the rows."""
+    """Time ``op`` on ``grp`` at each size; every rank runs this, every rank gets the rows.
+    ``device="gpu"``: the buffers are CuPy arrays (staged through host copies); the in-place
+    variant is skipped there, since ``out=`` takes host arrays."""
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}, not {op!r}")
+    xp = array_module(device)
     n, rank = grp.size, grp.rank
     rows = []
     for size in sizes:
         count = max(1, size // 4)
         if op == "allgather":
             count = max(1, count // n)  # size is the gathered output
-        row: dict[str, Any] = {"size": size, "count": count, "type": "float",
+        row: dict[str, Any] = {"size": size, "count": count, "type": "float", "device": device,
                                "redop": "sum" if op in ("allreduce", "reduce_scatter") else "-"}  # fmt: skip
         for variant in ("out", "in"):
-            if variant == "in" and op != "allreduce":
-                continue  # only allreduce writes into its input (out=)
+            if variant == "in" and (op != "allreduce" or xp is not np):
+                continue  # only allreduce writes into its input (out=), and only host arrays
             times, wrong = [], 0
             for i in range(warmup + iters):
-                x = np.full(count, rank + 1, dtype=np.float32)
+                x = xp.full(count, rank + 1, dtype=xp.float32)
                 await grp.barrier()
                 t = time.perf_counter()
                 got = await _call(grp, op, x, variant)
@@ -75,11 +101,16 @@ async def _call(grp: Any, op: str, x: np.ndarray, variant: str) -> Any:
     return await grp.reduce_scatter(x)
 
 
+def _host(a: Any) -> np.ndarray:
+    """A result as a host array: CuPy's ``.get()`` copies device memory back (np.asarray refuses)."""
+    return np.asarray(a) if isinstance(a, np.ndarray) or not hasattr(a, "get") else a.get()
+
+
 def _wrong(op: str, got: Any, n: int) -> int:
     """Elements that differ from the expected result (rank r contributes r + 1 everywhere)."""
     total = n * (n + 1) / 2
     if op in ("allreduce", "reduce_scatter"):
-        return int(np.count_nonzero(np.asarray(got) != total))
+        return int(np.count_nonzero(_host(got) != total))
     if op == "broadcast":
-        return int(np.count_nonzero(np.asarray(got) != 1))  # rank 0's value
-    return sum(int(np.count_nonzero(np.asarray(part) != i + 1)) for i, part in enumerate(got))
+        return int(np.count_nonzero(_host(got) != 1))  # rank 0's value
+    return sum(int(np.count_nonzero(_host(part) != i + 1)) for i, part in enumerate(got))

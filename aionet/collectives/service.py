@@ -78,13 +78,14 @@ class Collectives:
         try:
             op, members, name = str(arg["op"]), [str(m) for m in arg["members"]], str(arg["name"])
             sizes, iters, warmup = [int(s) for s in arg["sizes"]], int(arg["iters"]), int(arg["warmup"])
-        except (KeyError, TypeError, ValueError) as exc:
+            device = str(arg.get("device", "cpu"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{BENCH_SERVICE} takes op, members, name, sizes, iters, warmup: {exc!r}") from None
         if not 1 <= iters <= 10_000 or not 0 <= warmup <= 10_000 or not sizes or max(sizes) > 1 << 31:
             raise ValueError("bench: 1 <= iters <= 10000, 0 <= warmup <= 10000, sizes up to 2 GiB")
         grp = self.make(members, name, 0)
         try:
-            return await measure(grp, op, sizes, iters, warmup)
+            return await measure(grp, op, sizes, iters, warmup, device=device)
         finally:
             await grp.close()
 

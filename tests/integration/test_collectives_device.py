@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aionet import Node
-from aionet.devices import SimulatedDeviceBackend
+from aionet.devices import Devices, SimulatedDeviceBackend
 from tests.unit.devices.test_staging import CAIArray
 
 
@@ -45,6 +45,43 @@ async def test_device_arrays_are_reduced_and_come_back_on_the_device() -> None:
         np.testing.assert_array_equal(np.concatenate(blocks), xs[0][:9] * 6)
         with pytest.raises(TypeError, match="out="):
             await groups[0].allreduce(CAIArray(xs[0]), out=np.empty_like(xs[0]))
+    finally:
+        for node in reversed(nodes):
+            await node.stop()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(not Devices(use_nvml=False).cuda_available(), reason="no CUDA device")
+async def test_cupy_arrays_on_a_real_gpu() -> None:
+    """Real CuPy inputs (the node's own CuPy backend, pinned staging): results come back as CuPy
+    arrays in new device memory, equal to the host computation, for every op that takes arrays."""
+    import cupy as cp
+
+    nodes: list[Node] = []
+    try:
+        for i in range(3):
+            node = Node(name=f"g{i}", listen="tcp://127.0.0.1:0", join=[nodes[0].address] if nodes else None)
+            await node.start()
+            nodes.append(node)
+        for node in nodes:
+            await node.wait_members(3, timeout=10)
+        groups = [node.group() for node in nodes]
+        xs = [(cp.arange(5_000_003, dtype=cp.float32) % 1024) * (i + 1) for i in range(3)]  # sums exact
+        pairs = list(zip(groups, xs, strict=True))
+        outs = await asyncio.gather(*(g.allreduce(x) for g, x in pairs))
+        for out, x in zip(outs, xs, strict=True):
+            assert isinstance(out, cp.ndarray) and out.data.ptr != x.data.ptr
+            assert bool((out == xs[0] * 6).all())
+        means = await asyncio.gather(
+            *(g.allreduce([x[:7], x[7:99]], op="mean") for g, x in zip(groups, xs, strict=True))
+        )
+        assert bool(cp.allclose(means[2][1], xs[0][7:99] * 2))
+        got = await asyncio.gather(
+            *(g.broadcast(x if g.rank == 0 else None, root=0) for g, x in zip(groups, xs, strict=True))
+        )
+        assert all(bool((b == xs[0]).all()) for b in got)
+        parts = await asyncio.gather(*(g.allgather(x[:1000]) for g, x in pairs))
+        assert all(bool((p[i] == xs[i][:1000]).all()) for p in parts for i in range(3))
     finally:
         for node in reversed(nodes):
             await node.stop()

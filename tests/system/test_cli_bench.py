@@ -105,3 +105,34 @@ def test_bench_connect_runs_on_the_members_of_a_running_cluster(spawn) -> None:
     assert all(r[v]["wrong"] == 0 and r[v]["busbw"] > 0 for r in rows for v in ("out", "in"))
     too_many = run("broadcast", "--connect", r0["addresses"][0], "--nodes", "5", timeout=60)
     assert too_many.returncode != 0 and "need 5 alive members" in too_many.stderr
+
+
+def _cuda() -> bool:
+    from aionet.devices import Devices
+
+    return Devices(use_nvml=False).cuda_available()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("op", ["allreduce", "p2p"])
+def test_bench_device_gpu_runs_on_cupy_buffers_or_says_why_not(op: str) -> None:
+    """With a GPU: CuPy buffers go through the staging path and every element is right; without
+    one: the command fails before starting any process and names what is missing."""
+    out = run(op, "--device", "gpu", "--min", "4K", "--max", "1M", "--factor", "256", "--iters", "3", "--json",
+              timeout=140)  # fmt: skip
+    if not _cuda():
+        assert out.returncode != 0 and "--device gpu needs CuPy and a CUDA device" in out.stderr
+        return
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["size"] for r in rows] == [4096, 1 << 20] and all(r["device"] == "gpu" for r in rows)
+    if op == "allreduce":
+        assert all(r["out"]["wrong"] == 0 and "in" not in r for r in rows)  # no in-place on device buffers
+    else:
+        assert all(r["gbytes_per_s"] > 0 for r in rows)
+    assert "never retrieved" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_device_gpu_is_refused_for_tasks() -> None:
+    out = run("tasks", "--device", "gpu")
+    assert out.returncode != 0 and "p2p and the collectives" in out.stderr

@@ -142,6 +142,11 @@ async def test_cupy_frames_over_ucx():
     await c.send([b"gpu", a])
     m = await asyncio.wait_for(s.recv(), 10)
     assert bytes(m[0]) == b"gpu"
+    if c.moves_device_memory:  # UCX with its CUDA transports: device memory arrives as device memory
+        assert hasattr(m[1], "__cuda_array_interface__"), type(m[1])
+        assert bool((cp.asarray(m[1]).view(cp.float32) == a).all())
+    else:
+        assert bytes(memoryview(m[1])) == a.get().tobytes()
     stop.set()
     await c.close()
     await lst.close()
