@@ -330,12 +330,21 @@ class Group:
 
         async def go(seq: int) -> Any:
             res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec)
-            return self._finish(c, res, op, out)
+            return await self._finish(seq, c, res, op, out)
 
         return await self._run("allreduce", go, timeout, c.flat.nbytes)
 
-    def _finish(self, c: Converted, res: np.ndarray, op: str, out: Any) -> Any:
+    async def _flush(self, seq: int) -> None:
+        """Wait for this call's posted sends: they may not have serialized the buffer yet, so
+        it must not be changed in place before (a rank that folds in or a tree child would get
+        the changed values)."""
+        sends = self._sends.get(seq)
+        if sends:
+            await asyncio.gather(*sends)
+
+    async def _finish(self, seq: int, c: Converted, res: np.ndarray, op: str, out: Any) -> Any:
         if op == "mean":
+            await self._flush(seq)  # divided in place below
             res = finish_mean(res, self.size)
         if out is not None:
             return write_out(out, res)
@@ -367,7 +376,7 @@ class Group:
                 start = 0
                 for i in idx:
                     n = cs[i].flat.size
-                    results[i] = self._finish(cs[i], res[start : start + n], op, None)
+                    results[i] = await self._finish(seq, cs[i], res[start : start + n], op, None)
                     start += n
             return results
 
@@ -486,7 +495,7 @@ class Group:
 
         async def go(seq: int) -> Any:
             res = await self._tree_reduce(seq, c.flat, fn, root, 0)
-            return None if res is None else self._finish(c, res, op, out)
+            return None if res is None else await self._finish(seq, c, res, op, out)
 
         return await self._run("reduce", go, timeout, c.flat.nbytes)
 
@@ -505,6 +514,7 @@ class Group:
             else:
                 res = await self._ring_reduce_scatter(seq, c.flat, fn, bounds)
             if op == "mean":
+                await self._flush(seq)  # divided in place: the ring's last sends may still read it
                 res = finish_mean(res, n)
             a, b = rows[r]
             return from_numpy(Converted(res, (b - a, *c.shape[1:]), c.kind, x), res)

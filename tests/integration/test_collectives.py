@@ -66,6 +66,25 @@ async def test_floats_agree_bit_for_bit_and_mean_divides(groups: list[Group]) ->
     np.testing.assert_allclose(means[2], np.mean(xs, axis=0), rtol=1e-5, atol=1e-6)
 
 
+async def test_mean_is_right_on_every_rank_of_an_odd_group() -> None:
+    """3 ranks: recursive doubling folds one rank in and sends it the result, the tree sends
+    the root's result down. Dividing in place before those sends had serialized the buffer gave
+    the receiving rank sum / n**2 (found on a GPU machine); every rank, algorithm and size here."""
+    cfg = {"collectives": {"small_bytes": 4096, "segment_bytes": 16384}}
+    async with cluster(3, "tcp", config=cfg) as nodes:
+        groups = [n.group() for n in nodes]
+        for size in (5, 92, 20_000):
+            xs = [np.arange(size, dtype=np.float32) * (r + 1) for r in range(3)]
+            for algorithm in ("auto", "doubling", "tree", "ring"):
+                outs = await each(groups, lambda g, a=algorithm, xs=xs: g.allreduce(xs[g.rank], op="mean", algorithm=a))
+                for o in outs:
+                    np.testing.assert_array_equal(o, xs[0] * 2, err_msg=f"{size} {algorithm}")
+            fused = await each(groups, lambda g, xs=xs: g.allreduce([xs[g.rank][:2], xs[g.rank][2:]], op="mean"))
+            assert all(np.array_equal(np.concatenate(f), xs[0] * 2) for f in fused)
+            blocks = await each(groups, lambda g, xs=xs: g.reduce_scatter(xs[g.rank], op="mean"))
+            np.testing.assert_array_equal(np.concatenate(blocks), xs[0] * 2)
+
+
 async def test_in_place_scalars_and_fused_lists(groups: list[Group]) -> None:
     bufs = [np.full((3, 5), g.rank, dtype=np.float64) for g in groups]
     outs = await each(groups, lambda g: g.allreduce(bufs[g.rank], out=bufs[g.rank]))
