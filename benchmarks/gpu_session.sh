@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, as run on a lent GPU machine (one short script; every step bounded).
 #
-#   OUT=/some/dir bash benchmarks/gpu_session.sh [wheel-dir]
+#   OUT=/some/dir [STEPS="ceilings tests ucx p2p allreduce"] bash benchmarks/gpu_session.sh [wheel-dir]
 #
 # The machine is assumed to have CuPy and PyTorch with CUDA; aionet's other dependencies (and
 # ucxx for the ucx:// rows) may come as wheels in [wheel-dir], installed into /tmp/site.
@@ -20,27 +20,27 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+STEPS=${STEPS:-"ceilings tests ucx p2p allreduce"}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { echo; echo "=== $* ($(date +%T))"; }
 step machine
 nvidia-smi -L; nproc; python3 -c "import cupy, numpy, sys; print(sys.version.split()[0], 'cupy', cupy.__version__, 'numpy', numpy.__version__, 'cuda', cupy.cuda.runtime.runtimeGetVersion())"
 python3 -c "import ucxx; print('ucxx', ucxx.__version__, ucxx.get_active_transports() if hasattr(ucxx, 'get_active_transports') else '')" || echo "ucxx: not importable"
-step ceilings
-timeout 60 python3 benchmarks/gpu_ceiling.py --json "$OUT/ceiling.json"
-step "GPU tests"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rs -s --timeout 120 \
+want ceilings && step ceilings && timeout 60 python3 benchmarks/gpu_ceiling.py --json "$OUT/ceiling.json"
+want tests && step "GPU tests" && timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rsf -s --tb=short --timeout 120 \
   tests/unit/devices tests/integration/test_devices.py tests/integration/test_node_device_arrays.py \
   tests/integration/test_collectives_device.py "tests/system/test_cli_bench.py::test_bench_device_gpu_runs_on_cupy_buffers_or_says_why_not" \
-  2>&1 | tail -40
-step "UCX tests (fresh process)"
-AIONET_UCX_ISOLATED=1 timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rs --timeout 60 tests/system/test_ucx.py 2>&1 | tail -15
-for t in tcp ucx; do
+  2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -60
+want ucx && step "UCX tests (fresh process)" && AIONET_UCX_ISOLATED=1 timeout 120 python3 -m pytest -q -p no:cacheprovider \
+  -o addopts="" -rsf --tb=short --timeout 60 tests/system/test_ucx.py 2>&1 | tee "$OUT/ucx_tests.log" | tail -40
+want p2p && for t in tcp ucx; do
   for d in gpu cpu; do
     step "bench p2p $t $d"
     timeout 90 python3 -m aionet bench p2p --transport $t --device $d --min 64K --max 256M --factor 16 --iters 20 --json > "$OUT/p2p_${t}_${d}.json"
     cat "$OUT/p2p_${t}_${d}.json"
   done
 done
-for n in 2 4; do
+want allreduce && for n in 2 4; do
   for d in gpu cpu; do
     step "bench allreduce n=$n $d"
     timeout 90 python3 -m aionet bench allreduce --nodes $n --device $d --min 1M --max 64M --factor 4 --iters 5 --warmup 2

@@ -34,36 +34,38 @@ async def peer(seed: str, listen: str) -> None:
     from ..node import Node
 
     cfg = Config.from_dict({"scheduler": {"allow_modules": [MODULE]}, "log": {"level": "warning"}})
-    async with Node(name=f"bench-peer-{os.getpid()}", listen=listen, join=[seed], config=cfg) as node:
-        done = asyncio.Event()
-        got = 0  # messages received on CHANNEL, counted as they arrive
-        arrived = asyncio.Condition()
+    node = Node(name=f"bench-peer-{os.getpid()}", listen=listen, join=[seed], config=cfg)
+    done = asyncio.Event()
+    got = 0  # messages received on CHANNEL, counted as they arrive
+    arrived = asyncio.Condition()
 
-        async def consume() -> None:
-            # a standing consumer: a full mailbox stops the link, so the burst must be drained as it
-            # comes, not by the handler of a request queued behind it
-            nonlocal got
-            while True:
-                batch = await node.recv_batch(CHANNEL)
-                async with arrived:
-                    got += len(batch)
-                    arrived.notify_all()
-
-        @node.service("bench.burst")
-        async def burst(n: int) -> int:  # wait until n more than `start` have arrived
-            start, want = n
+    async def consume() -> None:
+        # a standing consumer: a full mailbox stops the link, so the burst must be drained as it
+        # comes, not by the handler of a request queued behind it
+        nonlocal got
+        while True:
+            batch = await node.recv_batch(CHANNEL)
             async with arrived:
-                await arrived.wait_for(lambda: got >= start + want)
-            return got - start
+                got += len(batch)
+                arrived.notify_all()
 
-        @node.service("bench.count")
-        async def count(_: Any) -> int:
-            return got
+    # registered before the node starts: the bench asks for them as soon as it sees this member
+    @node.service("bench.burst")
+    async def burst(n: int) -> int:  # wait until n more than `start` have arrived
+        start, want = n
+        async with arrived:
+            await arrived.wait_for(lambda: got >= start + want)
+        return got - start
 
-        @node.service("bench.bye")
-        async def bye(_: Any) -> None:
-            done.set()
+    @node.service("bench.count")
+    async def count(_: Any) -> int:
+        return got
 
+    @node.service("bench.bye")
+    async def bye(_: Any) -> None:
+        done.set()
+
+    async with node:
         consumer = asyncio.ensure_future(consume())
         print("ready", flush=True)
         try:

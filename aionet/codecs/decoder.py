@@ -364,10 +364,16 @@ def _frame_len(f: Any, i: int) -> tuple[Buffer, int]:
         elif not f.contiguous:
             raise DecodeError(f"frame {i} is a non-contiguous memoryview")
         return f, len(f)
-    if hasattr(f, "__cuda_array_interface__"):  # a device frame (the transport moves device memory)
+    cai = getattr(f, "__cuda_array_interface__", None)
+    if cai is not None:  # a device frame (the transport moves device memory; UCX's buffers have no nbytes)
         try:
-            return f, int(f.nbytes)
-        except (AttributeError, TypeError, ValueError):
+            n = getattr(f, "nbytes", None)
+            if n is None:
+                n = int(cai["typestr"][2:])
+                for d in cai["shape"]:
+                    n *= int(d)
+            return f, int(n)
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError):
             raise DecodeError(f"frame {i} is a device buffer without a size") from None
     raise DecodeError(f"frame {i} is a {t.__name__}, not a buffer")
 

@@ -57,8 +57,30 @@ SIZE_LIMITS = ("max_message_bytes", "max_frame_bytes", "max_header_bytes", "max_
 def nbytes_of(frames: list[Any]) -> int:
     n = 0
     for f in frames:
-        n += f.nbytes if type(f) is memoryview else len(f)
+        t = type(f)
+        n += f.nbytes if t is memoryview else len(f) if t is bytes or t is bytearray else frame_nbytes(f)
     return n
+
+
+def frame_nbytes(f: Any) -> int:
+    """Bytes in any frame: host buffers, numpy arrays, and device buffers a transport hands over
+    (CuPy arrays, or UCX's own buffer types that have a ``__cuda_array_interface__`` and no
+    ``len``), so a device frame is counted as the bytes it holds, not its first dimension."""
+    t = type(f)
+    if t is bytes or t is bytearray:
+        return len(f)
+    if t is memoryview:
+        return f.nbytes
+    n = getattr(f, "nbytes", None)
+    if n is not None:
+        return int(n)
+    cai = getattr(f, "__cuda_array_interface__", None)
+    if cai is not None:
+        count = 1
+        for d in cai["shape"]:
+            count *= int(d)
+        return count * int(cai["typestr"][2:])
+    return memoryview(f).nbytes
 
 
 class Link:
@@ -231,7 +253,7 @@ class Link:
                 f"message to {self.peer!r} has {nbytes} bytes, over {what}; or send the data in smaller pieces"
             )
         for i, f in enumerate(frames):
-            n = f.nbytes if type(f) is memoryview else len(f)
+            n = frame_nbytes(f)
             limit, what = self._limit("max_header_bytes" if i == 0 else "max_frame_bytes")
             if n > limit:
                 which = "its header" if i == 0 else f"buffer {i}"
@@ -569,4 +591,4 @@ async def close_conn(conn: Connection) -> None:
         conn.abort()
 
 
-__all__ = ["BIG_MESSAGE", "Link", "SerializationError", "nbytes_of"]
+__all__ = ["BIG_MESSAGE", "Link", "SerializationError", "frame_nbytes", "nbytes_of"]
