@@ -296,9 +296,16 @@ class Encoder:
 
     def _torch(self, t: Any) -> Any:
         """A CPU torch tensor: its memory viewed through DLPack (no copy), sent as an array that
-        the receiver turns back into a tensor (or leaves as numpy where torch is not installed)."""
+        the receiver turns back into a tensor (or leaves as numpy where torch is not installed).
+        A CUDA tensor takes the device path (``__cuda_array_interface__``), like a CuPy array."""
         if t.device.type != "cpu":
-            return self._unsendable(t, "CUDA torch tensors cannot travel: send t.cpu(), or a CuPy array")
+            hook = self._ser.device_hook
+            rec = hook.encode(t) if hook is not None and t.device.type == "cuda" else None
+            if rec is not None:
+                return self._device(*rec)
+            return self._unsendable(
+                t, f"{t.device.type} torch tensors travel only between nodes (CUDA, staged): send t.cpu()"
+            )
         try:
             a = np.from_dlpack(t.detach().resolve_conj().resolve_neg())
         except (BufferError, TypeError, RuntimeError) as exc:

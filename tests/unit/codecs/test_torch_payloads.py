@@ -42,3 +42,10 @@ def test_tensors_needing_grad_travel_detached() -> None:
 def test_bfloat16_is_refused_with_the_conversion_to_make() -> None:
     with pytest.raises(SerializationError, match=r"bfloat16.*convert"):
         Serializer().dumps(torch.ones(2, dtype=torch.bfloat16))
+
+
+def test_a_tensor_off_the_cpu_without_a_node_names_the_fix() -> None:
+    """Between nodes a CUDA tensor takes the device path (tested on a GPU); a bare serializer,
+    or a device that is not CUDA, refuses it and says to send ``t.cpu()``."""
+    with pytest.raises(SerializationError, match=r"meta torch tensors travel only between nodes.*t\.cpu\(\)"):
+        Serializer().dumps(torch.ones(2, device="meta"))
