@@ -82,10 +82,10 @@ async def run_p2p(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Round trips and one-way bursts per size; ``device="gpu"`` sends CuPy arrays (staged through
     pinned host buffers, or as device frames where the transport moves GPU memory)."""
-    from ..collectives.bench import array_module
+    from ..collectives.bench import warm_array_module
     from ..node import Node
 
-    xp = array_module(device)
+    xp = warm_array_module(device)  # before any node runs: CuPy's set-up would stall the loop
 
     rows = []
     async with Node(name="bench-p2p", listen=listen) as node:

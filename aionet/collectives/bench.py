@@ -8,6 +8,7 @@ creates the same group and runs this loop; rank 0's rows are the answer.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BENCH_SERVICE", "BUS", "DEVICES", "OPS", "array_module", "measure"]
+__all__ = ["BENCH_SERVICE", "BUS", "DEVICES", "OPS", "array_module", "measure", "warm_array_module"]
 
 BENCH_SERVICE = "aionet.collectives.bench"
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
@@ -44,6 +45,15 @@ def array_module(device: str) -> Any:
     return cupy
 
 
+def warm_array_module(device: str) -> Any:
+    """``array_module`` with the GPU context already created: CuPy's first allocation takes
+    about half a second, which must not run on an event loop (peers would see a stall)."""
+    xp = array_module(device)
+    if xp is not np:
+        xp.zeros(1, dtype=xp.uint8)
+    return xp
+
+
 async def measure(
     grp: Any,
     op: str,
@@ -58,7 +68,7 @@ async def measure(
     variant is skipped there, since ``out=`` takes host arrays."""
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}, not {op!r}")
-    xp = array_module(device)
+    xp = await asyncio.to_thread(warm_array_module, device)
     n, rank = grp.size, grp.rank
     rows = []
     for size in sizes:
