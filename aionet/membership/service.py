@@ -568,6 +568,7 @@ class Membership:
             reason=reason,
             spread=spread,
             verify_after=self.cfg.probe_timeout,
+            distrust_revived=self.cfg.suspect_timeout,
         )
         self._perform(effects)
         return changed

@@ -159,6 +159,7 @@ class Member:
     load_time: float | None = None  # when that report was made (monotonic, estimated)
     verified_at: float = -math.inf  # adjusted clock: last verification that found it alive
     suspect_at: float = 0.0  # adjusted clock: when the gossiped suspicion started
+    revived_at: float = -math.inf  # real monotonic time it last came back from dead (refuted, restarted)
 
     @property
     def shown_state(self) -> MemberState:
@@ -260,6 +261,8 @@ class MemberTable:
             raise InvalidTransition(f"member {m.name}: update {u} changes nothing")
         prev = m.state
         m.node_id, m.incarnation, m.state = u.node_id, u.incarnation, u.state
+        if prev == DEAD and u.state in (ALIVE, SUSPECT):
+            m.revived_at = now
         if u.state != prev:
             m.since = now
             if u.state == SUSPECT:
@@ -275,12 +278,18 @@ class MemberTable:
         reason: str = "",
         spread: bool = True,
         verify_after: float = math.inf,
+        distrust_revived: float = 0.0,
     ) -> tuple[bool, list[Effect]]:
         """Merge one update about another member -> (changed, effects to perform in order).
 
         ``now`` is the real monotonic time, ``adj_now`` the lag-adjusted one. ``spread`` off:
         the update is news to us only (a seed's table). A death we cannot accept (an older
-        incarnation than ours) about a member silent for ``verify_after`` s is verified."""
+        incarnation than ours) about a member silent for ``verify_after`` s is verified.
+        A peer's death verdict about a member we think alive is verified, not believed, when the
+        peer itself came back from dead within ``distrust_revived`` s: a node cut off by a
+        partition condemns everyone it lost, and once the cut heals its stale verdicts would
+        otherwise kill healthy members until they refute. (Verdicts of other peers are believed
+        at once: a killed process must be dead everywhere within milliseconds.)"""
         m = self.members.get(u.name)
         via = f"via {source}" if source else ""
         if m is None:
@@ -308,6 +317,15 @@ class MemberTable:
                 # dead by an older incarnation than ours: maybe we missed news; check ourselves
                 return False, [StartVerify(m.name, f"reported dead by {source or 'a peer'}")]
             return False, []
+        if u.state == DEAD and source is not None and u.node_id == m.node_id and m.state == ALIVE:
+            src = self.members.get(source)
+            if src is not None and distrust_revived > 0:
+                if src.state == DEAD:  # it speaks again before we heard it refute: same thing
+                    why = f"we count {source} itself dead (a stale verdict?)"
+                    return False, [StartVerify(m.name, f"reported dead by {source}, but {why}")]
+                if now - src.revived_at <= distrust_revived:
+                    why = f"{source} was itself dead {now - src.revived_at:.1f} s ago (a stale verdict?)"
+                    return False, [StartVerify(m.name, f"reported dead by {source}, but {why}")]
         out = []
         prev_shown, prev_state = m.shown_state, m.state
         restarted = u.node_id != m.node_id

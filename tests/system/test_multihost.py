@@ -79,22 +79,11 @@ def _check_streams(c: NetnsCluster) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(
-    "no_false_deaths",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                reason="known defect: after the cut heals, the cut-off node's stale verdicts ('a is dead') are "
-                "sometimes believed by the others, which then count a healthy node dead until it refutes it",
-                strict=False,
-            ),
-        ),
-    ],
-    ids=["bar", "no-false-deaths"],
-)
-def test_four_namespaces_form_a_cluster_run_tasks_and_survive_a_partition_of_one(cluster, no_false_deaths):
+def test_four_namespaces_form_a_cluster_run_tasks_and_survive_a_partition_of_one(cluster):
+    """... and no healthy member is ever declared dead: once the cut heals, the cut-off node's
+    stale verdicts ('a is dead') are verified by the others, not believed (they were, in about
+    one run in three, until peers' death verdicts about members with fresh proof of life, or
+    from a peer just back from dead, became reasons to probe rather than to kill)."""
     c = cluster
     t0 = time.monotonic()
     all_alive = dict.fromkeys(NODES, "alive")
@@ -140,8 +129,7 @@ def test_four_namespaces_form_a_cluster_run_tasks_and_survive_a_partition_of_one
     wait(lambda: all(c.status(r)["received"][s] >= sent[s, r] for s, r in pairs), 10, "the streams to drain")
     assert {(s, r): c.status(r)["received"][s] for s, r in pairs} == sent
     _check_streams(c)
-    if no_false_deaths:
-        assert not _false_deaths(c), f"healthy members declared dead: {_false_deaths(c)}"
+    assert not _false_deaths(c), f"healthy members declared dead: {_false_deaths(c)}"
     print(
         f"formed in {formed:.1f} s; {PARTITIONED} declared dead {declared:.1f} s after the cut, rejoined"
         f" {rejoined:.1f} s after healing; streamed {sum(sum(c.status(n)['sent'].values()) for n in STREAMERS)} msgs;"

@@ -119,6 +119,38 @@ def test_an_old_death_about_a_silent_member_is_verified_not_believed():
     assert m.state is ALIVE
 
 
+def test_a_peer_verdict_about_a_member_we_just_heard_from_is_still_believed():
+    """A killed process must be dead everywhere at once: a peer's verdict is not second-guessed
+    for fresh proof of life (only for who gives it, below)."""
+    t = MemberTable()
+    m = joined(t)
+    m.last_seen = 9.99
+    changed, effects = merge(t, Update("b", "id-b", 5, DEAD, ADDR), now=10.0, source="c", distrust_revived=5.0)
+    assert changed and m.state is DEAD and kinds(effects) == [KillLink, Emit, Disseminate]
+
+
+def test_verdicts_of_a_peer_that_just_came_back_from_dead_are_verified():
+    """After a partition heals, the cut-off node gossips the deaths it declared while alone."""
+    t = MemberTable()
+    joined(t)  # b, healthy; never heard from directly (not a heartbeat neighbour)
+    merge(t, Update("d", "id-d", 3, ALIVE, ADDR), now=1.0, adj=1.0)
+    merge(t, Update("d", "id-d", 3, DEAD, ADDR), now=2.0, adj=2.0)  # d cut off: we declared it dead
+    merge(t, Update("d", "id-d", 4, ALIVE, ADDR), now=6.0, adj=6.0)  # healed: d refuted
+    assert t.get("d").revived_at == 6.0
+    stale = Update("b", "id-b", 5, DEAD, ADDR)
+    changed, effects = merge(t, stale, now=7.0, source="d", distrust_revived=5.0)
+    assert not changed and t.get("b").state is ALIVE
+    assert kinds(effects) == [StartVerify] and "d was itself dead 1.0 s ago" in effects[0].reason
+    # a verdict from a peer we still count dead (its refutation not seen yet) is checked too
+    merge(t, Update("e", "id-e", 1, ALIVE, ADDR), now=1.0, adj=1.0)
+    merge(t, Update("e", "id-e", 1, DEAD, ADDR), now=2.0, adj=2.0)
+    changed, effects = merge(t, stale, now=7.0, source="e", distrust_revived=5.0)
+    assert not changed and kinds(effects) == [StartVerify] and "we count e itself dead" in effects[0].reason
+    # once the window has passed, d's word counts like anyone's
+    changed, _ = merge(t, stale, now=12.0, source="d", distrust_revived=5.0)
+    assert changed and t.get("b").state is DEAD
+
+
 def test_a_restarted_process_replaces_the_record():
     t = MemberTable()
     m = joined(t)
