@@ -16,9 +16,6 @@ from aionet.config import Config
 from tests.conftest import wait_for
 from tests.etcd_server import etcd_server
 
-# pytest -n (xdist, --dist loadgroup): one worker runs this file (one module-scoped etcd server serves the etcd tests)
-pytestmark = pytest.mark.xdist_group("cache-etcd")
-
 FAST = {"heartbeat": {"interval": 0.1}}
 
 

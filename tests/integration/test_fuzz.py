@@ -35,9 +35,6 @@ from aionet.codecs.serialize import Serializer
 from aionet.config import Config, LimitsSection
 from aionet.errors import DecodeError, ProtocolError
 
-# pytest -n (xdist, --dist loadgroup): one worker runs this file (the module-scoped live node)
-pytestmark = pytest.mark.xdist_group("fuzz-live")
-
 # FUZZ_SCALE=20 python3 -m pytest tests/integration/test_fuzz.py  runs 20x the examples (a longer local hunt).
 _SCALE = max(1, int(os.environ.get("FUZZ_SCALE", "1")))
 FAST = settings(max_examples=150 * _SCALE, deadline=10_000, suppress_health_check=[HealthCheck.too_slow])

@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 
-# pytest -n (xdist, --dist loadgroup): one worker runs this file (one module-scoped benchmark run serves every test)
-pytestmark = pytest.mark.xdist_group("backpressure")
-
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "backpressure_rss.py"
 MiB = 2**20

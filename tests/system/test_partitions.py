@@ -22,10 +22,6 @@ import pytest
 
 from tests.netns import NetnsCluster, skip_reason, wait
 
-# pytest -n (xdist, --dist loadgroup): one worker runs this file (its module-scoped cluster: both
-# tests run on one stream, in order)
-pytestmark = pytest.mark.xdist_group("partitions")
-
 TOKEN = "partition-test-token"
 NODES = {"x": 1, "y": 2, "z": 3}  # name -> host part of its address
 RECOVER = 60.0  # s allowed to catch up after a cut heals (TCP retransmission backs off)
