@@ -127,10 +127,19 @@ def pytest_runtest_setup(item: pytest.Item):
     return (yield)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what exists once collection is done (imports and test modules, ~800k objects and
+    ~0.3-0.7 s per full collection on 2 cores): the full collections below then skip it. No
+    test has run yet, so no garbage a test makes is among it, and refcounting frees as before."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     result = yield  # every fixture of the test (its event loop included) is torn down here
-    # A full collection costs ~50 ms once the heap is big; coroutine tests get one, the rest
+    # A full collection costs ~50 ms once the heap is big (more before collection-time objects
+    # were frozen, above); coroutine tests get one, the rest
     # a young-generation one (garbage made by the test itself is young), which keeps the
     # unit loop fast without letting an unretrieved task escape its test.
     gc.collect() if item.get_closest_marker("asyncio") is not None else gc.collect(1)

@@ -48,7 +48,10 @@ def test_dashboard_shows_members_and_a_killed_one_dead(spawn, tmp_path: Path):
                 "document.querySelectorAll('#members tr[data-state=alive]').length === 3", timeout=10_000
             )
             assert page.locator("#conn").inner_text() == "live"
-            page.wait_for_timeout(6000)  # a few updates, so the charts have lines
+            # a few updates, so the charts have lines: every member has message-rate points
+            page.wait_for_function(
+                "['node-0', 'node-1', 'node-2'].every(n => (state.series.msgs[n] || []).length >= 3)", timeout=15_000
+            )
             victim, _ = nodes[2]
             os.kill(victim.pid, signal.SIGKILL)
             t0 = time.monotonic()

@@ -56,7 +56,13 @@ async def _deaths_seen_by_p1(t: Node) -> int:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("how", "amount"), [("sleep", 1.0), ("sleep", 5.0), ("gil", 3 * GIL_1S)])
+@pytest.mark.parametrize(
+    ("how", "amount"),
+    # 30 s (six times heartbeat.suspect_timeout) also stands for the 5 s sleep this list once had
+    # (both outlast a suspicion, so both go through the same verification: the responder reports
+    # a stalled loop) and for the separate 30 s test, whose checks are all made here
+    [("sleep", 1.0), pytest.param("sleep", 30.0, marks=pytest.mark.slow), ("gil", 3 * GIL_1S)],
+)
 async def test_a_loop_blocked_by_user_code_is_stalled_not_dead(spawn, how, amount):
     _victim, _p1, seeds = await _cluster(spawn)
     async with Node(name="t", listen="tcp://127.0.0.1:0", join=seeds) as t:
@@ -79,6 +85,7 @@ async def test_a_loop_blocked_by_user_code_is_stalled_not_dead(spawn, how, amoun
             if ev.name == "victim":
                 kinds.append(ev.kind)
         assert "dead" not in kinds, kinds
+        assert t.members()["victim"]["state"] == "alive"
         assert t.members()["victim"]["incarnation"] == inc  # never refuted: never declared dead
         assert await _deaths_seen_by_p1(t) == 0
         if took >= 3:
@@ -131,20 +138,6 @@ async def test_sigkill_is_seen_within_50_ms_and_sigstop_within_1_5_s(spawn):
         while not await p1_agrees():
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-async def test_a_loop_blocked_30_s_stays_a_member(spawn):
-    _victim, _p1, seeds = await _cluster(spawn)
-    async with Node(name="t", listen="tcp://127.0.0.1:0", join=seeds) as t:
-        await _ready(t)
-        inc = t.members()["victim"]["incarnation"]
-        assert await t.request("victim", "test.block", ["sleep", 30.0], timeout=90) >= 30
-        await asyncio.sleep(0.5)
-        assert t.members()["victim"]["state"] == "alive"
-        assert t.members()["victim"]["incarnation"] == inc
-        assert await _deaths_seen_by_p1(t) == 0
 
 
 def test_the_responder_leaves_no_tick_file_behind():
