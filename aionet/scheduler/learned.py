@@ -12,7 +12,10 @@ keep fast nodes for the work they are fastest at when the cluster is busy.
 
 The model starts at exactly ``shortest-expected`` (weight 1 on runtime and on queued work) and
 moves away from it only as evidence arrives (ridge regression towards that prior, with
-forgetting so it tracks a changing workload). Exploration is epsilon-greedy with a decaying
+forgetting so it tracks a changing workload). The weight on queued work stays at the prior by
+default: the queue the owner sees is a noisy measure of the real wait, regression shrinks the
+weight of a noisy input, and a model that under-prices queues piles work onto fast nodes and
+drains a backlog late (see ``CostModel._solve``). Exploration is epsilon-greedy with a decaying
 epsilon. A guard runs a small random share of placements with the heuristics and compares costs
 over a sliding window; whenever the learned choices cost more than the best heuristic's by more
 than ``margin``, the heuristic takes over (the learned model keeps learning from probes) until
@@ -59,7 +62,9 @@ class LearnedConfig:
     window: int = 64  # completions per arm the guard compares
     margin: float = 0.05  # the learned arm may cost this much more before the guard steps in
     heuristics: tuple[str, ...] = ("shortest-expected", "least-loaded")
-    fixed: tuple[str, ...] = ()  # weights held at the prior (see CostModel._solve)
+    # weights held at the prior (see CostModel._solve); learning "queued" too made windows after
+    # a shift near saturation up to 79 % worse than shortest-expected's (BENCHMARKS.md, issue 16)
+    fixed: tuple[str, ...] = ("queued",)
     learn_all_above: float = 0.001  # s: shorter tasks teach on a sample (mean runtime / this of them)
     min_scale: float = 0.001  # s: costs are in units of max(mean runtime, this) (sub-ms tasks cost messaging)
     max_pending: int = 65536  # placements awaiting completion (older ones are forgotten)
