@@ -12,7 +12,10 @@ keep fast nodes for the work they are fastest at when the cluster is busy.
 
 The model starts at exactly ``shortest-expected`` (weight 1 on runtime and on queued work) and
 moves away from it only as evidence arrives (ridge regression towards that prior, with
-forgetting so it tracks a changing workload). Exploration is epsilon-greedy with a decaying
+forgetting so it tracks a changing workload). The weight on queued work stays at the prior by
+default: the queue the owner sees is a noisy measure of the real wait, regression shrinks the
+weight of a noisy input, and a model that under-prices queues piles work onto fast nodes and
+drains a backlog late (see ``CostModel._solve``). Exploration is epsilon-greedy with a decaying
 epsilon. A guard runs a small random share of placements with the heuristics and compares costs
 over a sliding window; whenever the learned choices cost more than the best heuristic's by more
 than ``margin``, the heuristic takes over (the learned model keeps learning from probes) until
@@ -59,7 +62,9 @@ class LearnedConfig:
     window: int = 64  # completions per arm the guard compares
     margin: float = 0.05  # the learned arm may cost this much more before the guard steps in
     heuristics: tuple[str, ...] = ("shortest-expected", "least-loaded")
-    fixed: tuple[str, ...] = ()  # weights held at the prior (see CostModel._solve)
+    # weights held at the prior (see CostModel._solve); learning "queued" too made windows after
+    # a shift near saturation up to 79 % worse than shortest-expected's (BENCHMARKS.md, issue 16)
+    fixed: tuple[str, ...] = ("queued",)
     learn_all_above: float = 0.001  # s: shorter tasks teach on a sample (mean runtime / this of them)
     min_scale: float = 0.001  # s: costs are in units of max(mean runtime, this) (sub-ms tasks cost messaging)
     max_pending: int = 65536  # placements awaiting completion (older ones are forgotten)
@@ -253,13 +258,9 @@ class LearnedPolicy:
         c = self.cfg
         return max(c.epsilon_min, c.epsilon / (1.0 + self.decisions / c.epsilon_decay))
 
-    def _arm(self) -> str:
-        """Who decides this placement: the learned model, or a heuristic (probe or fallback)."""
-        if self.follow is not None:
-            return self.follow
+    def _probe_arm(self) -> str:
+        """Which other arm makes this probe placement: mostly the best-looking one."""
         c = self.cfg
-        if self.rng.random() >= c.probe:
-            return self.fallback or LEARNED
         others = [a for a in (LEARNED, *c.heuristics) if a != (self.fallback or LEARNED)]
         self._probe_turn += 1
         if len(others) > 1 and self._probe_turn % 4:  # 3 probes in 4 go to the best-looking other arm
@@ -273,36 +274,45 @@ class LearnedPolicy:
 
     def choose(self, task: TaskReq, nodes: Sequence[NodeView], ctx: PolicyContext) -> str | None:
         est = ctx.estimator or RuntimeEstimator()
-        per = est.runtimes(task.fn)
-        if not per:  # never ran anywhere: nothing to learn from yet
+        got = est.summary(task.fn)
+        if got is None:  # never ran anywhere: nothing to learn from yet
             return shortest_expected(task, nodes, estimator=est)
+        mean, best = got
+        mean = mean or 0.0
         # learn from every placement of tasks that run at least ``learn_all_above``; from a
         # proportional sample of shorter ones, so bookkeeping stays a small share of the work
-        mean = est.mean(task.fn) or 0.0
         cfg = self.cfg
-        track = mean >= cfg.learn_all_above or self.rng.random() * cfg.learn_all_above < mean
-        arm = self._arm() if track else (self.fallback or LEARNED)
+        rng = self.rng
+        track = mean >= cfg.learn_all_above or rng.random() * cfg.learn_all_above < mean
+        # who decides: the learned model, or a heuristic (a probe, or the fallback while the guard holds)
+        if not track:
+            arm = self.fallback or LEARNED
+        elif self.follow is not None:
+            arm = self.follow
+        elif rng.random() >= cfg.probe:
+            arm = self.fallback or LEARNED
+        else:
+            arm = self._probe_arm()
+        scale = cfg.min_scale if cfg.min_scale > mean else mean  # max(mean, min_scale), NaN included
+        deps = task.dep_bytes
+        dep_total = sum(deps.values()) if deps else 0
         if arm != LEARNED:
             name = HEURISTICS[arm](task, nodes, estimator=est)
             if name is None or not track:
                 return name
             n = next(v for v in nodes if v.name == name)
+            self.decisions += 1
         else:
-            cands = candidates(task, nodes)
-            if not cands:
+            per, node_means = est.runtimes(task.fn), est.node_means()
+            n, count = self._cheapest(task, nodes, per, node_means, mean, scale, best, dep_total)
+            if n is None:
                 return None
-            n = None
-        self.decisions += 1
-        best = min(per.values())
-        scale = max(mean, cfg.min_scale)
-        dep_total = sum(task.dep_bytes.values()) if task.dep_bytes else 0
-        if n is None:
-            if track and len(cands) > 1 and self.rng.random() < self.epsilon:
-                n = cands[self.rng.randrange(len(cands))]
-            else:
-                n = self._cheapest(task, cands, per, est.node_means(), mean, scale, best, dep_total)
-        if not track:
-            return n.name
+            self.decisions += 1
+            if track and count > 1 and rng.random() < self.epsilon:
+                cands = candidates(task, nodes)
+                n = cands[rng.randrange(len(cands))]
+            if not track:
+                return n.name
         pend = self._pending
         if len(pend) >= cfg.max_pending:  # lost tasks never complete: forget the oldest
             del pend[next(iter(pend))]
@@ -312,33 +322,57 @@ class LearnedPolicy:
     def _cheapest(
         self,
         task: TaskReq,
-        cands: list[NodeView],
+        nodes: Sequence[NodeView],
         per: Mapping[str, float],
         node_mean: Mapping[str, float],
         mean: float,
         scale: float,
         best: float,
         dep_total: int,
-    ) -> NodeView:
-        """argmin of the model's predicted cost: :func:`node_features` and the dot product
-        fused into one loop over plain floats (this is the per-task hot path, ~1 us a node)."""
+    ) -> tuple[NodeView | None, int]:
+        """The candidate (see :func:`~aionet.scheduler.policies.candidates`) the model predicts
+        cheapest, and how many candidates there were. This is the per-task hot path, so for the
+        common task (cpu only, no pins or preferences) the candidate filter, :func:`node_features`
+        and the dot product are fused into one loop over plain floats with nothing called per node.
+        The arithmetic is exactly that of the plain version in the tests (same operations, same
+        order), so the choice is too."""
+        res = task.resources
+        if len(res) == 1 and "cpu" in res and task.affinity is None and not task.exclude and not task.prefer:
+            pool, need = nodes, res["cpu"]
+        else:  # already filtered: the checks below then pass for every node
+            pool, need = candidates(task, nodes), 0.0
         w0, w_run, w_wait, w_queued, w_cont, w_load, w_slow, w_remote, w_gpu, w_unknown = self.model.wt
         inv = 1.0 / scale
         inv_best = 1.0 / best if best > 0.0 else 0.0
-        gpu_task = task.resources.get("gpu", 0.0) > EPS
+        gpu_task = res.get("gpu", 0.0) > EPS
         deps = task.dep_bytes
-        out, low = cands[0], float("inf")
-        for n in cands:
+        prio = task.priority
+        per_get = per.get
+        node_mean_get = node_mean.get
+        out, low, count = None, math.inf, 0
+        for n in pool:
+            if not (n.inflight < n.window or prio > n.max_prio):  # NodeView.has_room
+                continue
+            total = n.total
+            cpu = total.get("cpu")
+            if cpu is None:
+                if need > EPS:  # fits() counts an unlisted resource as zero
+                    continue
+                cpu = 1.0
+            elif need > EPS and cpu + EPS < need:
+                continue
+            count += 1
+            slots = 1.0 if cpu < 1.0 else cpu  # NodeView.slots: max(cpu, 1.0), NaN included
             name = n.name
-            r = per.get(name)
+            r = per_get(name)
             c = w0
             if r is None:
                 r = mean
                 c += w_unknown
-            slots = n.slots
-            busy = n.inflight + n.other
+            other = n.other
+            busy = n.inflight + other
             load = busy / slots
-            wait = (n.backlog + n.other * node_mean.get(name, r)) / slots
+            wait = (n.backlog + other * node_mean_get(name, r)) / slots
             c += w_run * r * inv + w_wait * wait * inv + w_cont * r * load * inv + w_load * load
             if busy > slots:
                 c += w_queued * (busy - slots) * (wait / busy) * inv
@@ -346,11 +380,13 @@ class LearnedPolicy:
                 c += w_slow * (r * inv_best - 1.0)
             if dep_total:
                 c += w_remote * (1.0 - deps.get(name, 0) / dep_total)
-            if not gpu_task and n.total.get("gpu", 0.0) > EPS:
+            if not gpu_task and total.get("gpu", 0.0) > EPS:
                 c += w_gpu
             if c < low:
                 out, low = n, c
-        return out
+        if out is None and count:  # every cost NaN or infinite: the first candidate, as min() would
+            out = candidates(task, nodes)[0]
+        return out, count
 
     # ------------------------------------------------------------------ learning
     @staticmethod

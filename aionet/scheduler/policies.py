@@ -134,7 +134,24 @@ def _scarce_free(task: TaskReq, nodes: list[NodeView]) -> list[NodeView]:
 def candidates(task: TaskReq, nodes: Sequence[NodeView]) -> list[NodeView]:
     """Feasible nodes with room now, narrowed to those whose scarce resources are free, and to
     those with the most of ``task.prefer`` free when the task states a preference."""
-    cands = _scarce_free(task, [n for n in feasible(task, nodes) if n.has_room(task.priority)])
+    res = task.resources
+    if len(res) == 1 and task.affinity is None and not task.exclude:
+        # the common task (one resource, usually cpu=1, no pins): one comprehension with
+        # :func:`fits` and :meth:`NodeView.has_room` inlined; this runs per task placed
+        ((k, need),) = res.items()
+        prio = task.priority
+        if need > EPS:
+            cands = [
+                n
+                for n in nodes
+                if (n.inflight < n.window or prio > n.max_prio) and not n.total.get(k, 0.0) + EPS < need
+            ]
+            if k != "cpu":  # a scarce resource: prefer nodes where it is free now
+                cands = [n for n in cands if not n.free.get(k, 0.0) + EPS < need] or cands
+        else:
+            cands = [n for n in nodes if n.inflight < n.window or prio > n.max_prio]
+    else:
+        cands = _scarce_free(task, [n for n in feasible(task, nodes) if n.has_room(task.priority)])
     return _preferred(task.prefer, cands) if task.prefer and len(cands) > 1 else cands
 
 
@@ -168,7 +185,15 @@ def least_loaded(task: TaskReq, nodes: Sequence[NodeView], **_: object) -> str |
     cands = candidates(task, nodes)
     if not cands:
         return None
-    return min(cands, key=lambda n: (_load(n), n.name)).name
+    # min(cands, key=lambda n: (_load(n), n.name)) without a call and a tuple per node
+    best = cands[0]
+    low = _load(best)
+    for n in cands:
+        cpu = n.total.get("cpu", 1.0)
+        load = (n.inflight + n.other) / (1.0 if cpu < 1.0 else cpu)  # == max(cpu, 1.0), NaN included
+        if load < low or (load == low and n.name < best.name):
+            best, low = n, load
+    return best.name
 
 
 def shortest_expected(
@@ -182,16 +207,29 @@ def shortest_expected(
         return None
     est = estimator or RuntimeEstimator()
     fn_mean = est.mean(task.fn)
-
-    def finish(n: NodeView) -> tuple[float, float, str]:
-        own = est.estimate(task.fn, n.name)
+    unexplored = fn_mean if fn_mean is not None else 0.0  # optimistic: the window bounds the damage
+    per = est.runtimes(task.fn)
+    node_means = est.node_means()
+    # min over (finish, load, name), written out: no closure call or tuple per node
+    best: NodeView | None = None
+    low = low_load = 0.0
+    for n in cands:
+        name = n.name
+        own = per.get(name)
         if own is None:
-            own = fn_mean if fn_mean is not None else 0.0  # unexplored: optimistic, the window bounds it
-        per_task = est.node_mean(n.name) or own
-        wait = (n.backlog + n.other * per_task) / n.slots
-        return (wait + own, _load(n), n.name)
-
-    return min(cands, key=finish).name
+            own = unexplored
+        cpu = n.total.get("cpu", 1.0)
+        slots = 1.0 if cpu < 1.0 else cpu  # == max(cpu, 1.0), NaN included
+        other = n.other
+        finish = (n.backlog + other * (node_means.get(name) or own)) / slots + own
+        if best is None or finish < low:
+            best, low, low_load = n, finish, (n.inflight + other) / slots
+        elif finish == low:
+            load = (n.inflight + other) / slots
+            if load < low_load or (load == low_load and name < best.name):
+                best, low_load = n, load
+    assert best is not None
+    return best.name
 
 
 def locality(task: TaskReq, nodes: Sequence[NodeView], **kw: object) -> str | None:
@@ -256,7 +294,7 @@ class RuntimeEstimator:
     per-node mean over every function (to size windows and price other owners' queued work).
     """
 
-    __slots__ = ("_by_fn_node", "_by_node", "alpha")
+    __slots__ = ("_by_fn_node", "_by_node", "_summary", "alpha")
 
     def __init__(self, alpha: float = 0.3):
         if not 0.0 < alpha <= 1.0:
@@ -264,6 +302,7 @@ class RuntimeEstimator:
         self.alpha = alpha
         self._by_fn_node: dict[str, dict[str, float]] = {}
         self._by_node: dict[str, float] = {}
+        self._summary: dict[str, tuple[float, float]] = {}  # fn -> (mean, fastest), until fn's next update
 
     def update(self, fn: str, node: str, seconds: float) -> None:
         if seconds < 0 or seconds != seconds:  # negative or NaN: ignore bad reports
@@ -274,6 +313,7 @@ class RuntimeEstimator:
             per = self._by_fn_node[fn] = {}
         old = per.get(node)
         per[node] = seconds if old is None else old + a * (seconds - old)
+        self._summary.pop(fn, None)
         old_n = self._by_node.get(node)
         self._by_node[node] = seconds if old_n is None else old_n + a * (seconds - old_n)
 
@@ -290,10 +330,21 @@ class RuntimeEstimator:
         return self._by_node
 
     def mean(self, fn: str) -> float | None:
-        per = self._by_fn_node.get(fn)
-        if not per:
-            return None
-        return sum(per.values()) / len(per)
+        got = self.summary(fn)
+        return None if got is None else got[0]
+
+    def summary(self, fn: str) -> tuple[float, float] | None:
+        """``(mean, fastest)`` of ``fn``'s runtimes over the nodes that ran it (None: none did).
+        Kept until ``fn`` is next updated: placement asks for it once per task, updates come
+        once per completion, and many placements often fall between two completions."""
+        got = self._summary.get(fn)
+        if got is None:
+            per = self._by_fn_node.get(fn)
+            if not per:
+                return None
+            vals = per.values()
+            got = self._summary[fn] = (sum(vals) / len(per), min(vals))
+        return got
 
     def node_mean(self, node: str) -> float | None:
         return self._by_node.get(node)
@@ -303,6 +354,7 @@ class RuntimeEstimator:
         self._by_node.pop(node, None)
         for per in self._by_fn_node.values():
             per.pop(node, None)
+        self._summary.clear()
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         return {fn: dict(per) for fn, per in self._by_fn_node.items()}
