@@ -270,7 +270,10 @@ def main() -> None:
 
 def table(results: dict[str, dict[str, list[dict[str, Any]]]], impls: list[str]) -> None:
     print("float32 sum-allreduce, median time over the timed calls (spread: min-max); busbw = algbw * 2(n-1)/n")
-    print(f"{'n':>2} {'size':>9} {'impl':>8} {'time us':>10} {'(min-max)':>19} {'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>6}")
+    print(
+        f"{'n':>2} {'size':>9} {'impl':>8} {'time us':>10} {'(min-max)':>19} {'algbw GB/s':>10} {'busbw GB/s':>10}"
+        f" {'#wrong':>6}"
+    )
     for n, by_impl in results.items():
         nn = int(n)
         best: dict[int, dict[str, float]] = {}
