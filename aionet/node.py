@@ -554,6 +554,36 @@ class Node:
             return await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
         if timeout is None:
             return await self._request(peer, service, obj)
+        p = self._peers.get(peer)
+        link = p.link if p is not None else None
+        if link is not None and link.dead is None and link.can_post():
+            # the usual case: nothing to wait for but the reply, so a timer on the reply's
+            # future bounds the call (cheaper than asyncio.timeout's per-call task bookkeeping)
+            router = self.router
+            rid, fut = router.new_request(peer, service)
+            handle = None
+            try:
+                aw = link.post(REQ, [rid, service, obj])
+                if aw is None:
+                    handle = asyncio.get_running_loop().call_later(timeout, _time_out, fut, peer, service, timeout)
+                    return await fut
+            except StagingRequired:
+                pass  # device arrays: the general path below stages them
+            else:
+                # posted, but something must be waited for (a big message, a busy transport)
+                cm = asyncio.timeout(timeout)
+                try:
+                    async with cm:
+                        await aw
+                        return await fut
+                except TimeoutError:
+                    if not cm.expired():
+                        raise
+                    raise _expired(peer, service, timeout) from None
+            finally:
+                if handle is not None:
+                    handle.cancel()
+                router.forget(rid)
         # the timeout bounds the whole call: dialing, waiting for window space or for the
         # transport to drain, staging, and the reply
         cm = asyncio.timeout(timeout)
@@ -620,6 +650,11 @@ class Node:
 
 def _echo(x: Any) -> Any:
     return x
+
+
+def _time_out(fut: asyncio.Future[Any], peer: str, service: str, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(_expired(peer, service, timeout))
 
 
 def _expired(peer: str, service: str, timeout: float) -> TimeoutError:

@@ -14,7 +14,8 @@ Wall-clock rates on a shared 2-core machine swing 2-3x; instruction counts do no
 
 ``--api``: ``send`` (``await node.send`` per message), ``nowait`` (``node.send_nowait``,
 awaiting ``node.wait_space`` when the window is full), ``many`` (``await node.send_many``
-with lists of 256). The receiver drains with ``recv_batch``. ``--loop asyncio`` uses the
+with lists of 256), ``request64`` (``await node.request`` to an async echo service, 64 in
+flight). The receiver drains with ``recv_batch``. ``--loop asyncio`` uses the
 stdlib loop (callgrind also works under uvloop here; the choice is recorded in the output).
 """
 
@@ -52,6 +53,15 @@ async def _produce(tx: aionet.Node, api: str, n: int) -> None:
                 i += 1
             except aionet.WouldBlock:
                 await tx.wait_space("rx")
+    elif api == "request64":  # n requests, 64 in flight
+        left = [n]
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                await tx.request("rx", "echo", PAYLOAD)
+
+        await asyncio.gather(*(worker() for _ in range(64)))
     elif api == "many":
         chunk = [PAYLOAD] * BATCH
         left = n
@@ -71,9 +81,13 @@ async def run_once(api: str, n: int, profile: bool) -> float:
         await tx.send("rx", "warm", 0)
         await rx.recv("warm")
 
+        @rx.service("echo")
+        async def echo(x: bytes) -> bytes:
+            return x
+
         async def consume() -> None:
             got = 0
-            while got < n:
+            while got < n and api != "request64":
                 got += len(await rx.recv_batch("c"))
 
         prof = cProfile.Profile() if profile else None
@@ -108,7 +122,7 @@ def callgrind(api: str, small: int, large: int, loop: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--api", default="send", choices=("send", "nowait", "many"))
+    ap.add_argument("--api", default="send", choices=("send", "nowait", "many", "request64"))
     ap.add_argument("-n", type=int, default=200_000, help="messages")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of both ends")
     ap.add_argument("--callgrind", action="store_true", help="instructions per message under valgrind")

@@ -173,6 +173,11 @@ class Link:
             return self._send_when_space(kind, fields, wait_ack)
         return self._post_now(kind, fields, wait_ack)
 
+    def can_post(self) -> bool:
+        """Whether :meth:`post` would take a message now without waiting for window space."""
+        st = self.state
+        return not self._waiting_senders and self._blocked is None and st.inflight_bytes < st.max_inflight_bytes
+
     # ------------------------------------------------------------------ batched SENDs
     def push(self, channel: str, obj: Any) -> bool:
         """Add a SEND to the open batch when nothing needs waiting and ``obj`` packs inline;
