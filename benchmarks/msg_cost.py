@@ -129,7 +129,8 @@ def main() -> None:
     ap.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
     args = ap.parse_args()
     if args.callgrind:
-        callgrind(args.api, 20_000, 60_000, args.loop)
+        small = 5_000 if args.api == "request64" else 20_000
+        callgrind(args.api, small, 3 * small, args.loop)
         return
     dt = aionet.run(run_once(args.api, args.n, args.profile), use_uvloop=args.loop == "uvloop")
     print(f"api={args.api}: {args.n} messages in {dt:.3f} s = {args.n / dt:,.0f} msg/s (one process, both ends)")

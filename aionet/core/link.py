@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 
 from ..codecs.batch import encode_send_batch
-from ..codecs.envelope import ACK
+from ..codecs.envelope import ACK, SEND
 from ..config import LimitsSection
 from ..errors import (
     ConnectionClosed,
@@ -53,6 +53,7 @@ _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serial
 # payloads of these types are packed at once by the strict packer (any other type, or a
 # container holding one, takes the serializer's path as its own envelope, in order)
 _BATCHABLE = frozenset({int, float, bool, type(None), list, dict})
+_SCALARS = frozenset({int, float, bool, type(None)})
 BATCH_BYTES = 32 * 1024  # an open batch is sealed once its payloads reach this many bytes ...
 BATCH_MESSAGES = 4096  # ... or this many messages (or fewer: what the peer advertises)
 # The peer dropped this many connections in a row, each soon after it was attached, while
@@ -183,7 +184,10 @@ class Link:
         """Add a SEND to the open batch when nothing needs waiting and ``obj`` packs inline;
         False (nothing done) otherwise: then :meth:`post` takes it, after sealing the batch,
         so the stream order is the call order either way."""
-        if self.dead is not None or self._waiting_senders or self._blocked is not None or not self.batching:
+        # (senders waiting for space do not stop it: each waits for the one thing that blocked
+        # it, then goes, so a stream of pushes cannot starve it; and ordering between two
+        # concurrent senders was never promised)
+        if self.dead is not None or self._blocked is not None or not self.batching:
             return False
         st = self.state
         if st.inflight_bytes + self._bbytes >= st.max_inflight_bytes:
@@ -227,10 +231,42 @@ class Link:
         """:meth:`push` each of ``objs[start:]`` in order; returns the index of the first one
         not taken (``len(objs)`` when all were)."""
         push = self.push
+        pack = self._pack
         i = start
         n = len(objs)
-        while i < n and push(channel, objs[i]):
+        while i < n:
+            if not push(channel, objs[i]):  # checks what may stop a batch, opens or seals one
+                return i
             i += 1
+            # then, until this batch is full, only what push does per message
+            st = self.state
+            items = self._bitems
+            room = min(self._bcap - self._bbytes, st.max_inflight_bytes - st.inflight_bytes - self._bbytes)
+            left = self._bmax - len(items)
+            added = 0
+            while i < n and left > 0:
+                obj = objs[i]
+                t = type(obj)
+                if t is bytes or t is str:
+                    if len(obj) >= _PLAIN_MAX:
+                        break
+                elif t not in _SCALARS:
+                    break  # containers and the rest: push decides
+                try:
+                    b = pack(obj)
+                except OverflowError:  # an int beyond 64 bits
+                    break
+                m = len(b)
+                if m > room:
+                    break
+                items.append(b)
+                room -= m
+                added += m
+                left -= 1
+                i += 1
+            self._bbytes += added
+            if left <= 0:
+                self._seal()
         return i
 
     def post_nowait(self, kind: int, fields: list[Any]) -> None:
@@ -256,29 +292,31 @@ class Link:
 
     async def wait_space(self) -> None:
         """Until :meth:`push` / :meth:`post_nowait` may take a message: what blocked the link
-        is done and the window has room. Raises the link's failure if it dies meanwhile."""
+        is done and the window has room (the caller then tries again, and waits again if
+        others took the room first). Raises the link's failure if it dies meanwhile."""
         if self._bitems:
             self._seal()  # what is pushed counts against the window from now on
-        while True:
-            b = self._blocked
-            if b is not None:
-                if not b.done():
-                    await asyncio.wait((b,))  # never cancels ``b`` (others may wait on it too)
-                if self._blocked is b:
-                    self._blocked = None
-                if not b.cancelled() and b.exception() is not None and self.dead is not None:
-                    raise self.dead
-            self._waiting_senders += 1
-            try:
-                await self._wait_space()
-            finally:
-                self._waiting_senders -= 1
-            if self._blocked is None:
-                if not self._waiting_senders:
-                    return
-                await asyncio.sleep(0)  # senders queued first go first (they were woken too)
-                if self._blocked is None and not self._waiting_senders:
-                    return
+        await self._unblock()
+        self._waiting_senders += 1
+        try:
+            await self._wait_space()
+        finally:
+            self._waiting_senders -= 1
+        if self._waiting_senders:
+            await asyncio.sleep(0)  # senders queued before us were woken too: they go first
+
+    async def _unblock(self) -> None:
+        """Wait for what blocks the link now (if anything); each caller waits for one such
+        thing, so a stream of new ones cannot starve it."""
+        b = self._blocked
+        if b is None:
+            return
+        if not b.done():
+            await asyncio.wait((b,))  # never cancels ``b`` (others may wait on it too)
+        if self._blocked is b:
+            self._blocked = None
+        if self.dead is not None and not b.cancelled() and b.exception() is not None:
+            raise self.dead
 
     def _seal_soon(self) -> None:
         self._seal_scheduled = False
@@ -432,15 +470,12 @@ class Link:
 
     async def _send_when_space(self, kind: int, fields: list[Any], wait_ack: bool) -> None:
         try:
+            await self._unblock()  # the transport first; then the window, with no await before posting
             await self._wait_space()
-            while (b := self._blocked) is not None:
-                if not b.done():
-                    await asyncio.wait((b,))
-                if self._blocked is b:
-                    self._blocked = None
-                await self._wait_space()
         finally:
             self._waiting_senders -= 1
+        if kind == SEND and len(fields) == 2 and self.push(fields[0], fields[1]):
+            return  # batched after all: a wait must not turn a stream into one envelope each
         aw = self._post_now(kind, fields, wait_ack)
         if aw is not None:
             await aw
