@@ -187,8 +187,12 @@ class Link:
         # (senders waiting for space do not stop it: each waits for the one thing that blocked
         # it, then goes, so a stream of pushes cannot starve it; and ordering between two
         # concurrent senders was never promised)
-        if self.dead is not None or self._blocked is not None or not self.batching:
+        if self.dead is not None or not self.batching:
             return False
+        if (b := self._blocked) is not None:
+            if not b.done():
+                return False
+            self._blocked = None
         st = self.state
         if st.inflight_bytes + self._bbytes >= st.max_inflight_bytes:
             return False
@@ -323,8 +327,9 @@ class Link:
         if self._bitems:
             self._seal()
 
-    def _seal(self) -> None:
-        """Turn the open batch into one sequenced envelope: recorded for replay, written."""
+    def _seal(self, write: bool = True) -> None:
+        """Turn the open batch into one sequenced envelope: recorded for replay, written
+        (unless ``write`` is False: a stream about to be given up)."""
         items = self._bitems
         self._bitems = []
         nb = self._bbytes
@@ -340,7 +345,7 @@ class Link:
         st.record(seq, [frame], nbytes)
         self.sent_bytes += nb
         c = self.current
-        if c is not None and not self._replaying:
+        if c is not None and write and not self._replaying:
             try:
                 w = c.conn.write_nowait([frame])
             except ConnectionClosed:
@@ -584,7 +589,7 @@ class Link:
 
     def _reset_tx(self, exc: BaseException) -> None:
         if self._bitems:
-            self._seal()  # into the old stream, given up below
+            self._seal(write=False)  # into the old stream, given up below
         self.give_up(str(exc))
         old = self.state
         self.state = LinkState(old.max_inflight_bytes, old.ack_every)
