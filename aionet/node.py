@@ -565,8 +565,16 @@ class Node:
             try:
                 aw = link.post(REQ, [rid, service, obj])
                 if aw is None:
-                    handle = asyncio.get_running_loop().call_later(timeout, _time_out, fut, peer, service, timeout)
-                    return await fut
+                    handle = asyncio.get_running_loop().call_later(timeout, fut.cancel)
+                    try:
+                        return await fut
+                    except asyncio.CancelledError:
+                        # the timer cancelled the reply's future (reported as "cancelled", as
+                        # asyncio.timeout would), or this task was cancelled: tell them apart
+                        task = asyncio.current_task()
+                        if handle.cancelled() or task is None or task.cancelling():
+                            raise
+                        raise _expired(peer, service, timeout) from None
             except StagingRequired:
                 pass  # device arrays: the general path below stages them
             else:
@@ -650,11 +658,6 @@ class Node:
 
 def _echo(x: Any) -> Any:
     return x
-
-
-def _time_out(fut: asyncio.Future[Any], peer: str, service: str, timeout: float) -> None:
-    if not fut.done():
-        fut.set_exception(_expired(peer, service, timeout))
 
 
 def _expired(peer: str, service: str, timeout: float) -> TimeoutError:

@@ -55,3 +55,25 @@ async def test_timeout_bounds_a_request_whose_handler_never_answers_and_the_link
         release.set()  # the late reply is dropped, not delivered to a later call
         assert await b.request("a", "aionet.echo", 2, timeout=5) == 2
         assert not b.router.pending
+
+
+@pytest.mark.timeout(60)
+async def test_cancelling_a_request_with_a_timeout_is_a_cancellation_not_a_timeout():
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        started = asyncio.Event()
+
+        @a.service("hang")
+        async def hang(_x: int) -> None:
+            started.set()
+            await asyncio.Event().wait()
+
+        await b.request("a", "aionet.echo", 0, timeout=5)
+        call = asyncio.ensure_future(b.request("a", "hang", 1, timeout=30))
+        await asyncio.wait_for(started.wait(), 5)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert not b.router.pending
