@@ -8,9 +8,7 @@ whose size (in bytes) is bounded: reading pauses above ``max_queued_bytes``.
 
 Send: messages are encoded into a per-connection batch and written with one
 ``transport.writelines`` per event-loop iteration, so a burst of small messages becomes one
-``writev`` on uvloop (the stdlib loop joins the buffers; slower, still correct). A small
-message that finds nothing batched is written at once and the batch starts behind it, so a
-lone request or reply does not wait for the end of the loop iteration. Frames below
+``writev`` on uvloop (the stdlib loop joins the buffers; slower, still correct). Frames below
 ``copy_below`` are copied into the batch, so callers may reuse them at once; larger ``bytes``
 are written by reference (immutable); larger mutable buffers are written by reference too and
 ``send`` returns only once the kernel has them. ``send`` waits while the transport's write
@@ -344,16 +342,6 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 f = as_frame(f)
             ln = len(f)
             if ln < self._copy_below and ln <= self._max_header:
-                if not self._flush_scheduled and not self._write_paused:
-                    # Nothing batched yet in this loop iteration: write now rather than after
-                    # it (a round trip saves an iteration per hop); what follows within the
-                    # iteration is batched behind it and flushed at its end, as before.
-                    t = self._transport
-                    if t is not None and not self._lost and not t.is_closing():
-                        t.write(_PACK1(HEAD, 1, ln) + f)
-                        self._flush_scheduled = True
-                        self._loop.call_soon(self._scheduled_flush)
-                        return None
                 wbuf = self._wbuf
                 wbuf += _PACK1(HEAD, 1, ln)
                 wbuf += f
