@@ -25,6 +25,7 @@ from .errors import (
     TaskError,
     TransportError,
     TransportUnavailable,
+    WouldBlock,
 )
 from .runner import run
 
@@ -59,6 +60,7 @@ __all__ = [
     "TaskRef",
     "TransportError",
     "TransportUnavailable",
+    "WouldBlock",
     "__version__",
     "cache_ref",
     "run",

@@ -74,6 +74,13 @@ class PeerUnavailable(AionetError):
     """A peer is dead, unknown or unreachable past its deadline."""
 
 
+class WouldBlock(AionetError):
+    """``Node.send_nowait`` could not take the message without waiting: the link's window
+    (``link.max_inflight_bytes``) is full, the transport is above its high-water mark, or the
+    link to the peer is not up yet. Nothing was sent; ``await node.wait_space(peer)``, then
+    send again."""
+
+
 class RemoteError(AionetError):
     """A remote handler raised. Carries the remote exception type, message and traceback."""
 

@@ -26,7 +26,7 @@ from .core.dispatch import Dispatcher
 from .core.peers import Peer, PeerDirectory
 from .core.router import Router
 from .devices import Devices
-from .errors import AionetError, PeerUnavailable
+from .errors import AionetError, PeerUnavailable, SerializationError, WouldBlock
 from .instrument import Instrument, Instruments
 from .log import apply_level as apply_log_level
 from .log import get_logger
@@ -169,6 +169,7 @@ class Node:
             device=self._device,
         )
         self.observer: Any = None  # aionet.observe.Observer while [http] port is set
+        self._self_full: Any = None  # the own mailbox that last refused a send_nowait to this node
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -452,6 +453,8 @@ class Node:
         link = p.link if p is not None else None
         if link is None or link.dead is not None:
             link = await self._connector.link_to(peer)
+        elif link.push(channel, obj):  # small and nothing to wait for: joins this iteration's batch
+            return
         try:
             aw = link.post(SEND, [channel, obj])
             if aw is not None:
@@ -460,6 +463,73 @@ class Node:
         except StagingRequired:  # device arrays: staged below, outside this handler (whose
             pass  # traceback would pin the first chunk's pool buffer for the whole transfer)
         await self._device.send(link, SEND, [channel, obj])
+
+    def send_nowait(self, peer: str, channel: str, obj: Any) -> None:
+        """:meth:`send` without waiting, for hot loops: the message takes its place in the
+        stream now (same order, exactly-once and bounds as :meth:`send`), or nothing is sent
+        and :class:`~aionet.WouldBlock` is raised when the send would have to wait (the
+        link's window is full, the transport is busy, or the link is not up yet). Then
+        ``await node.wait_space(peer)`` and send again. A large buffer you pass may be
+        referenced until ``wait_space`` returns: do not modify it before. Device arrays need
+        staging, which waits: send those with :meth:`send` (SerializationError here)."""
+        if peer == self.name:
+            mb = self.router.mailbox(channel)
+            if not mb.put_nowait((self.name, obj)):
+                self._self_full = mb
+                raise WouldBlock(f"mailbox {channel!r} is full; await node.wait_space({peer!r}) and send again")
+            return
+        p = self._peers.get(peer)
+        link = p.link if p is not None else None
+        if link is None or link.dead is not None:
+            raise WouldBlock(f"no link to {peer!r} yet; await node.wait_space({peer!r}) (it connects) and send again")
+        if link.push(channel, obj):
+            return
+        try:
+            link.post_nowait(SEND, [channel, obj])
+        except StagingRequired:
+            raise SerializationError(
+                f"a device array to {peer!r} needs staging, which waits: send it with await node.send()"
+            ) from None
+
+    async def wait_space(self, peer: str) -> None:
+        """Wait until :meth:`send_nowait` to ``peer`` can take a message (connecting first if
+        needed). Raises PeerUnavailable if the peer is gone."""
+        if peer == self.name:
+            mb, self._self_full = self._self_full, None
+            if mb is not None and mb.qsize() >= self.router.mailbox_size:
+                fut = mb.wait_room()
+                try:
+                    await fut
+                except asyncio.CancelledError:
+                    if fut.done() and not fut.cancelled():
+                        mb.wake_putter()
+                    raise
+                mb.wake_putter()  # we put nothing ourselves: pass the wake-up on
+            return
+        p = self._peers.get(peer)
+        link = p.link if p is not None else None
+        if link is None or link.dead is not None:
+            link = await self._connector.link_to(peer)
+        await link.wait_space()
+
+    async def send_many(self, peer: str, channel: str, objs: Sequence[Any]) -> None:
+        """:meth:`send` each of ``objs`` in order (cheaper per message than a loop of sends);
+        waits for window space as often as needed."""
+        items = objs if isinstance(objs, list) else list(objs)
+        if peer == self.name:
+            for obj in items:
+                await self.send(peer, channel, obj)
+            return
+        i, n = 0, len(items)
+        while i < n:
+            p = self._peers.get(peer)
+            link = p.link if p is not None else None
+            if link is None or link.dead is not None:
+                link = await self._connector.link_to(peer)
+            i = link.push_many(channel, items, i)
+            if i < n:  # not batchable (or must wait): this one the slow way, then batch again
+                await self.send(peer, channel, items[i])
+                i += 1
 
     async def recv(self, channel: str, timeout: float | None = None) -> Any:
         """Next object from mailbox ``channel`` (any sender)."""
@@ -484,6 +554,44 @@ class Node:
             return await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
         if timeout is None:
             return await self._request(peer, service, obj)
+        p = self._peers.get(peer)
+        link = p.link if p is not None else None
+        if link is not None and link.dead is None and link.can_post():
+            # the usual case: nothing to wait for but the reply, so a timer on the reply's
+            # future bounds the call (cheaper than asyncio.timeout's per-call task bookkeeping)
+            router = self.router
+            rid, fut = router.new_request(peer, service)
+            handle = None
+            try:
+                aw = link.post(REQ, [rid, service, obj])
+                if aw is None:
+                    handle = asyncio.get_running_loop().call_later(timeout, fut.cancel)
+                    try:
+                        return await fut
+                    except asyncio.CancelledError:
+                        # the timer cancelled the reply's future (reported as "cancelled", as
+                        # asyncio.timeout would), or this task was cancelled: tell them apart
+                        task = asyncio.current_task()
+                        if handle.cancelled() or task is None or task.cancelling():
+                            raise
+                        raise _expired(peer, service, timeout) from None
+            except StagingRequired:
+                pass  # device arrays: the general path below stages them
+            else:
+                # posted, but something must be waited for (a big message, a busy transport)
+                cm = asyncio.timeout(timeout)
+                try:
+                    async with cm:
+                        await aw
+                        return await fut
+                except TimeoutError:
+                    if not cm.expired():
+                        raise
+                    raise _expired(peer, service, timeout) from None
+            finally:
+                if handle is not None:
+                    handle.cancel()
+                router.forget(rid)
         # the timeout bounds the whole call: dialing, waiting for window space or for the
         # transport to drain, staging, and the reply
         cm = asyncio.timeout(timeout)

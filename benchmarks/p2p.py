@@ -60,6 +60,11 @@ METRICS: dict[str, tuple[str, str, bool]] = {
     "tp_1mib_gbps": ("one-way 1 MiB arrays", "GB/s", True),
     "tp_64mib_gbps": ("one-way 64 MiB arrays", "GB/s", True),
     "rate_64b_msgs_s": ("send rate 64 B", "msgs/s", True),
+    # aionet only (issue 18): timed at the receiver, first to last message of the round
+    "rate_64b_rx_msgs_s": ("send rate 64 B, timed at receiver", "msgs/s", True),
+    "rate_64b_nowait_msgs_s": ("send_nowait rate 64 B, timed at receiver", "msgs/s", True),
+    "rate_64b_many_msgs_s": ("send_many(256) rate 64 B, timed at receiver", "msgs/s", True),
+    "req_64_inflight_per_s": ("requests/s, 64 in flight", "req/s", True),
 }
 
 WHAT = {
@@ -68,7 +73,9 @@ WHAT = {
     "pyzmq": "sync REQ/REP; sync DEALER send(copy=False) / recv(copy=False); "
     "zmq.asyncio DEALER, NOBLOCK sends, poll-then-drain NOBLOCK receives",
     "dask": "distributed.comm tcp: write/read echo; write({'x': to_serialize(arr)}); sequential 64 B writes",
-    "aionet": "Node.request(bench.echo); Node.send + recv_batch on the receiver; ack via Node.request",
+    "aionet": "Node.request(bench.echo); Node.send + recv_batch on the receiver; ack via Node.request; "
+    "the rx-timed rates span the receiver's first to last message; send_nowait waits on wait_space "
+    "when told to; 64 tasks each looping on request(bench.echo)",
 }
 
 
@@ -99,7 +106,7 @@ class Params:
 
     def session_timeout(self) -> float:
         """Upper bound for one client session (all metrics), generous on slow machines."""
-        return 60 + self.lat_max_seconds * 2 + 2 * self.tp_max_seconds + 3 * (self.rate_seconds + 10)
+        return 60 + self.lat_max_seconds * 2 + 2 * self.tp_max_seconds + 7 * (self.rate_seconds + 10)
 
 
 def payload_small() -> bytes:
@@ -776,6 +783,8 @@ def aionet_server_setup(srv: Any) -> list[asyncio.Task[None]]:
     """Register the benchmark services and start the counting consumers on ``srv``."""
     counters = {"tp": [0, 0], "rate": [0, 0]}  # messages, bytes (cumulative)
     waiters: dict[str, tuple[int, asyncio.Future[None]]] = {}
+    # receiver-side clock per channel: [time of the first batch since bench.wait with reset, of the last]
+    clock: dict[str, list[float]] = {"tp": [0.0, 0.0], "rate": [0.0, 0.0]}
 
     @srv.service("bench.echo")
     async def echo(x: Any) -> Any:
@@ -790,13 +799,22 @@ def aionet_server_setup(srv: Any) -> list[asyncio.Task[None]]:
             fut = asyncio.get_running_loop().create_future()
             waiters[chan] = (target, fut)
             await fut
-        return {"msgs": c[0], "bytes": c[1]}
+        t = clock[chan]
+        out = {"msgs": c[0], "bytes": c[1], "rx_seconds": t[1] - t[0]}
+        if req.get("reset"):
+            t[0] = 0.0  # the next batch starts the receiver's clock for the next round
+        return out
 
     async def consume(chan: str) -> None:
         c = counters[chan]
+        t = clock[chan]
         batch = getattr(srv, "recv_batch", None)
+        now = time.perf_counter
         while True:
             msgs = await batch(chan) if batch is not None else [await srv.recv(chan)]
+            t[1] = now()
+            if not t[0]:
+                t[0] = t[1]
             nb = 0
             for m in msgs:
                 nb += _nbytes(m)
@@ -839,9 +857,10 @@ async def aionet_client_session(cli: Any, p: Params) -> dict[str, Any]:
                     raise RuntimeError(f"cannot reach srv: {type(exc).__name__}: {exc}") from exc
                 await asyncio.sleep(0.1)
 
-    async def ack(chan: str, sent: int) -> dict[str, int]:
+    async def ack(chan: str, sent: int, reset: bool = False) -> dict[str, Any]:
         counts[chan] += sent
-        return await cli.request("srv", "bench.wait", {"chan": chan, "msgs": counts[chan]}, timeout=120)
+        req = {"chan": chan, "msgs": counts[chan], "reset": reset}
+        return await cli.request("srv", "bench.wait", req, timeout=120)
 
     async def lat() -> None:
         msg = payload_small()
@@ -881,25 +900,73 @@ async def aionet_client_session(cli: Any, p: Params) -> dict[str, Any]:
         out.set(f"tp_{key}_gbps", n * size / dt / 1e9)
 
     async def rate() -> None:
+        from aionet import WouldBlock
+
         msg = payload_small()
         send = cli.send
+        send_nowait = getattr(cli, "send_nowait", None)
+        send_many = getattr(cli, "send_many", None)
+        chunk = [msg] * 256
 
-        async def round_(seconds: float) -> tuple[int, float]:
+        async def burst(api: str) -> int:
+            """One burst of messages through ``api``; returns how many."""
+            if api == "send":
+                for _ in range(256):
+                    await send("srv", "rate", msg)
+            elif api == "nowait":
+                i = 0
+                while i < 256:
+                    try:
+                        send_nowait("srv", "rate", msg)
+                        i += 1
+                    except WouldBlock:
+                        await cli.wait_space("srv")
+            else:
+                await send_many("srv", "rate", chunk)
+            return 256
+
+        async def round_(seconds: float, api: str) -> tuple[int, float, float]:
+            await ack("rate", 0, reset=True)  # the receiver's clock starts at the next message
             sent = 0
             t0 = time.perf_counter()
             deadline = t0 + seconds
             while True:
-                for _ in range(64):
-                    await send("srv", "rate", msg)
-                sent += 64
+                sent += await burst(api)
                 if time.perf_counter() >= deadline:
                     break
-            await ack("rate", sent)
-            return sent, time.perf_counter() - t0
+            got = await ack("rate", sent)
+            return sent, time.perf_counter() - t0, got["rx_seconds"]
+
+        await round_(p.rate_warmup_seconds, "send")
+        sent, dt, rx = await round_(p.rate_seconds, "send")
+        out.set("rate_64b_msgs_s", sent / dt)
+        out.set("rate_64b_rx_msgs_s", sent / rx)
+        if send_nowait is not None:
+            sent, dt, rx = await round_(p.rate_seconds, "nowait")
+            out.set("rate_64b_nowait_msgs_s", sent / rx)
+        if send_many is not None:
+            sent, dt, rx = await round_(p.rate_seconds, "many")
+            out.set("rate_64b_many_msgs_s", sent / rx)
+
+    async def inflight() -> None:
+        """Requests per second with 64 outstanding at all times (pipelined on one link)."""
+        msg = payload_small()
+        request = cli.request
+        done = [0]
+
+        async def worker(deadline: float) -> None:
+            while time.perf_counter() < deadline:
+                await request("srv", "bench.echo", msg, timeout=30)
+                done[0] += 1
+
+        async def round_(seconds: float) -> float:
+            done[0] = 0
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker(t0 + seconds) for _ in range(64)))
+            return done[0] / (time.perf_counter() - t0)
 
         await round_(p.rate_warmup_seconds)
-        sent, dt = await round_(p.rate_seconds)
-        out.set("rate_64b_msgs_s", sent / dt)
+        out.set("req_64_inflight_per_s", await round_(p.rate_seconds))
 
     await out.run("connect", connect(), 40)
     if "connect" in out.errors:
@@ -907,7 +974,8 @@ async def aionet_client_session(cli: Any, p: Params) -> dict[str, Any]:
     await out.run("lat", lat(), p.lat_max_seconds + 30)
     for key in SIZES:
         await out.run(f"tp_{key}", tp(key), p.tp_max_seconds)
-    await out.run("rate", rate(), p.rate_seconds + 30)
+    await out.run("rate", rate(), 3 * p.rate_seconds + 30)
+    await out.run("inflight", inflight(), p.rate_seconds + 30)
     return out.as_dict()
 
 
@@ -1140,6 +1208,17 @@ def build_bars(scheme: str, agg: dict[str, dict[str, Any]]) -> list[dict[str, An
         "raw",
     )
     bar("64 B send rate >= 500k msgs/s", med(a, "rate_64b_msgs_s"), 500_000, True, "msgs/s", "absolute")
+    for key, api in (("rate_64b_rx_msgs_s", "send"), ("rate_64b_nowait_msgs_s", "send_nowait")):
+        bar(f"64 B {api} rate at receiver >= 500k msgs/s", med(a, key), 500_000, True, "msgs/s", "absolute")
+        bar(
+            f"64 B {api} rate at receiver >= 1x pyzmq",
+            ratio(med(a, key), med("pyzmq", "rate_64b_msgs_s")),
+            1.0,
+            True,
+            "x",
+            "pyzmq",
+        )
+    bar("requests/s with 64 in flight >= 50k", med(a, "req_64_inflight_per_s"), 50_000, True, "req/s", "absolute")
     if scheme.startswith("zmq"):
         bar(
             "64 B send rate >= pyzmq zmq.asyncio poll-then-drain",

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..codecs import handshake
+from ..codecs import batch, handshake
 from ..codecs.serialize import Serializer
 from ..config import Config
 from ..errors import (
@@ -403,6 +403,8 @@ class Connector:
         for WELCOME/RESUME, after both sides proved the token)."""
         features = {"compression": ["lz4"] if self._compression else [], "auth": self._token is not None}
         features["limits"] = {k: getattr(self.config.limits, k) for k in SIZE_LIMITS}  # see Link.post
+        # SEND envelopes with many payloads are welcome, up to as many as a mailbox holds (codecs/batch.py)
+        features[batch.FEATURE] = min(self.config.link.mailbox_size, self.config.link.peer_mailbox_size)
         return handshake.Hello(
             handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, {}, nonce, mac, {}
         )
@@ -612,6 +614,7 @@ class Connector:
         )
         self._peers.learn(peers)
         link.set_peer_limits(hello.features.get("limits"))
+        link.set_batch_limit(hello.features.get(batch.FEATURE))
         self._start_reader(c, link)
         await link.attach(c, outgoing)
         self._peers.emit(hello.name, "connected", outgoing=outgoing, node_id=hello.node_id)

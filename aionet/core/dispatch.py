@@ -94,6 +94,7 @@ class Dispatcher:
         loads_sized = self.serializer.loads_sized
         router = self.router
         deliver = router.deliver
+        deliver_many = router.deliver_many
         peer = c.peer
         nbytes = 0
         i = start
@@ -140,7 +141,8 @@ class Dispatcher:
                 if env[2] > link.state.acked:
                     link.on_ack(env[2])
                 if kind == SEND:
-                    wait = deliver(peer, env[3], env[4], size)
+                    # one payload, or a batch of them (codecs/batch.py), delivered whole
+                    wait = deliver(peer, env[3], env[4], size) if len(env) == 5 else deliver_many(peer, env, size)
                     if wait is not None:  # full mailbox, or this peer's share: stop reading until room
                         link.state.unreceive(env[1])
                         link.received(nbytes)

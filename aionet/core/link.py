@@ -30,9 +30,18 @@ from typing import Any
 
 import msgpack
 
-from ..codecs.envelope import ACK
+from ..codecs.batch import encode_send_batch
+from ..codecs.envelope import ACK, SEND
 from ..config import LimitsSection
-from ..errors import ConnectionClosed, FrameTooLarge, PeerUnavailable, ProtocolError, SerializationError, TooManyFrames
+from ..errors import (
+    ConnectionClosed,
+    FrameTooLarge,
+    PeerUnavailable,
+    ProtocolError,
+    SerializationError,
+    TooManyFrames,
+    WouldBlock,
+)
 from ..stats import LinkStats
 from ..transports.base import Connection
 from .link_state import LinkState, plan_resume
@@ -40,6 +49,13 @@ from .link_state import LinkState, plan_resume
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
+# Small SENDs to one channel within one loop iteration share an envelope (codecs/batch.py):
+# payloads of these types are packed at once by the strict packer (any other type, or a
+# container holding one, takes the serializer's path as its own envelope, in order)
+_BATCHABLE = frozenset({int, float, bool, type(None), list, dict})
+_SCALARS = frozenset({int, float, bool, type(None)})
+BATCH_BYTES = 32 * 1024  # an open batch is sealed once its payloads reach this many bytes ...
+BATCH_MESSAGES = 4096  # ... or this many messages (or fewer: what the peer advertises)
 # The peer dropped this many connections in a row, each soon after it was attached, while
 # the same message was the oldest one it had not acknowledged: it rejects that message (a
 # limit we could not check), and replaying it forever would wedge the link. Fail the link
@@ -147,6 +163,18 @@ class Link:
         self._on_undeliverable = on_undeliverable
         self.undeliverable = 0  # messages this link gave up on (each reported)
         self._grace_timer: asyncio.TimerHandle | None = None  # set while dead, keeping its stream
+        # the open batch of SENDs (push): one channel, payloads packed, sealed into one
+        # envelope at the end of this loop iteration, when full, or before any other envelope
+        self.batching = False  # the peer accepts SEND envelopes with many payloads (handshake)
+        self._bch: Any = None
+        self._bitems: list[bytes] = []
+        self._bbytes = 0
+        self._bcap = BATCH_BYTES
+        self._bmax = 1  # payloads per envelope (set_batch_limit)
+        self._seal_scheduled = False
+        # set while nothing more may be pushed without waiting: the transport's future (above its
+        # high-water mark) or an ack waiter (a big message sent with send_nowait)
+        self._blocked: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ sending
     async def send(self, kind: int, fields: list[Any]) -> None:
@@ -163,12 +191,212 @@ class Link:
         if self.dead is not None:
             raise self.dead
         st = self.state
-        if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes:
+        if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes or self._blocked is not None:
             self._waiting_senders += 1
             return self._send_when_space(kind, fields, wait_ack)
         return self._post_now(kind, fields, wait_ack)
 
+    def can_post(self) -> bool:
+        """Whether :meth:`post` would take a message now without waiting for window space."""
+        st = self.state
+        return not self._waiting_senders and self._blocked is None and st.inflight_bytes < st.max_inflight_bytes
+
+    # ------------------------------------------------------------------ batched SENDs
+    def push(self, channel: str, obj: Any) -> bool:
+        """Add a SEND to the open batch when nothing needs waiting and ``obj`` packs inline;
+        False (nothing done) otherwise: then :meth:`post` takes it, after sealing the batch,
+        so the stream order is the call order either way."""
+        # (senders waiting for space do not stop it: each waits for the one thing that blocked
+        # it, then goes, so a stream of pushes cannot starve it; and ordering between two
+        # concurrent senders was never promised)
+        if self.dead is not None or not self.batching:
+            return False
+        if (b := self._blocked) is not None:
+            if not b.done():
+                return False
+            self._blocked = None
+        st = self.state
+        if st.inflight_bytes + self._bbytes >= st.max_inflight_bytes:
+            return False
+        t = type(obj)
+        if t is bytes or t is str:
+            if len(obj) >= _PLAIN_MAX:
+                return False
+        elif t not in _BATCHABLE:
+            return False
+        try:
+            b = self._pack(obj)
+        except (TypeError, ValueError, OverflowError):  # not plain msgpack: the serializer's job
+            return False
+        n = len(b)
+        if channel != self._bch or self._bbytes + n > self._bcap:
+            if n > self._bcap or type(channel) is not str:
+                return False
+            if self._bitems:
+                self._seal()
+            self._bch = channel
+        items = self._bitems
+        items.append(b)
+        self._bbytes += n
+        if len(items) == 1 and not self._seal_scheduled:
+            self._seal_scheduled = True
+            asyncio.get_running_loop().call_soon(self._seal_soon)
+        elif len(items) >= self._bmax:
+            self._seal()
+        return True
+
+    def set_batch_limit(self, limit: Any) -> None:
+        """The peer's handshake feature ``"batch"``: how many payloads one SEND envelope may
+        carry (what one of its mailboxes holds, so a batch never overfills one); batching is
+        off for a peer that does not advertise it."""
+        ok = type(limit) is int and limit > 1
+        self.batching = ok
+        self._bmax = min(BATCH_MESSAGES, limit) if ok else 1
+
+    def push_many(self, channel: str, objs: list[Any], start: int = 0) -> int:
+        """:meth:`push` each of ``objs[start:]`` in order; returns the index of the first one
+        not taken (``len(objs)`` when all were)."""
+        push = self.push
+        pack = self._pack
+        i = start
+        n = len(objs)
+        while i < n:
+            if not push(channel, objs[i]):  # checks what may stop a batch, opens or seals one
+                return i
+            i += 1
+            # then, until this batch is full, only what push does per message
+            st = self.state
+            items = self._bitems
+            room = min(self._bcap - self._bbytes, st.max_inflight_bytes - st.inflight_bytes - self._bbytes)
+            left = self._bmax - len(items)
+            added = 0
+            while i < n and left > 0:
+                obj = objs[i]
+                t = type(obj)
+                if t is bytes or t is str:
+                    if len(obj) >= _PLAIN_MAX:
+                        break
+                elif t not in _SCALARS:
+                    break  # containers and the rest: push decides
+                try:
+                    b = pack(obj)
+                except OverflowError:  # an int beyond 64 bits
+                    break
+                m = len(b)
+                if m > room:
+                    break
+                items.append(b)
+                room -= m
+                added += m
+                left -= 1
+                i += 1
+            self._bbytes += added
+            if left <= 0:
+                self._seal()
+        return i
+
+    def post_nowait(self, kind: int, fields: list[Any]) -> None:
+        """:meth:`post` that never waits: raises :class:`WouldBlock` (nothing sent) when the
+        window is full or the transport is above its high-water mark. A message that leaves
+        something to wait for (a big one, until acknowledged; the transport's buffer) blocks
+        the next ones until :meth:`wait_space` has seen it done."""
+        if self.dead is not None:
+            raise self.dead
+        st = self.state
+        b = self._blocked
+        if b is not None and b.done():
+            b = self._blocked = None
+        if self._waiting_senders or b is not None or st.inflight_bytes + self._bbytes >= st.max_inflight_bytes:
+            raise WouldBlock(f"link to {self.peer!r} is full; await node.wait_space({self.peer!r}) and send again")
+        w, c, seq = self._enqueue(kind, fields)
+        if seq:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._ack_waiters.append((seq, fut))
+            self._blocked = fut
+        elif w is not None:
+            self._blocked = self._hold(w, c)
+
+    async def wait_space(self) -> None:
+        """Until :meth:`push` / :meth:`post_nowait` may take a message: what blocked the link
+        is done and the window has room (the caller then tries again, and waits again if
+        others took the room first). Raises the link's failure if it dies meanwhile."""
+        if self._bitems:
+            self._seal()  # what is pushed counts against the window from now on
+        await self._unblock()
+        self._waiting_senders += 1
+        try:
+            await self._wait_space()
+        finally:
+            self._waiting_senders -= 1
+        if self._waiting_senders:
+            await asyncio.sleep(0)  # senders queued before us were woken too: they go first
+
+    async def _unblock(self) -> None:
+        """Wait for what blocks the link now (if anything); each caller waits for one such
+        thing, so a stream of new ones cannot starve it."""
+        b = self._blocked
+        if b is None:
+            return
+        if not b.done():
+            await asyncio.wait((b,))  # never cancels ``b`` (others may wait on it too)
+        if self._blocked is b:
+            self._blocked = None
+        if self.dead is not None and not b.cancelled() and b.exception() is not None:
+            raise self.dead
+
+    def _seal_soon(self) -> None:
+        self._seal_scheduled = False
+        if self._bitems:
+            self._seal()
+
+    def _seal(self, write: bool = True) -> None:
+        """Turn the open batch into one sequenced envelope: recorded for replay, written
+        (unless ``write`` is False: a stream about to be given up)."""
+        items = self._bitems
+        self._bitems = []
+        nb = self._bbytes
+        self._bbytes = 0
+        st = self.state
+        seq, ack = st.stamp()
+        frame = encode_send_batch(self._pack, seq, ack, self._bch, items)
+        nbytes = len(frame)
+        if self._ack_timer is not None:  # the ack rides on this envelope
+            self._ack_timer.cancel()
+            self._ack_timer = None
+            self._bytes_owed = 0
+        st.record(seq, [frame], nbytes)
+        self.sent_bytes += nb
+        c = self.current
+        if c is not None and write and not self._replaying:
+            try:
+                w = c.conn.write_nowait([frame])
+            except ConnectionClosed:
+                self.connection_lost(c)
+            else:
+                if w is not None:
+                    self._blocked = self._hold(w, c)
+
+    def _hold(self, w: Awaitable[None], c: Any) -> asyncio.Future[None]:
+        """A future for the transport's ``w`` that :meth:`wait_space` and :meth:`post` wait on."""
+        fut = w if isinstance(w, asyncio.Future) else asyncio.ensure_future(self._finish(w, c, 0))
+        fut.add_done_callback(_consume)
+        return fut
+
+    # ------------------------------------------------------------------ one envelope each
     def _post_now(self, kind: int, fields: list[Any], wait_ack: bool = True) -> Awaitable[None] | None:
+        w, c, seq = self._enqueue(kind, fields)
+        if seq and wait_ack:
+            return self._finish(w, c, seq)
+        if w is not None:
+            return self._finish(w, c, 0)
+        return None
+
+    def _enqueue(self, kind: int, fields: list[Any]) -> tuple[Awaitable[None] | None, Any, int]:
+        """Stamp, encode, record and write one envelope. Returns what to wait for: the
+        transport's awaitable (or None), the connection, and the seq when it is a big
+        message (whose sender waits for its ack), else 0."""
+        if self._bitems:
+            self._seal()  # what was pushed before goes first
         st = self.state
         owed = st.ack_owed
         seq, ack = st.stamp()
@@ -210,11 +438,7 @@ class Link:
                 w = c.conn.write_nowait(frames)
             except ConnectionClosed:
                 self.connection_lost(c)
-        if nbytes >= BIG_MESSAGE and wait_ack:
-            return self._finish(w, c, seq)
-        if w is not None:
-            return self._finish(w, c, 0)
-        return None
+        return w, c, seq if nbytes >= BIG_MESSAGE else 0
 
     # ------------------------------------------------------------------ size limits
     def set_peer_limits(self, limits: Any) -> None:
@@ -273,9 +497,12 @@ class Link:
 
     async def _send_when_space(self, kind: int, fields: list[Any], wait_ack: bool) -> None:
         try:
+            await self._unblock()  # the transport first; then the window, with no await before posting
             await self._wait_space()
         finally:
             self._waiting_senders -= 1
+        if kind == SEND and len(fields) == 2 and self.push(fields[0], fields[1]):
+            return  # batched after all: a wait must not turn a stream into one envelope each
         aw = self._post_now(kind, fields, wait_ack)
         if aw is not None:
             await aw
@@ -383,12 +610,15 @@ class Link:
         self.state.recv_seq = old.state.recv_seq
 
     def _reset_tx(self, exc: BaseException) -> None:
+        if self._bitems:
+            self._seal(write=False)  # into the old stream, given up below
         self.give_up(str(exc))
         old = self.state
         self.state = LinkState(old.max_inflight_bytes, old.ack_every)
         self.state.recv_seq, self.state.ack_owed = old.recv_seq, old.ack_owed
         self.tx_id = uuid.uuid4().hex[:16]
         self._fail_waiters(exc)
+        self._blocked = None
         self._space.set()
 
     def _reset_rx(self) -> None:
@@ -501,6 +731,8 @@ class Link:
         (:meth:`adopt_stream`); otherwise they are given up now (and reported)."""
         if self.dead is not None:
             return
+        if self._bitems:
+            self._seal()  # pushed messages are in the stream: kept for a successor, or reported
         self.dead = exc
         self._fail_waiters(exc)
         if keep and self.state.unacked and self.death_grace > 0:
@@ -524,6 +756,8 @@ class Link:
         """The peer said BYE: nothing more will be delivered; fail waiters without reconnecting."""
         self.left = True
         if self.dead is None:
+            if self._bitems:
+                self._seal()  # counted as undeliverable below, with the rest
             self.flush_ack()
             self.dead = PeerUnavailable(f"{self.peer}: peer left the cluster")
             self._fail_waiters(self.dead)
@@ -582,6 +816,12 @@ class Link:
             recv_bytes=self.recv_bytes,
             replayed=self.replayed,
         )
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's exception retrieved (what it means is read from the link's state)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def close_conn(conn: Connection) -> None:

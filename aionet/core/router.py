@@ -12,6 +12,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
+from itertools import islice, repeat
 from typing import Any
 
 from ..codecs.envelope import ERR, REP
@@ -57,6 +58,24 @@ class Mailbox:
         items.append(item)
         self._sizes.append(nbytes)
         self._bytes += nbytes
+        getters = self._getters
+        while getters:
+            g = getters.popleft()
+            if not g.done():
+                g.set_result(None)
+                break
+        return True
+
+    def put_many(self, sender: str, env: list[Any], start: int, each: int) -> bool:
+        """Put ``env[start:]`` from ``sender``, ``each`` bytes apiece: all if they fit (or the
+        mailbox is empty), else none (False)."""
+        items = self._items
+        n = len(env) - start
+        if items and (len(items) + n > self._maxsize or self._bytes + each * n > self._maxbytes):
+            return False
+        items.extend(zip(repeat(sender), islice(env, start, None), strict=False))
+        self._sizes.extend(repeat(each, n))
+        self._bytes += each * n
         getters = self._getters
         while getters:
             g = getters.popleft()
@@ -241,6 +260,31 @@ class Router:
         else:
             q[0] += nbytes
             q[1] += 1
+        return None
+
+    def deliver_many(self, peer: str, env: list[Any], nbytes: int) -> asyncio.Future[None] | Mailbox | None:
+        """:meth:`deliver` for a batched SEND envelope ``[SEND, seq, ack, channel, *payloads]``:
+        all of its payloads or none (a batch has one sequence number, so a part could not be
+        acknowledged). It goes in when the mailbox and the peer's share have room for all of
+        it, or into an empty mailbox whatever its size (as one large message would)."""
+        n = len(env) - 4
+        if n <= 0:
+            raise ProtocolError("SEND envelope without a payload")
+        q = self._queued.get(peer)
+        if q is not None and (q[0] + nbytes > self.peer_mailbox_bytes or q[1] + n > self.peer_mailbox_size):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._budget_waiters.setdefault(peer, []).append(fut)
+            return fut
+        channel = env[3]
+        mb = self.mailboxes.get(channel) or self.mailbox(channel)
+        each = nbytes // n
+        if not mb.put_many(peer, env, 4, each):
+            return mb
+        if q is None:
+            self._queued[peer] = [each * n, n]
+        else:
+            q[0] += each * n
+            q[1] += n
         return None
 
     def _taken(self, peer: str, nbytes: int, count: int) -> None:

@@ -85,10 +85,15 @@ async def test_100k_messages_exactly_once_in_order_across_cuts(proxied_pair):
     consumer = asyncio.ensure_future(consume())
     for i in range(n):
         await b.send("a", "seq", i)
+        if i % 500 == 499:
+            # sends that need not wait never yield, and 100k small ones now cross in a few
+            # ms: pace them so the stream is still flowing while the proxies cut
+            await asyncio.sleep(0.001)
     await asyncio.wait_for(consumer, 90)
     proxy.stop_cutting()
     assert proxy.cuts >= 3, "the proxies hardly cut: the test proved little"
-    assert proxy.bytes >= n * 10, "the messages did not cross the proxies"
+    # batched, an int costs its 1-5 packed bytes on the wire (3 for most of these)
+    assert proxy.bytes >= n * 3, "the messages did not cross the proxies"
     assert len(received) == n
     assert received == list(range(n))  # 0 lost, 0 duplicated, 0 reordered
 

@@ -1,0 +1,79 @@
+"""Many outstanding requests to one peer (issue 18): pipelined on one link, each answered
+once with its own reply; the per-request timeout still bounds each call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aionet import Node
+
+
+@pytest.mark.timeout(60)
+async def test_64_requests_in_flight_each_get_their_own_reply():
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        running = [0, 0]  # now, most at once
+
+        @a.service("slow_echo")
+        async def slow_echo(x: int) -> int:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+            await asyncio.sleep(0.01)
+            running[0] -= 1
+            return x * 2
+
+        async def worker(w: int) -> list[int]:
+            return [await b.request("a", "slow_echo", w * 1000 + i, timeout=10) for i in range(20)]
+
+        results = await asyncio.gather(*(worker(w) for w in range(64)))
+        assert results == [[(w * 1000 + i) * 2 for i in range(20)] for w in range(64)]
+        assert running[1] >= 32, "requests to one peer did not overlap: not pipelined"
+
+
+@pytest.mark.timeout(60)
+async def test_timeout_bounds_a_request_whose_handler_never_answers_and_the_link_goes_on():
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        release = asyncio.Event()
+
+        @a.service("stuck")
+        async def stuck(x: int) -> int:
+            await release.wait()
+            return x
+
+        await b.request("a", "aionet.echo", 0, timeout=5)  # the link is up: the fast path
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError, match="'stuck' to 'a' timed out after 0.2 s"):
+            await b.request("a", "stuck", 1, timeout=0.2)
+        assert asyncio.get_running_loop().time() - t0 < 2
+        release.set()  # the late reply is dropped, not delivered to a later call
+        assert await b.request("a", "aionet.echo", 2, timeout=5) == 2
+        assert not b.router.pending
+
+
+@pytest.mark.timeout(60)
+async def test_cancelling_a_request_with_a_timeout_is_a_cancellation_not_a_timeout():
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        started = asyncio.Event()
+
+        @a.service("hang")
+        async def hang(_x: int) -> None:
+            started.set()
+            await asyncio.Event().wait()
+
+        await b.request("a", "aionet.echo", 0, timeout=5)
+        call = asyncio.ensure_future(b.request("a", "hang", 1, timeout=30))
+        await asyncio.wait_for(started.wait(), 5)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert not b.router.pending
