@@ -45,7 +45,11 @@ async def test_pushed_messages_go_before_any_later_envelope():
 
 
 payloads = st.one_of(
-    st.integers(-(2**63), 2**64 - 1), st.binary(max_size=1500), st.text(max_size=5), st.lists(st.integers(), max_size=3)
+    st.integers(-(2**63), 2**64 - 1),
+    st.binary(max_size=1500),
+    st.text(max_size=5),
+    # within msgpack's range: this link's stand-in dumps is plain msgpack (the serializer sends bigger ints as an ext)
+    st.lists(st.integers(-(2**63), 2**64 - 1), max_size=3),
 )
 
 
