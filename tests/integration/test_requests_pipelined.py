@@ -17,13 +17,18 @@ async def test_64_requests_in_flight_each_get_their_own_reply():
         Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
     ):
         running = [0, 0]  # now, most at once
+        overlapped = asyncio.Event()  # 32 handlers ran at once: only pipelined requests get there
 
         @a.service("slow_echo")
         async def slow_echo(x: int) -> int:
             running[0] += 1
             running[1] = max(running[1], running[0])
-            await asyncio.sleep(0.01)
-            running[0] -= 1
+            if running[0] >= 32:
+                overlapped.set()
+            try:
+                await asyncio.wait_for(overlapped.wait(), 5)  # one at a time: times out, the test fails
+            finally:
+                running[0] -= 1
             return x * 2
 
         async def worker(w: int) -> list[int]:
