@@ -204,15 +204,20 @@ def bench(
         try:
             asyncio.run(run_rank(0, nodes, op, sizes, iters, warmup, LISTEN[transport], None, report, device))
         finally:
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            _reap(procs)
     if as_json:
         return
     _print_table(op, nodes, transport, iters, rows, plot_path, device)
+
+
+def _reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Wait for the bench's child processes (they leave when the run ends); kill a straggler."""
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def _require_gpu() -> None:
@@ -294,12 +299,7 @@ def _bench_p2p_tasks(
             else:
                 rows = asyncio.run(bench_p2p.run_tasks(nodes - 1, n_tasks, listen, start_peer, advance, check))
         finally:
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            _reap(procs)
     if plot_path and op == "p2p":
         bench_p2p.plot_p2p(rows, plot_path, f"aionet p2p over {transport}:// ({device} buffers)")
         click.echo(f"plot: {plot_path}", err=as_json)

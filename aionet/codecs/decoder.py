@@ -50,6 +50,7 @@ from .extensions import (
     Buffer,
     SerializerState,
 )
+from .framing import frame_nbytes
 from .pickling import unpickle_record
 
 __all__ = ["GC_PAUSE_BYTES", "Decoder", "decode_frames", "gc_paused", "meta_limits"]
@@ -364,15 +365,9 @@ def _frame_len(f: Any, i: int) -> tuple[Buffer, int]:
         elif not f.contiguous:
             raise DecodeError(f"frame {i} is a non-contiguous memoryview")
         return f, len(f)
-    cai = getattr(f, "__cuda_array_interface__", None)
-    if cai is not None:  # a device frame (the transport moves device memory; UCX's buffers have no nbytes)
+    if hasattr(f, "__cuda_array_interface__"):  # a device frame (the transport moves device memory)
         try:
-            n = getattr(f, "nbytes", None)
-            if n is None:
-                n = int(cai["typestr"][2:])
-                for d in cai["shape"]:
-                    n *= int(d)
-            return f, int(n)
+            return f, frame_nbytes(f)
         except (AttributeError, TypeError, ValueError, KeyError, IndexError):
             raise DecodeError(f"frame {i} is a device buffer without a size") from None
     raise DecodeError(f"frame {i} is a {t.__name__}, not a buffer")

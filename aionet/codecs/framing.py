@@ -603,3 +603,24 @@ class FrameDecoder:
         self._fi += 1
         self._release_target()
         self._state = _FRAMES
+
+
+def frame_nbytes(f: Any) -> int:
+    """Bytes in any frame: host buffers, numpy arrays, and device buffers a transport hands over
+    (CuPy arrays, or UCX's own buffer types that have a ``__cuda_array_interface__`` and no
+    ``len``), so a device frame is counted as the bytes it holds, not its first dimension."""
+    t = type(f)
+    if t is bytes or t is bytearray:
+        return len(f)
+    if t is memoryview:
+        return f.nbytes
+    n = getattr(f, "nbytes", None)
+    if n is not None:
+        return int(n)
+    cai = getattr(f, "__cuda_array_interface__", None)
+    if cai is not None:
+        count = 1
+        for d in cai["shape"]:
+            count *= int(d)
+        return count * int(cai["typestr"][2:])
+    return memoryview(f).nbytes

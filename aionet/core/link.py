@@ -32,6 +32,7 @@ import msgpack
 
 from ..codecs.batch import encode_send_batch
 from ..codecs.envelope import ACK, SEND
+from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
 from ..errors import (
     ConnectionClosed,
@@ -76,27 +77,6 @@ def nbytes_of(frames: list[Any]) -> int:
         t = type(f)
         n += f.nbytes if t is memoryview else len(f) if t is bytes or t is bytearray else frame_nbytes(f)
     return n
-
-
-def frame_nbytes(f: Any) -> int:
-    """Bytes in any frame: host buffers, numpy arrays, and device buffers a transport hands over
-    (CuPy arrays, or UCX's own buffer types that have a ``__cuda_array_interface__`` and no
-    ``len``), so a device frame is counted as the bytes it holds, not its first dimension."""
-    t = type(f)
-    if t is bytes or t is bytearray:
-        return len(f)
-    if t is memoryview:
-        return f.nbytes
-    n = getattr(f, "nbytes", None)
-    if n is not None:
-        return int(n)
-    cai = getattr(f, "__cuda_array_interface__", None)
-    if cai is not None:
-        count = 1
-        for d in cai["shape"]:
-            count *= int(d)
-        return count * int(cai["typestr"][2:])
-    return memoryview(f).nbytes
 
 
 class Link:
@@ -831,4 +811,4 @@ async def close_conn(conn: Connection) -> None:
         conn.abort()
 
 
-__all__ = ["BIG_MESSAGE", "Link", "SerializationError", "frame_nbytes", "nbytes_of"]
+__all__ = ["BIG_MESSAGE", "Link", "SerializationError", "nbytes_of"]

@@ -58,13 +58,18 @@ class Mailbox:
         items.append(item)
         self._sizes.append(nbytes)
         self._bytes += nbytes
+        if self._getters:
+            self._wake_getter()
+        return True
+
+    def _wake_getter(self) -> None:
+        """Wake the first getter still waiting (cancelled ones are skipped)."""
         getters = self._getters
         while getters:
             g = getters.popleft()
             if not g.done():
                 g.set_result(None)
                 break
-        return True
 
     def put_many(self, sender: str, env: list[Any], start: int, each: int) -> bool:
         """Put ``env[start:]`` from ``sender``, ``each`` bytes apiece: all if they fit (or the
@@ -76,12 +81,8 @@ class Mailbox:
         items.extend(zip(repeat(sender), islice(env, start, None), strict=False))
         self._sizes.extend(repeat(each, n))
         self._bytes += each * n
-        getters = self._getters
-        while getters:
-            g = getters.popleft()
-            if not g.done():
-                g.set_result(None)
-                break
+        if self._getters:
+            self._wake_getter()
         return True
 
     async def put(self, item: tuple[str, Any], nbytes: int = 0) -> None:

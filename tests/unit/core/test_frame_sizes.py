@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aionet.codecs.decoder import _frame_len
-from aionet.core.link import frame_nbytes, nbytes_of
+from aionet.codecs.framing import frame_nbytes
+from aionet.core.link import nbytes_of
 from aionet.errors import DecodeError
 
 
