@@ -372,6 +372,30 @@ def test_large_frame_initial_part_from_staging_is_copied_once() -> None:
     assert msg[1] is alloc.buffers[0] and bytes(msg[1]) == payload
 
 
+def test_back_to_back_large_messages_skip_staging() -> None:
+    """Once a large frame arrived, the next message's start is read into a small window, so a
+    stream of large messages is not copied through staging (25% of each 1 MiB frame was)."""
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    stream = wire([[b"hdr", payload]] * 4 + [[b"small"], [b"after"]])
+    dec = FrameDecoder(large_frame_bytes=65536, staging_bytes=262144)
+    src = memoryview(stream)
+    pos = 0
+    staged: list[int] = []  # bytes each read put into staging (not into a frame's own buffer)
+    out: list[list[Any]] = []
+    while pos < len(stream):
+        buf = dec.get_buffer(-1)
+        k = min(len(buf), len(stream) - pos)  # a kernel with everything queued fills the buffer
+        if len(buf.obj) == 262144:  # the staging buffer, not a frame's own
+            staged.append(k)
+        buf[:k] = src[pos : pos + k]
+        pos += k
+        out += dec.buffer_updated(k)
+    assert [len(m) for m in out] == [2, 2, 2, 2, 1, 1]
+    assert all(bytes(m[1]) == payload for m in out[:4]) and out[4:] == [[b"small"], [b"after"]]
+    assert staged[0] == 262144  # the first message: no way to know it is large
+    assert max(staged[1:]) <= framing.PEEK_BYTES  # then only its start: the rest lands in place
+
+
 def test_alloc_may_return_other_buffers() -> None:
     dec = FrameDecoder(alloc=lambda n: np.empty(n + 10, dtype=np.uint8), large_frame_bytes=100)
     (msg,) = dec.feed(wire([[b"h", b"x" * 500]]))
