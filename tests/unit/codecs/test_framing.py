@@ -419,6 +419,21 @@ def test_default_alloc_large_and_small() -> None:
     assert len(memoryview(big)) == framing.MMAP_ALLOC_BYTES
 
 
+def test_frame_buffers_are_bytearrays_allocated_without_zero_fill() -> None:
+    """Large frames below the mmap size are bytearrays (a bytearray payload stays zero-copy)
+    allocated without the zero fill on CPython (it cost 108 of 114 us per 1 MiB frame)."""
+    for n in (1, 65536, 1 << 20):
+        b = framing.default_alloc(n)
+        assert type(b) is bytearray and len(b) == n
+        b[-1] = 7  # writable, exactly n bytes
+    if sys.implementation.name == "cpython":
+        assert framing.new_frame_bytearray is not bytearray
+    dec = FrameDecoder(large_frame_bytes=1024)
+    payload = bytes(range(256)) * 40
+    (msg,) = dec.feed(wire([[b"h", payload]]))
+    assert type(msg[1]) is bytearray and bytes(msg[1]) == payload  # every byte written by the receive
+
+
 # ------------------------------------------------------------------------- no I/O
 def test_module_imports_no_asyncio_or_socket() -> None:
     tree = ast.parse(Path(framing.__file__).read_text())
