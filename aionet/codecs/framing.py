@@ -79,6 +79,13 @@ MMAP_ALLOC_BYTES = 16 * 2**20
 
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
+#: Remembered large-frame buffers beyond the two newest are kept only while all of them
+#: together stay within this many bytes (a few MiB-sized segments in flight, not four 64 MiB
+#: frames). Two cover a consumer that holds one message while the next arrives; more help
+#: when a big message's ack goes out before the consumer ran (link.py) or when pipelined
+#: segments (collectives) are in flight.
+REUSE_BUDGET_BYTES = 64 * 2**20
+
 
 def _uninitialized_bytearray() -> Callable[[int], bytearray]:
     """``bytearray(n)`` without the zero fill, where the C API allows it (CPython).
@@ -236,7 +243,7 @@ class FrameDecoder:
         alloc: Callable[[int], Any] | None = None,
         large_frame_bytes: int = 65536,
         staging_bytes: int = 262144,
-        reuse_frames: int = 2,
+        reuse_frames: int = 4,
         reuse_max_bytes: int = 256 * 2**20,
     ) -> None:
         lim = limits or LimitsSection()
@@ -631,7 +638,7 @@ class FrameDecoder:
         if self._reuse_frames and n <= self._reuse_max:
             objs.append(obj.obj if type(obj) is memoryview else obj)
             sizes.append(n)
-            if len(objs) > self._reuse_frames:
+            while len(objs) > self._reuse_frames or (len(objs) > 2 and sum(sizes) > REUSE_BUDGET_BYTES):
                 del objs[0], sizes[0]
         return obj
 

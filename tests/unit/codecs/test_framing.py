@@ -484,6 +484,23 @@ def test_dropped_large_buffer_is_reused() -> None:
     assert bytes(second[1]) == bytes([7]) * 5000
 
 
+def test_reuse_keeps_four_small_frames_but_only_two_beyond_the_budget() -> None:
+    """A consumer holding the last message or two while the next arrives still gets a
+    recycled buffer; remembered memory beyond two frames stays within REUSE_BUDGET_BYTES."""
+    dec = FrameDecoder(large_frame_bytes=1000)
+    stream = large_stream()
+    held = [dec.feed(stream)[0] for _ in range(4)]  # four buffers in use at once
+    ids = {id(m[1]) for m in held}
+    del held[:2]  # the consumer drops the two oldest while two are still queued
+    again = [dec.feed(stream)[0] for _ in range(2)]
+    assert {id(m[1]) for m in again} <= ids  # both came from the remembered ones
+    big = FrameDecoder(large_frame_bytes=1000)
+    size = framing.REUSE_BUDGET_BYTES // 2
+    payload = bytes(size)
+    kept = [big.feed(wire([[b"h", payload]])) for _ in range(3)]  # all three held
+    assert len(kept) == 3 and big.spare_bytes == 2 * size  # the third would break the budget: only two kept
+
+
 @pytest.mark.parametrize("hold", ["object", "memoryview", "slice", "numpy"])
 def test_buffer_still_referenced_is_never_reused(hold: str) -> None:
     dec = FrameDecoder(large_frame_bytes=1000, reuse_frames=4)
