@@ -538,14 +538,7 @@ class Link:
         if self.state.ack_owed == 0:
             return
         self._bytes_owed += nbytes
-        if self._bytes_owed >= BIG_MESSAGE:
-            # the sender of a big message waits for this ack before its next send: write it
-            # now, not after the consumer this delivery woke has run (call_soon order)
-            self.flush_ack()
-            c = self.current
-            if c is not None:
-                c.conn.flush()
-        elif self.state.should_ack():
+        if self._bytes_owed >= BIG_MESSAGE or self.state.should_ack():
             self.flush_ack()
         elif self._ack_timer is None:
             self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self.flush_ack)

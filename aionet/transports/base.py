@@ -130,10 +130,6 @@ class Connection(abc.ABC):
         task = asyncio.get_running_loop().create_task(self.send(list(frames)))
         task.add_done_callback(_consume_exception)
 
-    def flush(self) -> None:  # noqa: B027 - optional hook
-        """Write what is queued now instead of at the end of this loop iteration (a transport
-        that batches writes overrides it; default: nothing is held back)."""
-
     async def recv_many(self) -> list[Message]:
         """Receive at least one message, plus whatever else is already buffered.
 

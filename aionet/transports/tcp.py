@@ -371,11 +371,6 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._append(frames, True)
         self._schedule_flush()
 
-    def flush(self) -> None:
-        """Write the batch now (an ack that a sender of a large message waits for must not wait
-        behind the consumer that its delivery woke)."""
-        self._flush()
-
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
