@@ -82,8 +82,7 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 #: Remembered large-frame buffers beyond the two newest are kept only while all of them
 #: together stay within this many bytes (a few MiB-sized segments in flight, not four 64 MiB
 #: frames). Two cover a consumer that holds one message while the next arrives; more help
-#: when a big message's ack goes out before the consumer ran (link.py) or when pipelined
-#: segments (collectives) are in flight.
+#: when several pipelined frames (a ring collective's segments) are in flight at once.
 REUSE_BUDGET_BYTES = 64 * 2**20
 
 

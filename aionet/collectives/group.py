@@ -35,7 +35,7 @@ PIPELINE = 4  # segments per ring chunk, at least
 MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
 # Payloads below this many bytes are sent at once (send_nowait) rather than by a task: they are
-# packed inline into the envelope (below the serializer's out-of-band size), so nothing
+# packed inline into the envelope (below the serializer's default out-of-band size), so nothing
 # references the caller's memory afterwards, and a latency-bound round (recursive doubling)
 # saves a task, a loop iteration and a gather per message.
 INLINE_BYTES = 1024
