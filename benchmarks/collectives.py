@@ -215,7 +215,8 @@ def available(args: argparse.Namespace) -> dict[str, str | None]:
         why: str | None = "mpirun not found (apt-get install openmpi-bin python3-mpi4py)"
     else:
         ok = subprocess.run([args.mpi_python, "-c", "import mpi4py, numpy"], capture_output=True).returncode == 0
-        why = None if ok else f"{args.mpi_python} cannot import mpi4py (apt-get install python3-mpi4py)"
+        hint = "apt-get install python3-mpi4py python3-numpy"
+        why = None if ok else f"{args.mpi_python} cannot import mpi4py and numpy ({hint})"
     out["mpi-tcp"] = out["mpi-shm"] = why
     return out
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..core.ports import DeviceArrays, Messaging
-from ..errors import CollectiveError, PeerUnavailable
+from ..errors import CollectiveError, PeerUnavailable, WouldBlock
 from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
@@ -34,6 +34,11 @@ ALGORITHMS = ("auto", "ring", "doubling", "tree")
 PIPELINE = 4  # segments per ring chunk, at least
 MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
+# Payloads below this many bytes are sent at once (send_nowait) rather than by a task: they are
+# packed inline into the envelope (below the serializer's default out-of-band size), so nothing
+# references the caller's memory afterwards, and a latency-bound round (recursive doubling)
+# saves a task, a loop iteration and a gather per message.
+INLINE_BYTES = 1024
 
 
 class Group:
@@ -251,9 +256,19 @@ class Group:
             if sends:
                 await asyncio.gather(*sends, return_exceptions=True)
 
-    def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> asyncio.Task[None]:
+    def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> asyncio.Task[None] | None:
         """Send without waiting (large messages wait for the peer's ack: pipelining needs many
-        in flight); the call awaits them all before it returns."""
+        in flight); the call awaits them all before it returns. A small payload goes out now
+        when the link can take it (None returned: nothing left to wait for)."""
+        if getattr(payload, "nbytes", INLINE_BYTES) < INLINE_BYTES or (type(payload) in _SCALARS):
+            try:
+                self._msg.send_nowait(self.members[dst], self.channel, [seq, t, self.rank, payload])
+                return None
+            except WouldBlock:  # link not up, window full, transport busy: a task waits for it
+                pass
+            except PeerUnavailable as exc:
+                self.member_lost(self.members[dst], f"unreachable ({exc})")
+                raise self._broken or CollectiveError(str(exc), member=self.members[dst]) from exc
         task = asyncio.ensure_future(self._send(dst, seq, t, payload))
         self._sends[seq].append(task)
         return task
@@ -450,9 +465,9 @@ class Group:
                 got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
                 fn(flat[a:b], got, out=res[a:b])  # one chain per chunk: every rank gets the same bits
                 if s + 1 < len(rs):
-                    holds.setdefault(step.recv, []).append(
-                        self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
-                    )
+                    task = self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
+                    if task is not None:  # (a tiny segment went out at once: nothing to hold)
+                        holds.setdefault(step.recv, []).append(task)
         ag = ring_allgather(n, r)
         for j, (a, b) in enumerate(segments(ag[0].send)):
             if codec is not None:  # the chunk reduced here, kept as the others will receive it
@@ -617,6 +632,9 @@ class Group:
 
 
 __all__ = ["ALGORITHMS", "Group"]
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def _same(x: np.ndarray) -> np.ndarray:

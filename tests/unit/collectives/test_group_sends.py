@@ -1,0 +1,120 @@
+"""How a group hands its messages to the node: small payloads go out at once (send_nowait, no
+task per message: a recursive-doubling round is latency-bound), payloads that travel out of
+band keep the awaited send (the call must not return while the transport may still read the
+caller's memory), and a link that cannot take a message now falls back to the awaited send."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aionet.collectives.group import INLINE_BYTES, Group
+from aionet.errors import WouldBlock
+
+
+class FakeNet:
+    """In-memory messaging between named endpoints, recording which API each message used."""
+
+    def __init__(self) -> None:
+        self.queues: dict[tuple[str, str], asyncio.Queue[Any]] = defaultdict(asyncio.Queue)
+        self.used: list[tuple[str, str]] = []  # (sender, "send" | "send_nowait")
+        self.refuse_nowait = 0  # how many send_nowait calls raise WouldBlock first
+
+
+class FakeMessaging:
+    def __init__(self, net: FakeNet, name: str) -> None:
+        self.net = net
+        self.name = name
+        self.node_id = name
+
+    async def send(self, peer: str, channel: str, obj: Any) -> None:
+        self.net.used.append((self.name, "send"))
+        self.net.queues[peer, channel].put_nowait(obj)
+
+    def send_nowait(self, peer: str, channel: str, obj: Any) -> None:
+        if self.net.refuse_nowait:
+            self.net.refuse_nowait -= 1
+            raise WouldBlock("full")
+        self.net.used.append((self.name, "send_nowait"))
+        self.net.queues[peer, channel].put_nowait(obj)
+
+    async def recv_batch(self, channel: str, limit: int = 65536) -> list[Any]:
+        q = self.net.queues[self.name, channel]
+        out = [await q.get()]
+        while not q.empty() and len(out) < limit:
+            out.append(q.get_nowait())
+        return out
+
+    async def request(self, peer: str, service: str, obj: Any = None, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    def add_service(self, name: str, fn: Any) -> None:
+        pass
+
+    def register_type(self, cls: type, name: str | None = None) -> type:
+        return cls
+
+
+def make_groups(net: FakeNet, n: int) -> list[Group]:
+    names = [f"r{i}" for i in range(n)]
+
+    def build(members: list[str], name: str, epoch: int) -> Group:
+        raise NotImplementedError
+
+    return [
+        Group(
+            FakeMessaging(net, m),  # type: ignore[arg-type]
+            names,
+            "g",
+            small_bytes=65536,
+            max_ahead_bytes=1 << 30,
+            segment_bytes=1 << 20,
+            timeout=10.0,
+            spawn=lambda coro, _name: asyncio.ensure_future(coro),
+            alive=lambda _m: True,
+            on_close=lambda _g: None,
+            factory=build,
+        )
+        for m in names
+    ]
+
+
+async def allreduce_all(groups: list[Group], xs: list[Any], **kw: Any) -> list[Any]:
+    try:
+        return await asyncio.wait_for(
+            asyncio.gather(*(g.allreduce(x, **kw) for g, x in zip(groups, xs, strict=True))), 10
+        )
+    finally:
+        for g in groups:
+            await g.close()
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+async def test_small_allreduce_sends_without_tasks(n: int) -> None:
+    net = FakeNet()
+    groups = make_groups(net, n)
+    out = await allreduce_all(groups, [np.array([float(r + 1)]) for r in range(n)])
+    assert all(float(o[0]) == n * (n + 1) / 2 for o in out)
+    assert net.used and {api for _, api in net.used} == {"send_nowait"}
+
+
+async def test_out_of_band_payloads_keep_the_awaited_send() -> None:
+    net = FakeNet()
+    groups = make_groups(net, 2)
+    count = INLINE_BYTES // 8 + 1  # just above the inline size
+    out = await allreduce_all(groups, [np.ones(count) for _ in range(2)], algorithm="doubling")
+    assert all(np.array_equal(o, np.full(count, 2.0)) for o in out)
+    assert {api for _, api in net.used} == {"send"}
+
+
+async def test_a_full_link_falls_back_to_the_awaited_send() -> None:
+    net = FakeNet()
+    net.refuse_nowait = 1
+    groups = make_groups(net, 2)
+    out = await allreduce_all(groups, [3, 4])
+    assert out == [7, 7]
+    assert sorted(api for _, api in net.used) == ["send", "send_nowait"]
