@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..core.ports import DeviceArrays, Messaging
-from ..errors import CollectiveError, PeerUnavailable, ProtocolError, WouldBlock
+from ..errors import CollectiveError, PeerUnavailable, WouldBlock
 from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
@@ -152,10 +152,11 @@ class Group:
     # ------------------------------------------------------------------ messages
     def _on_message(self, sender: str, msg: Any) -> None:
         """A message on the group's channel, as it is delivered: to the call waiting for it,
-        or kept for a call this rank has not reached yet. Malformed input raises (the node
-        closes the connection it came on)."""
-        if type(msg) is not list or len(msg) != 4:
-            raise ProtocolError(f"a collective message on {self.channel!r} must be [seq, tag, src, payload]")
+        or kept for a call this rank has not reached yet. A malformed one is dropped with a
+        log line (it was acknowledged: closing the connection would only have it replayed)."""
+        if type(msg) is not list or len(msg) != 4 or not (type(msg[0]) is type(msg[1]) is type(msg[2]) is int):
+            self.log.warning("malformed collective message dropped: not [seq, tag, src, payload]", peer=sender)
+            return
         seq, t, src, payload = msg
         key = (seq, t, src)
         fut = self._waiting.pop(key, None)

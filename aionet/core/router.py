@@ -264,9 +264,8 @@ class Router:
         """Hand each message for ``channel`` to ``fn(sender, obj)`` as it is delivered, instead
         of queueing it in a mailbox (``None``: back to the mailbox). For services that keep
         their own bounded state (collectives): it saves a task wake-up per message, and ``fn``
-        must neither block nor keep unbounded memory. Messages already waiting go to ``fn`` now.
-        A malformed message may make ``fn`` raise ProtocolError/ValueError/TypeError: the
-        connection it came on is closed, as for any bad input."""
+        must neither block nor keep unbounded memory, and should drop (and log) what it cannot
+        use rather than raise. Messages already waiting go to ``fn`` now."""
         if fn is None:
             self.consumers.pop(channel, None)
             return
