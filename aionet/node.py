@@ -164,9 +164,9 @@ class Node:
             cfg.collectives,
             messaging=self,
             members=self.membership,
-            spawn=self._spawn,
             instruments=self.instruments,
             device=self._device,
+            inline_bytes=cfg.codec.oob_min_bytes,
         )
         self.observer: Any = None  # aionet.observe.Observer while [http] port is set
         self._self_full: Any = None  # the own mailbox that last refused a send_nowait to this node
@@ -447,6 +447,9 @@ class Node:
         """Send ``obj`` to ``peer``'s mailbox ``channel``: ordered, exactly once while both
         nodes live, back-pressured by ``link.max_inflight_bytes``."""
         if peer == self.name:
+            if (fn := self.router.consumers.get(channel)) is not None:
+                fn(self.name, obj)
+                return
             await self.router.mailbox(channel).put((self.name, obj))
             return
         p = self._peers.get(peer)
@@ -473,6 +476,9 @@ class Node:
         referenced until ``wait_space`` returns: do not modify it before. Device arrays need
         staging, which waits: send those with :meth:`send` (SerializationError here)."""
         if peer == self.name:
+            if (fn := self.router.consumers.get(channel)) is not None:
+                fn(self.name, obj)
+                return
             mb = self.router.mailbox(channel)
             if not mb.put_nowait((self.name, obj)):
                 self._self_full = mb
@@ -541,6 +547,12 @@ class Node:
         if timeout is None:
             return await mb.get()
         return await asyncio.wait_for(mb.get(), timeout)
+
+    def on_channel(self, channel: str, fn: Callable[[str, Any], None] | None) -> None:
+        """Low-level, for services: hand each message for ``channel`` to ``fn(sender, obj)`` as
+        it arrives instead of a mailbox (no mailbox bounds apply, so ``fn`` must not block and
+        must bound what it keeps; ``None`` restores the mailbox). Collectives use it."""
+        self.router.on_channel(channel, fn)
 
     async def recv_batch(self, channel: str, limit: int = 65536) -> list[Any]:
         """At least one object, plus everything already waiting (up to ``limit``): cheap draining."""

@@ -237,9 +237,17 @@ class Decoder:
         need = count * dt.itemsize
         if len(buf) != need:
             raise DecodeError(f"array {tuple(shape)} of {dt} needs {need} bytes, its buffer has {len(buf)}")
-        arr = np.ndarray(shape, dt, buffer=buf, order="F" if fortran else "C")
-        if not arr.flags.writeable:
-            arr = arr.copy(order="K")  # read-only frame (bytes): copy once, users get a writable array
+        if type(buf) is bytes and dt.itemsize:
+            # packed inline (small): read-only, so copy once (users get writable arrays); a
+            # bytearray copy plus frombuffer is the cheapest way there for the 1-D case
+            if len(shape) == 1:
+                arr = np.frombuffer(bytearray(buf), dt)
+            else:
+                arr = np.ndarray(shape, dt, buffer=bytearray(buf), order="F" if fortran else "C")
+        else:
+            arr = np.ndarray(shape, dt, buffer=buf, order="F" if fortran else "C")
+            if not arr.flags.writeable:
+                arr = arr.copy(order="K")  # read-only frame: copy once, users get a writable array
         if len(m) == 5:  # sent as a torch tensor: one again, sharing the memory, where torch is installed
             try:
                 torch = importlib.import_module("torch")

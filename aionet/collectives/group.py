@@ -34,11 +34,6 @@ ALGORITHMS = ("auto", "ring", "doubling", "tree")
 PIPELINE = 4  # segments per ring chunk, at least
 MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
-# Payloads below this many bytes are sent at once (send_nowait) rather than by a task: they are
-# packed inline into the envelope (below the serializer's default out-of-band size), so nothing
-# references the caller's memory afterwards, and a latency-bound round (recursive doubling)
-# saves a task, a loop iteration and a gather per message.
-INLINE_BYTES = 1024
 
 
 class Group:
@@ -55,7 +50,6 @@ class Group:
         max_ahead_bytes: int,
         segment_bytes: int,
         timeout: float | None,
-        spawn: Callable[[Awaitable[Any], str], asyncio.Task[Any]],
         alive: Callable[[str], bool],
         on_close: Callable[[Group], None],
         factory: Callable[[list[str], str, int], Group],
@@ -63,6 +57,7 @@ class Group:
         instruments: Instruments | None = None,
         compression: str = "none",
         device: DeviceArrays | None = None,
+        inline_bytes: int = 0,
     ) -> None:
         if messaging.name not in members:
             raise ValueError(f"node {messaging.name!r} is not in the group's members {list(members)}")
@@ -83,6 +78,11 @@ class Group:
         # the member list is part of the channel: groups whose members disagree never mix
         self.channel = f"{CHANNEL_PREFIX}{name}#{epoch}.{digest}"
         self._msg = messaging
+        # Arrays below the codec's out-of-band threshold are copied into the message when it is
+        # posted, so they can go without a task (send_nowait) and be changed right after.
+        self._inline_bytes = inline_bytes
+        self._nowait = getattr(messaging, "send_nowait", None)
+        self._doubling_plan = recursive_doubling(self.size, self.rank)
         self._instruments = instruments if instruments is not None else Instruments()  # collective_finished
         self._alive = alive
         self._on_close = on_close
@@ -99,7 +99,9 @@ class Group:
         self.lost: set[str] = set()
         self._closed = False
         self.log = get_logger("aionet.collectives", node=messaging.name, group=name)
-        self._pump = spawn(self._dispatch(), f"aionet-collectives-{name}")
+        # messages are taken as they arrive (no mailbox, no task wake-up per message); what
+        # is kept for calls not reached yet is bounded by max_ahead_bytes
+        messaging.on_channel(self.channel, self._on_message)
 
     def __repr__(self) -> str:
         return f"<Group {self.name!r} rank {self.rank}/{self.size}>"
@@ -141,23 +143,30 @@ class Group:
             return
         self._closed = True
         self._break(CollectiveError(f"group {self.name!r} is closed"), quiet=True)
-        self._pump.cancel()
-        await asyncio.gather(self._pump, return_exceptions=True)
+        self._msg.on_channel(self.channel, None)
+        self._early.clear()
+        self._ahead.clear()
+        self._ahead_bytes = 0
         self._on_close(self)
 
     # ------------------------------------------------------------------ messages
-    async def _dispatch(self) -> None:
-        while True:
-            for seq, t, src, payload in await self._msg.recv_batch(self.channel):
-                key = (seq, t, src)
-                fut = self._waiting.pop(key, None)
-                if fut is not None:
-                    if not fut.done():
-                        fut.set_result(payload)
-                elif self._broken is None and seq >= self._low_seq():
-                    self._early[key] = payload  # for a call this rank has not reached yet
-                    if seq >= self._seq:
-                        self._hold_ahead(key, payload)
+    def _on_message(self, sender: str, msg: Any) -> None:
+        """A message on the group's channel, as it is delivered: to the call waiting for it,
+        or kept for a call this rank has not reached yet. A malformed one is dropped with a
+        log line (it was acknowledged: closing the connection would only have it replayed)."""
+        if type(msg) is not list or len(msg) != 4 or not (type(msg[0]) is type(msg[1]) is type(msg[2]) is int):
+            self.log.warning("malformed collective message dropped: not [seq, tag, src, payload]", peer=sender)
+            return
+        seq, t, src, payload = msg
+        key = (seq, t, src)
+        fut = self._waiting.pop(key, None)
+        if fut is not None:
+            if not fut.done():
+                fut.set_result(payload)
+        elif self._broken is None and not self._closed and seq >= self._low_seq():
+            self._early[key] = payload  # for a call this rank has not reached yet
+            if seq >= self._seq:
+                self._hold_ahead(key, payload)
 
     def _hold_ahead(self, key: tuple[int, Tag, int], payload: Any) -> None:
         n = int(getattr(payload, "nbytes", 0)) or 64
@@ -238,12 +247,19 @@ class Group:
         limit = self.timeout if timeout is None else timeout
         sends = self._sends[seq] = []
         try:
+            if limit is None:  # the usual case: no timer, no context to enter
+                out = await fn(seq)
+                if sends:
+                    await asyncio.gather(*sends)
+                return out
             async with asyncio.timeout(limit):
                 out = await fn(seq)
                 if sends:
                     await asyncio.gather(*sends)
                 return out
         except TimeoutError:
+            if limit is None:
+                raise
             exc = CollectiveError(f"group {self.name!r}: {what} timed out after {limit} s (rank {self.rank})")
             self._break(exc)
             raise exc from None
@@ -258,17 +274,21 @@ class Group:
 
     def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> asyncio.Task[None] | None:
         """Send without waiting (large messages wait for the peer's ack: pipelining needs many
-        in flight); the call awaits them all before it returns. A small payload goes out now
-        when the link can take it (None returned: nothing left to wait for)."""
-        if getattr(payload, "nbytes", INLINE_BYTES) < INLINE_BYTES or (type(payload) in _SCALARS):
+        in flight); the call awaits them all before it returns. A small array the link takes at
+        once goes without a task (None): it is copied into the message here, so nothing is left
+        to await and its buffer may change right after (the latency-bound algorithms' case)."""
+        nowait = self._nowait
+        if (
+            nowait is not None
+            and type(payload) is np.ndarray
+            and payload.nbytes < self._inline_bytes
+            and self._broken is None
+        ):
             try:
-                self._msg.send_nowait(self.members[dst], self.channel, [seq, t, self.rank, payload])
+                nowait(self.members[dst], self.channel, [seq, t, self.rank, payload])
                 return None
-            except WouldBlock:  # link not up, window full, transport busy: a task waits for it
-                pass
-            except PeerUnavailable as exc:
-                self.member_lost(self.members[dst], f"unreachable ({exc})")
-                raise self._broken or CollectiveError(str(exc), member=self.members[dst]) from exc
+            except (WouldBlock, PeerUnavailable):
+                pass  # the link is busy or not up, or the peer is gone: the task path says so
         task = asyncio.ensure_future(self._send(dst, seq, t, payload))
         self._sends[seq].append(task)
         return task
@@ -414,7 +434,7 @@ class Group:
     async def _doubling(
         self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
     ) -> np.ndarray:
-        plan = recursive_doubling(self.size, self.rank)
+        plan = self._doubling_plan
         enc = codec.encode if codec is not None else _same
         dec = codec.decode if codec is not None else _same
         if plan.fold_to is not None:
@@ -465,9 +485,9 @@ class Group:
                 got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
                 fn(flat[a:b], got, out=res[a:b])  # one chain per chunk: every rank gets the same bits
                 if s + 1 < len(rs):
-                    task = self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
-                    if task is not None:  # (a tiny segment went out at once: nothing to hold)
-                        holds.setdefault(step.recv, []).append(task)
+                    sent = self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
+                    if sent is not None:
+                        holds.setdefault(step.recv, []).append(sent)
         ag = ring_allgather(n, r)
         for j, (a, b) in enumerate(segments(ag[0].send)):
             if codec is not None:  # the chunk reduced here, kept as the others will receive it
@@ -632,9 +652,6 @@ class Group:
 
 
 __all__ = ["ALGORITHMS", "Group"]
-
-
-_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def _same(x: np.ndarray) -> np.ndarray:

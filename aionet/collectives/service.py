@@ -8,7 +8,7 @@ holds a member declared dead, restarted or gone, so no collective ever waits for
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..config import CollectivesSection
@@ -25,15 +25,15 @@ class Collectives:
         *,
         messaging: Messaging,
         members: MemberEvents,
-        spawn: Callable[[Awaitable[Any], str], asyncio.Task[Any]],
         instruments: Instruments | None = None,
         device: DeviceArrays | None = None,
+        inline_bytes: int = 0,
     ) -> None:
         self.cfg = cfg
+        self.inline_bytes = inline_bytes  # arrays smaller than this are packed inline (codec.oob_min_bytes)
         self._device = device  # device (GPU) inputs are reduced through host copies
         self.instruments = instruments if instruments is not None else Instruments()
         self._msg = messaging
-        self._spawn = spawn
         self._groups: set[Group] = set()
         self._states: dict[str, str] = {}  # member -> last state membership reported
         self._gone: dict[str, str] = {}  # member -> why, for members dead or left
@@ -55,7 +55,6 @@ class Collectives:
             max_ahead_bytes=cfg.max_ahead_bytes,
             segment_bytes=cfg.segment_bytes,
             timeout=cfg.timeout or None,
-            spawn=self._spawn,
             alive=self.alive,
             on_close=self._groups.discard,
             factory=self.make,
@@ -63,6 +62,7 @@ class Collectives:
             instruments=self.instruments,
             compression=cfg.compression,
             device=self._device,
+            inline_bytes=self.inline_bytes,
         )
         self._groups.add(g)
         for m in members:  # a member already gone: the group cannot work, say so at once

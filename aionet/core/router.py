@@ -169,6 +169,21 @@ class Mailbox:
             self._wake_putter()
         return out
 
+    def take_all(self) -> list[tuple[str, Any]]:
+        """Everything waiting, now (accounted as taken, like :meth:`get_batch`)."""
+        out = list(self._items)
+        if out:
+            on_take = self._on_take
+            if on_take is not None:
+                for item, n in zip(out, self._sizes, strict=True):
+                    on_take(item[0], n, 1)
+            self._items.clear()
+            self._sizes.clear()
+            self._bytes = 0
+            while self._putters:
+                self._wake_putter()
+        return out
+
     def qsize(self) -> int:
         return len(self._items)
 
@@ -197,6 +212,8 @@ class Router:
         self.log = log
         self.services: dict[str, tuple[Handler, bool]] = {}
         self.mailboxes: dict[str, Mailbox] = {}
+        # channel -> fn(sender, obj) that takes its messages as they arrive (see on_channel)
+        self.consumers: dict[str, Callable[[str, Any], None]] = {}
         # Peers name channels, so per-channel bounds alone would let one peer hold
         # channels x mailbox_bytes: each peer's waiting messages, over all channels, are
         # bounded too (then that peer is not read from until the application takes some),
@@ -243,11 +260,31 @@ class Router:
         self._gen = gen + 1
         self._prune_at = max(PRUNE_MAILBOXES_FROM, 2 * len(self.mailboxes))
 
+    def on_channel(self, channel: str, fn: Callable[[str, Any], None] | None) -> None:
+        """Hand each message for ``channel`` to ``fn(sender, obj)`` as it is delivered, instead
+        of queueing it in a mailbox (``None``: back to the mailbox). For services that keep
+        their own bounded state (collectives): it saves a task wake-up per message, and ``fn``
+        must neither block nor keep unbounded memory, and should drop (and log) what it cannot
+        use rather than raise. Messages already waiting go to ``fn`` now."""
+        if fn is None:
+            self.consumers.pop(channel, None)
+            return
+        self.consumers[channel] = fn
+        mb = self.mailboxes.pop(channel, None)
+        if mb is not None:
+            for sender, obj in mb.take_all():
+                fn(sender, obj)
+
     def deliver(self, peer: str, channel: str, obj: Any, nbytes: int) -> asyncio.Future[None] | Mailbox | None:
         """Put a message from ``peer`` into mailbox ``channel``. None when done; else what to
         wait for before trying again: a Mailbox that is full (``wait_room()``), or a future
         done once the application has taken some of this peer's messages (its share of all
         mailboxes is used up)."""
+        if self.consumers:
+            fn = self.consumers.get(channel)
+            if fn is not None:
+                fn(peer, obj)
+                return None
         q = self._queued.get(peer)
         if q is not None and (q[0] + nbytes > self.peer_mailbox_bytes or q[1] >= self.peer_mailbox_size):
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -271,6 +308,12 @@ class Router:
         n = len(env) - 4
         if n <= 0:
             raise ProtocolError("SEND envelope without a payload")
+        if self.consumers:
+            fn = self.consumers.get(env[3])
+            if fn is not None:
+                for obj in islice(env, 4, None):
+                    fn(peer, obj)
+                return None
         q = self._queued.get(peer)
         if q is not None and (q[0] + nbytes > self.peer_mailbox_bytes or q[1] + n > self.peer_mailbox_size):
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -209,3 +209,31 @@ async def test_a_root_running_ahead_is_bounded() -> None:
         r2, l2 = root.shrink(), lazy.shrink()
         await r2.broadcast(np.ones(1000), root=0)
         assert np.array_equal(await l2.broadcast(None, root=0), np.ones(1000))
+
+
+async def test_garbage_on_a_group_channel_is_dropped_and_the_group_goes_on() -> None:
+    """A message on a group's channel that is not [seq, tag, src, payload] (a buggy or hostile
+    peer) is dropped with a log line: no crashed node, no stuck group, the next call is right."""
+    async with cluster(2, "tcp") as nodes:
+        ga, gb = (n.group() for n in nodes)
+        for junk in ("junk", [1, 2], ["a", 0, 0, None], [0, [1], 0, None]):
+            await nodes[1].send(nodes[0].name, ga.channel, junk)
+        outs = await each([ga, gb], lambda g: g.allreduce(np.arange(3) + g.rank))
+        assert all(np.array_equal(o, np.array([1, 3, 5])) for o in outs)
+        assert ga._broken is None and not ga._early
+
+
+async def test_messages_that_arrive_before_the_group_exists_are_not_lost() -> None:
+    """A fast rank's first message can reach a node before that node creates the group: it
+    waits in the channel's mailbox and the group takes it over when it is created."""
+    async with cluster(2, "tcp") as nodes:
+        names = sorted(n.name for n in nodes)
+        first = next(n for n in nodes if n.name == names[0])
+        late = next(n for n in nodes if n.name == names[1])
+        g0 = first.group(names)
+        call = asyncio.ensure_future(g0.allreduce(np.ones(4)))
+        await wait_for(lambda: late.router.mailboxes.get(g0.channel) is not None, 10)
+        g1 = late.group(names)
+        outs = await asyncio.wait_for(asyncio.gather(call, g1.allreduce(np.ones(4))), 10)
+        assert all(np.array_equal(o, np.full(4, 2.0)) for o in outs)
+        assert g0.channel not in late.router.mailboxes  # taken over by the group

@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aionet.collectives.group import INLINE_BYTES, Group
+from aionet.collectives.group import Group
 from aionet.errors import WouldBlock
+
+INLINE_BYTES = 2048  # the codec's oob_min_bytes default: smaller arrays are packed inline
 
 
 class FakeNet:
@@ -21,6 +23,7 @@ class FakeNet:
 
     def __init__(self) -> None:
         self.queues: dict[tuple[str, str], asyncio.Queue[Any]] = defaultdict(asyncio.Queue)
+        self.consumers: dict[tuple[str, str], Any] = {}  # (node, channel) -> fn(sender, obj)
         self.used: list[tuple[str, str]] = []  # (sender, "send" | "send_nowait")
         self.refuse_nowait = 0  # how many send_nowait calls raise WouldBlock first
 
@@ -31,16 +34,29 @@ class FakeMessaging:
         self.name = name
         self.node_id = name
 
+    def _deliver(self, peer: str, channel: str, obj: Any) -> None:
+        fn = self.net.consumers.get((peer, channel))
+        if fn is not None:
+            asyncio.get_running_loop().call_soon(fn, self.name, obj)  # as a connection's reader would
+        else:
+            self.net.queues[peer, channel].put_nowait(obj)
+
     async def send(self, peer: str, channel: str, obj: Any) -> None:
         self.net.used.append((self.name, "send"))
-        self.net.queues[peer, channel].put_nowait(obj)
+        self._deliver(peer, channel, obj)
 
     def send_nowait(self, peer: str, channel: str, obj: Any) -> None:
         if self.net.refuse_nowait:
             self.net.refuse_nowait -= 1
             raise WouldBlock("full")
         self.net.used.append((self.name, "send_nowait"))
-        self.net.queues[peer, channel].put_nowait(obj)
+        self._deliver(peer, channel, obj)
+
+    def on_channel(self, channel: str, fn: Any) -> None:
+        if fn is None:
+            self.net.consumers.pop((self.name, channel), None)
+        else:
+            self.net.consumers[self.name, channel] = fn
 
     async def recv_batch(self, channel: str, limit: int = 65536) -> list[Any]:
         q = self.net.queues[self.name, channel]
@@ -74,7 +90,7 @@ def make_groups(net: FakeNet, n: int) -> list[Group]:
             max_ahead_bytes=1 << 30,
             segment_bytes=1 << 20,
             timeout=10.0,
-            spawn=lambda coro, _name: asyncio.ensure_future(coro),
+            inline_bytes=INLINE_BYTES,
             alive=lambda _m: True,
             on_close=lambda _g: None,
             factory=build,
