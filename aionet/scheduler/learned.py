@@ -259,10 +259,15 @@ class LearnedPolicy:
         return max(c.epsilon_min, c.epsilon / (1.0 + self.decisions / c.epsilon_decay))
 
     def _probe_arm(self) -> str:
-        """Which other arm makes this probe placement: mostly the best-looking one."""
+        """Which other arm makes this probe placement. While a heuristic holds, always the learned
+        arm: it is the only one whose evidence can end the hand-over, and a probe by another
+        heuristic (least-loaded sends work to idle slow nodes) is the expensive kind in the
+        backlog that usually caused the hand-over. Otherwise mostly the best-looking heuristic."""
         c = self.cfg
-        others = [a for a in (LEARNED, *c.heuristics) if a != (self.fallback or LEARNED)]
         self._probe_turn += 1
+        if self.fallback is not None:
+            return LEARNED
+        others = c.heuristics
         if len(others) > 1 and self._probe_turn % 4:  # 3 probes in 4 go to the best-looking other arm
             return min(others, key=self._arm_cost)
         return others[self._probe_turn % len(others)]
