@@ -19,7 +19,9 @@ drains a backlog late (see ``CostModel._solve``). Exploration is epsilon-greedy 
 epsilon. A guard runs a small random share of placements with the heuristics and compares costs
 over a sliding window; whenever the learned choices cost more than the best heuristic's by more
 than ``margin``, the heuristic takes over (the learned model keeps learning from probes) until
-the learned model is better again, so a workload shift can cost only a bounded amount.
+the learned model is better again, so a workload shift can cost only a bounded amount. While a
+heuristic holds, only the learned arm probes. Samples measured behind long queues count less
+(``LearnedConfig.backlog_discount``): their cost is mostly queueing the features cannot see.
 
 Everything here is pure: no clocks, no I/O except :meth:`LearnedPolicy.save` / :meth:`load`.
 """
