@@ -19,7 +19,9 @@ drains a backlog late (see ``CostModel._solve``). Exploration is epsilon-greedy 
 epsilon. A guard runs a small random share of placements with the heuristics and compares costs
 over a sliding window; whenever the learned choices cost more than the best heuristic's by more
 than ``margin``, the heuristic takes over (the learned model keeps learning from probes) until
-the learned model is better again, so a workload shift can cost only a bounded amount.
+the learned model is better again, so a workload shift can cost only a bounded amount. While a
+heuristic holds, only the learned arm probes. Samples measured behind long queues count less
+(``LearnedConfig.backlog_discount``): their cost is mostly queueing the features cannot see.
 
 Everything here is pure: no clocks, no I/O except :meth:`LearnedPolicy.save` / :meth:`load`.
 """
@@ -39,7 +41,7 @@ import numpy as np
 from .placement import Completion, PolicyContext
 from .policies import EPS, NodeView, RuntimeEstimator, TaskReq, candidates, least_loaded, locality, shortest_expected
 
-__all__ = ["FEATURES", "CostModel", "LearnedConfig", "LearnedPolicy", "node_features"]
+__all__ = ["FEATURES", "CostModel", "LearnedConfig", "LearnedPolicy", "node_features", "sample_weight"]
 
 FEATURES = ("bias", "runtime", "wait", "queued", "contention", "load", "slowdown", "remote", "spare_gpu", "unknown")
 # the prior: predicted cost = expected runtime + work queued (not running) ahead of the task
@@ -65,6 +67,11 @@ class LearnedConfig:
     # weights held at the prior (see CostModel._solve); learning "queued" too made windows after
     # a shift near saturation up to 79 % worse than shortest-expected's (BENCHMARKS.md, issue 16)
     fixed: tuple[str, ...] = ("queued",)
+    # a sample counts 1 / (1 + wait + queued) ** backlog_discount (in mean runtimes): a cost measured
+    # in a backlog is mostly queueing the features cannot see, and fitted at full weight it taught
+    # spurious weights (remote data "cheap", GPU nodes "cheap") that made post-shift windows near
+    # saturation up to 23 % worse than shortest-expected's (BENCHMARKS.md, issue 16). 0: all count.
+    backlog_discount: float = 2.0
     learn_all_above: float = 0.001  # s: shorter tasks teach on a sample (mean runtime / this of them)
     min_scale: float = 0.001  # s: costs are in units of max(mean runtime, this) (sub-ms tasks cost messaging)
     max_pending: int = 65536  # placements awaiting completion (older ones are forgotten)
@@ -81,6 +88,8 @@ class LearnedConfig:
             raise ValueError("probe must be in [0, 1) and epsilon in [0, 1]")
         if not self.memory > 0 or self.batch < 1 or self.window < 2:
             raise ValueError("memory must be positive, batch >= 1, window >= 2")
+        if not self.backlog_discount >= 0.0:
+            raise ValueError("backlog_discount must be >= 0 (0 counts every sample fully)")
 
 
 def node_features(
@@ -116,11 +125,30 @@ def node_features(
     ]
 
 
-class CostModel:
-    """Ridge regression of placement cost on :data:`FEATURES`, towards a prior, with forgetting.
+WAIT, QUEUED = FEATURES.index("wait"), FEATURES.index("queued")
 
-    Kept as sufficient statistics (``A = sum x x^T``, ``b = sum x y``), refitted every ``batch``
-    samples with one small solve, so learning costs well under a microsecond per completion."""
+
+def sample_weight(x: Sequence[float], discount: float) -> float:
+    """How much one (features, cost) sample counts: ``1 / (1 + wait + queued) ** discount``.
+
+    The work queued ahead of a task is known only roughly (the owner's estimate of running and
+    queued work), so a cost measured behind a long queue is mostly queueing noise; at full weight
+    such samples pull the other weights towards whatever happened to coincide with the backlog.
+    Samples from idle nodes (wait = queued = 0) count fully; NaN features count fully too (the
+    fit then rejects them as before)."""
+    if not discount:
+        return 1.0
+    d = 1.0 + x[WAIT] + x[QUEUED]
+    return d**-discount if d > 1.0 else 1.0
+
+
+class CostModel:
+    """Weighted ridge regression of placement cost on :data:`FEATURES`, towards a prior, with
+    forgetting.
+
+    Kept as sufficient statistics (``A = sum v x x^T``, ``b = sum v x y``, ``v`` the sample's
+    :func:`sample_weight`), refitted every ``batch`` samples with one small solve, so learning
+    costs well under a microsecond per completion."""
 
     def __init__(
         self,
@@ -128,6 +156,7 @@ class CostModel:
         memory: float = math.inf,
         prior: Sequence[float] = PRIOR,
         fixed: Sequence[str] = (),
+        backlog_discount: float = 0.0,
     ):
         d = len(FEATURES)
         if len(prior) != d:
@@ -138,6 +167,7 @@ class CostModel:
         self.fixed = np.array([f in fixed for f in FEATURES])
         self.ridge = float(ridge)
         self.memory = float(memory)  # samples; inf: never forget
+        self.discount = float(backlog_discount)
         self.prior = np.asarray(prior, dtype=np.float64)
         self.A = np.zeros((d, d))
         self.b = np.zeros(d)
@@ -146,6 +176,7 @@ class CostModel:
         self.samples = 0
         self._xs: list[list[float]] = []
         self._ys: list[float] = []
+        self._vs: list[float] = []
 
     def predict(self, x: Sequence[float]) -> float:
         return sum(w * v for w, v in zip(self.wt, x, strict=True))
@@ -155,6 +186,7 @@ class CostModel:
         if y == y and abs(y) < 1e9:  # drop NaN and absurd outliers (a clock jump)
             self._xs.append(x)
             self._ys.append(y)
+            self._vs.append(sample_weight(x, self.discount))
 
     def pending(self) -> int:
         return len(self._ys)
@@ -164,12 +196,13 @@ class CostModel:
         if self._ys:
             X = np.asarray(self._xs, dtype=np.float64)
             y = np.asarray(self._ys, dtype=np.float64)
-            self._xs, self._ys = [], []
+            Xv = X * np.asarray(self._vs, dtype=np.float64)[:, None]
+            self._xs, self._ys, self._vs = [], [], []
             fade = math.exp(-len(y) / self.memory)  # per sample, whatever the batch size
             self.A *= fade
             self.b *= fade
-            self.A += X.T @ X
-            self.b += X.T @ y
+            self.A += Xv.T @ X
+            self.b += Xv.T @ y
             self.samples += len(y)
         self._solve()
 
@@ -181,8 +214,9 @@ class CostModel:
             raise ValueError(f"need X of shape (n, {len(FEATURES)}) and y of shape (n,), got {X.shape}, {y.shape}")
         ok = np.isfinite(y) & np.isfinite(X).all(axis=1)
         X, y = X[ok], y[ok]
-        self.A = X.T @ X
-        self.b = X.T @ y
+        Xv = X * np.array([sample_weight(x, self.discount) for x in X.tolist()])[:, None]
+        self.A = Xv.T @ X
+        self.b = Xv.T @ y
         self.samples = len(y)
         self._solve()
 
@@ -238,7 +272,7 @@ class LearnedPolicy:
         if follow is not None and follow not in HEURISTICS:
             raise ValueError(f"follow must be one of {', '.join(HEURISTICS)}, not {follow!r}")
         self.follow = follow
-        self.model = CostModel(cfg.ridge, cfg.memory, fixed=cfg.fixed)
+        self.model = CostModel(cfg.ridge, cfg.memory, fixed=cfg.fixed, backlog_discount=cfg.backlog_discount)
         self.rng = random.Random(cfg.seed)
         self.decisions = 0
         self.fallback: str | None = None  # the heuristic in charge while the guard holds
@@ -259,10 +293,15 @@ class LearnedPolicy:
         return max(c.epsilon_min, c.epsilon / (1.0 + self.decisions / c.epsilon_decay))
 
     def _probe_arm(self) -> str:
-        """Which other arm makes this probe placement: mostly the best-looking one."""
+        """Which other arm makes this probe placement. While a heuristic holds, always the learned
+        arm: it is the only one whose evidence can end the hand-over, and a probe by another
+        heuristic (least-loaded sends work to idle slow nodes) is the expensive kind in the
+        backlog that usually caused the hand-over. Otherwise mostly the best-looking heuristic."""
         c = self.cfg
-        others = [a for a in (LEARNED, *c.heuristics) if a != (self.fallback or LEARNED)]
         self._probe_turn += 1
+        if self.fallback is not None:
+            return LEARNED
+        others = c.heuristics
         if len(others) > 1 and self._probe_turn % 4:  # 3 probes in 4 go to the best-looking other arm
             return min(others, key=self._arm_cost)
         return others[self._probe_turn % len(others)]
