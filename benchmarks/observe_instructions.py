@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import os
 import re
 import socket
@@ -243,6 +244,21 @@ def run_callgrind(args: argparse.Namespace) -> list[tuple[str, int]]:
     return list(zip(names, counts, strict=True))
 
 
+# two-sided 95 % quantiles of Student's t, by degrees of freedom
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+
+
+def change_ci_pct(on: list[float], off: list[float]) -> tuple[float, float]:
+    """95 % confidence interval of the mean change on/off - 1, in % (Welch's t, the loops of
+    each mode as the samples; the same-mode spread is the noise it accounts for)."""
+    m_on, m_off = statistics.fmean(on), statistics.fmean(off)
+    v_on, v_off = statistics.variance(on) / len(on), statistics.variance(off) / len(off)
+    se = math.sqrt(v_on + v_off)
+    df = (v_on + v_off) ** 2 / ((v_on**2 / (len(on) - 1)) + (v_off**2 / (len(off) - 1))) if se > 0 else 10
+    half = _T95[min(max(int(df), 1), 10)] * se
+    return 100.0 * ((m_on - half) / m_off - 1.0), 100.0 * ((m_on + half) / m_off - 1.0)
+
+
 def spread_pct(xs: list[float]) -> float:
     """(max - min) / mean: how far apart repeats of the same mode are."""
     return 100.0 * (max(xs) - min(xs)) / statistics.fmean(xs)
@@ -285,16 +301,19 @@ def main() -> None:
         dash_pct = 100.0 * (upd / args.interval) / work_per_s
         scrape_pct = 100.0 * (scrape / SCRAPE_INTERVAL) / work_per_s
         total = loop_pct + dash_pct + scrape_pct
+        lo, hi = change_ci_pct(on, off)
         res[kind] = {
+            "loop_change_ci95_pct": [lo, hi],
             "off": off, "on": on, "spread_off_pct": spread_pct(off), "spread_on_pct": spread_pct(on),
             "loop_change_pct": loop_pct, "dashboard_pct": dash_pct, "scrape_pct": scrape_pct,
             "total_pct": total, "rate": rate,
         }  # fmt: skip
         print(f"  {kind}: off {', '.join(f'{x:,.0f}' for x in off)} per op (spread {spread_pct(off):.2f} %); "
               f"on {', '.join(f'{x:,.0f}' for x in on)} (spread {spread_pct(on):.2f} %)")  # fmt: skip
-        print(f"  {kind}: loop {loop_pct:+.2f} %, dashboard at {args.interval:g} s refresh {dash_pct:+.2f} %, "
-              f"scrape every {SCRAPE_INTERVAL:g} s {scrape_pct:+.3f} % (at {rate:,.0f}/s): "
-              f"total {total:+.2f} % (bar: <= 2 %)")  # fmt: skip
+        print(f"  {kind}: loop {loop_pct:+.2f} % [95 % CI {lo:+.2f}, {hi:+.2f}], "
+              f"dashboard at {args.interval:g} s refresh {dash_pct:+.2f} %, "
+              f"scrape every {SCRAPE_INTERVAL:g} s {scrape_pct:+.3f} % (at {rate:,.0f}/s of work): "
+              f"total {total:+.2f} % (upper bound {hi + dash_pct + scrape_pct:+.2f} %; bar: <= 2 %)")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
 
