@@ -58,6 +58,8 @@ HOST = "127.0.0.1"
 BENCH = Path(__file__).resolve().parent
 HOUR = 3600.0
 SCRAPE_INTERVAL = 15.0  # Prometheus' default scrape interval, s
+TASK_BATCH = 500  # tasks in flight (and, in "busy" loops, tasks per dashboard update)
+MSG_CHUNK = 2000  # in "busy" loops: messages per dashboard update
 
 
 def _free_port() -> int:
@@ -150,19 +152,31 @@ class Session:
             while not obs._subscribers or obs.updates < 1:
                 await asyncio.sleep(0.05)
 
-    async def tasks(self, n: int) -> None:
+    async def tasks(self, n: int, dash: bool = False) -> None:
+        """``n`` no-op tasks; ``dash``: a dashboard update starts with each batch and runs while
+        the batch is in flight (the update's cost on a busy node: TASK_BATCH tasks per update)."""
         c = self.client
-        for start in range(0, n, 500):  # batches: a bounded number in flight
-            await c.gather([c.submit("tasks:noop") for _ in range(min(500, n - start))])
+        updates = []
+        for start in range(0, n, TASK_BATCH):  # batches: a bounded number in flight
+            refs = [c.submit("tasks:noop") for _ in range(min(TASK_BATCH, n - start))]
+            if dash:
+                updates.append(asyncio.ensure_future(self.worker.observer.update()))
+            await c.gather(refs)
+        await asyncio.gather(*updates)
 
-    async def messages(self, n: int) -> None:
+    async def messages(self, n: int, dash: bool = False) -> None:
+        """``n`` 64 B messages; ``dash``: a dashboard update starts every MSG_CHUNK messages."""
         target = self.received + n
         payload = b"x" * 64
-        for _ in range(n):
+        updates = []
+        for i in range(n):
+            if dash and i % MSG_CHUNK == 0:
+                updates.append(asyncio.ensure_future(self.worker.observer.update()))
             await self.client.send("w0", "sink", payload)
         while self.received < target:
             self.arrived.clear()
             await self.arrived.wait()
+        await asyncio.gather(*updates)
 
     async def updates(self, n: int) -> None:
         obs = self.worker.observer
@@ -205,6 +219,11 @@ def session(tasks: int, messages: int, repeat: int, updates: int, out: str) -> N
                 s.measure(f"tasks {mode}", s.tasks(tasks))
                 gc.collect()
                 s.measure(f"messages {mode}", s.messages(messages))
+                if mode == "on":  # the same with dashboard updates running among the work
+                    gc.collect()
+                    s.measure("tasks busy", s.tasks(tasks, dash=True))
+                    gc.collect()
+                    s.measure("messages busy", s.messages(messages, dash=True))
         s.warm(s.set_mode(True))
         s.warm(s.updates(3))
         for _ in range(repeat):
@@ -270,8 +289,8 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=3, help="measured loops per mode (alternating)")
     ap.add_argument("--updates", type=int, default=10, help="dashboard updates (and scrapes) per measured loop")
-    ap.add_argument("--task-rate", type=float, default=10000, help="wall-clock no-op tasks/s (observe_overhead.py)")
-    ap.add_argument("--msg-rate", type=float, default=130000, help="wall-clock 64 B msg/s (observe_overhead.py)")
+    ap.add_argument("--task-rate", type=float, default=10000, help="no-op tasks per CPU-s (observe_overhead.py)")
+    ap.add_argument("--msg-rate", type=float, default=130000, help="64 B msg per CPU-s (observe_overhead.py)")
     ap.add_argument("--interval", type=float, default=1.0, help="the dashboard's refresh interval, s")
     ap.add_argument("--json")
     ap.add_argument("--_session", help=argparse.SUPPRESS)
@@ -284,6 +303,7 @@ def main() -> None:
     got = run_callgrind(args)
     per: dict[str, list[float]] = {}
     ops = {"tasks": args.tasks, "messages": args.messages, "update": args.updates, "scrape": args.updates}
+    n_updates = {"tasks": -(-args.tasks // TASK_BATCH), "messages": -(-args.messages // MSG_CHUNK)}
     for label, n in got:
         per.setdefault(label, []).append(n / ops[label.split()[0]])
     res: dict[str, Any] = {"per_op": per, "load": [load0, os.getloadavg()[0]]}
@@ -297,17 +317,22 @@ def main() -> None:
         off, on = per[f"{kind} off"], per[f"{kind} on"]
         m_off, m_on = statistics.fmean(off), statistics.fmean(on)
         loop_pct = 100.0 * (m_on / m_off - 1.0)
-        work_per_s = rate * m_off  # instructions per second of work at the wall-clock rate
-        dash_pct = 100.0 * (upd / args.interval) / work_per_s
+        busy = statistics.fmean(per[f"{kind} busy"])  # "on" plus n_updates[kind] updates per loop
+        upd_busy = (busy - m_on) * ops[kind] / n_updates[kind]
+        work_per_s = rate * m_off  # instructions per second of work at the given rate
+        dash_pct = 100.0 * (max(upd, upd_busy) / args.interval) / work_per_s  # the dearer of idle and busy
         scrape_pct = 100.0 * (scrape / SCRAPE_INTERVAL) / work_per_s
         total = loop_pct + dash_pct + scrape_pct
         lo, hi = change_ci_pct(on, off)
         res[kind] = {
+            "update_busy": upd_busy,
             "loop_change_ci95_pct": [lo, hi],
             "off": off, "on": on, "spread_off_pct": spread_pct(off), "spread_on_pct": spread_pct(on),
             "loop_change_pct": loop_pct, "dashboard_pct": dash_pct, "scrape_pct": scrape_pct,
             "total_pct": total, "rate": rate,
         }  # fmt: skip
+        print(f"  {kind}: one dashboard update among the work: {upd_busy:,.0f} instructions "
+              f"({n_updates[kind]} per loop; idle: {upd:,.0f})")  # fmt: skip
         print(f"  {kind}: off {', '.join(f'{x:,.0f}' for x in off)} per op (spread {spread_pct(off):.2f} %); "
               f"on {', '.join(f'{x:,.0f}' for x in on)} (spread {spread_pct(on):.2f} %)")  # fmt: skip
         print(f"  {kind}: loop {loop_pct:+.2f} % [95 % CI {lo:+.2f}, {hi:+.2f}], "
