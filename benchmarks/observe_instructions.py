@@ -64,6 +64,7 @@ HOUR = 3600.0
 SCRAPE_INTERVAL = 15.0  # Prometheus' default scrape interval, s
 TASK_BATCH = 500  # tasks in flight (and, in "busy" loops, tasks per dashboard update)
 MSG_CHUNK = 2000  # in "busy" loops: messages per dashboard update
+ASYNC_NOOP = "tasks:anoop"  # runs on the worker's loop: no thread hand-off, whose batching follows timing
 
 
 def _free_port() -> int:
@@ -160,13 +161,13 @@ class Session:
             while not obs._subscribers or obs.updates < 1:
                 await asyncio.sleep(0.05)
 
-    async def tasks(self, n: int, dash: bool = False) -> None:
+    async def tasks(self, n: int, dash: bool = False, fn: str = "tasks:noop") -> None:
         """``n`` no-op tasks; ``dash``: a dashboard update starts with each batch and runs while
         the batch is in flight (the update's cost on a busy node: TASK_BATCH tasks per update)."""
         c = self.client
         updates = []
         for start in range(0, n, TASK_BATCH):  # batches: a bounded number in flight
-            refs = [c.submit("tasks:noop") for _ in range(min(TASK_BATCH, n - start))]
+            refs = [c.submit(fn) for _ in range(min(TASK_BATCH, n - start))]
             if dash:
                 updates.append(asyncio.ensure_future(self.worker.observer.update()))
             await c.gather(refs)
@@ -227,7 +228,12 @@ def session(tasks: int, messages: int, repeat: int, updates: int, out: str) -> N
                 s.measure(f"tasks {mode}", s.tasks(tasks))
                 gc.collect()
                 s.measure(f"messages {mode}", s.messages(messages))
+                s.warm(s.tasks(tasks // 5, fn=ASYNC_NOOP))
+                gc.collect()
+                s.measure(f"atasks {mode}", s.tasks(tasks, fn=ASYNC_NOOP))
                 if mode == "on":  # the same with dashboard updates running among the work
+                    gc.collect()
+                    s.measure("atasks busy", s.tasks(tasks, dash=True, fn=ASYNC_NOOP))
                     gc.collect()
                     s.measure("tasks busy", s.tasks(tasks, dash=True))
                     gc.collect()
@@ -310,8 +316,10 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     got = run_callgrind(args)
     per: dict[str, list[float]] = {}
-    ops = {"tasks": args.tasks, "messages": args.messages, "update": args.updates, "scrape": args.updates}
-    n_updates = {"tasks": -(-args.tasks // TASK_BATCH), "messages": -(-args.messages // MSG_CHUNK)}
+    ops = {"tasks": args.tasks, "atasks": args.tasks, "messages": args.messages, "update": args.updates,
+           "scrape": args.updates}  # fmt: skip
+    n_updates = {"tasks": -(-args.tasks // TASK_BATCH), "atasks": -(-args.tasks // TASK_BATCH),
+                 "messages": -(-args.messages // MSG_CHUNK)}  # fmt: skip
     for label, n in got:
         per.setdefault(label, []).append(n / ops[label.split()[0]])
     res: dict[str, Any] = {"per_op": per, "load": [load0, os.getloadavg()[0]]}
@@ -321,7 +329,7 @@ def main() -> None:
     print(f"  dashboard update: {upd:,.0f} instructions (loops {', '.join(f'{x:,.0f}' for x in per['update on'])}, "
           f"spread {spread_pct(per['update on']):.2f} %)")  # fmt: skip
     print(f"  /metrics scrape:  {scrape:,.0f} instructions (spread {spread_pct(per['scrape on']):.2f} %)")
-    for kind, rate in (("tasks", args.task_rate), ("messages", args.msg_rate)):
+    for kind, rate in (("tasks", args.task_rate), ("atasks", args.task_rate), ("messages", args.msg_rate)):
         off, on = per[f"{kind} off"], per[f"{kind} on"]
         m_off, m_on = statistics.fmean(off), statistics.fmean(on)
         loop_pct = 100.0 * (m_on / m_off - 1.0)
