@@ -73,6 +73,7 @@ async def _messages(node: Any, seconds: float, sent: list[int], clock: Clock) ->
         for _ in range(2000):
             await node.send("w0", "sink", PAYLOAD)
         n += 2000
+        await asyncio.sleep(0)  # send() does not yield while the link has room: let the loop run
     sent[0] += n
     await node.request("w0", "bench.wait", sent[0], timeout=120)
     return clock.rates(n, t0)
@@ -94,7 +95,7 @@ async def _tasks(node: Any, seconds: float, clock: Clock) -> tuple[float, float]
     return clock.rates(n, t0)
 
 
-async def _set_observe(node: Any, on: bool, ports: tuple[int, int]) -> None:
+async def _set_observe(node: Any, on: bool, ports: tuple[int, int], page: bool = True) -> None:
     """Metrics and HTTP on both nodes, at the same ports each time; "on" returns once the
     dashboard page has reconnected to the worker and received an update."""
     from aionet.observe import attach
@@ -104,7 +105,7 @@ async def _set_observe(node: Any, on: bool, ports: tuple[int, int]) -> None:
         node.observer = await attach(node)
         await node.request("w0", "bench.observe", ports[1], timeout=10)
         deadline = time.monotonic() + 20
-        while not await node.request("w0", "bench.page", None, timeout=10):
+        while page and not await node.request("w0", "bench.page", None, timeout=10):
             if time.monotonic() > deadline:
                 raise SystemExit("the dashboard page did not connect to the worker")
             await asyncio.sleep(0.05)
@@ -121,6 +122,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     env = {
         "AIONET_SCHEDULER_ALLOW_MODULES": "tasks",
+        "AIONET_HTTP_INTERVAL": str(args.refresh),
         "PYTHONPATH": os.pathsep.join([str(C.BENCH_DIR), str(C.REPO_DIR)]),
     }
     argv = [sys.executable, "-m", "aionet", "serve", "--name", "w0", "--listen", f"tcp://{HOST}:0"]
@@ -129,7 +131,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # the dashboard client: connected to the worker's page whenever it serves, retrying otherwise
     reader = C.Child(
         [sys.executable, str(C.BENCH_DIR / "_observe_app.py"), "read", f"http://{HOST}:{ports[1]}"], label="dash"
-    )
+    ) if not args.no_page else None  # fmt: skip
     res: dict[str, dict[str, list[float]]] = {m: {k: [] for k in KEYS} for m in ("off", "on")}
     try:
         seed = (await asyncio.to_thread(worker.expect, "ready", 60))["addresses"][0]
@@ -142,13 +144,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             sent = [0]
             clock = Clock(worker.pid)
             for on in (False, True):  # warm-up, both modes
-                await _set_observe(node, on, ports)
+                await _set_observe(node, on, ports, not args.no_page)
                 await _messages(node, args.seconds / 4, sent, clock)
                 await _tasks(node, args.seconds / 4, clock)
             await _set_observe(node, False, ports)
             for r in range(args.pairs):
                 for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                    await _set_observe(node, mode == "on", ports)
+                    await _set_observe(node, mode == "on", ports, not args.no_page)
                     wall, cpu = await _messages(node, args.seconds, sent, clock)
                     res[mode]["msg_rate"].append(wall)
                     res[mode]["msg_per_cpu_s"].append(cpu)
@@ -165,8 +167,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await node.stop()
     finally:
-        reader.kill()
-        reader.remove_log()
+        if reader is not None:
+            reader.kill()
+            reader.remove_log()
         worker.kill()
         worker.remove_log()
     out: dict[str, Any] = {}
@@ -245,6 +248,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="each measured segment (messages, then tasks)")
     ap.add_argument("--pairs", type=int, default=10, help="off/on pairs (order alternates: off-on, on-off, ...)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-page", action="store_true", help="metrics on without a dashboard page (to tell them apart)")
+    ap.add_argument("--refresh", type=float, default=1.0, help="the worker's dashboard refresh interval, s")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.quick:
