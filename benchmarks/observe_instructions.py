@@ -2,11 +2,12 @@
 """What metrics and an open dashboard cost, in instructions (valgrind callgrind): a measure the
 shared machine's load does not move, for a bar (2 %) far below its wall-clock noise.
 
-    python benchmarks/observe_instructions.py [--repeat 3] [--tasks 2000] [--messages 20000]
-        [--task-rate 10000] [--msg-rate 130000] [--json PATH]
+    python benchmarks/observe_instructions.py --tasks 1000 --messages 10000 --repeat 4 \
+        --updates 5 --task-rate 7000 --msg-rate 130000 [--json PATH]      # ~7-16 min
 
-One process under callgrind holds two nodes over tcp:// (a client that submits no-op tasks and
-sends 64 B messages, and a worker that runs and drains them) plus a dashboard page (a plain
+One process under callgrind holds two nodes over tcp:// (a client that submits no-op tasks,
+sync ``tasks:noop`` on the worker's threads and async ``tasks:anoop`` on its loop, and sends
+64 B messages, and a worker that runs and drains them) plus a dashboard page (a plain
 HTTP client in a child process, which callgrind does not trace) reading the worker's live
 stream. Within that one run, metrics go off and on ``--repeat`` times each (order off-on,
 on-off, ...); "on" = both nodes serve ``[http]`` (registry, hook instrument, summary service)
@@ -299,12 +300,12 @@ def spread_pct(xs: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=int, default=2000)
-    ap.add_argument("--messages", type=int, default=20000)
-    ap.add_argument("--repeat", type=int, default=3, help="measured loops per mode (alternating)")
-    ap.add_argument("--updates", type=int, default=10, help="dashboard updates (and scrapes) per measured loop")
-    ap.add_argument("--task-rate", type=float, default=10000, help="no-op tasks per CPU-s (observe_overhead.py)")
-    ap.add_argument("--msg-rate", type=float, default=130000, help="64 B msg per CPU-s (observe_overhead.py)")
+    ap.add_argument("--tasks", type=int, default=1000)
+    ap.add_argument("--messages", type=int, default=10000)
+    ap.add_argument("--repeat", type=int, default=4, help="measured loops per mode (alternating)")
+    ap.add_argument("--updates", type=int, default=5, help="dashboard updates (and scrapes) per measured loop")
+    ap.add_argument("--task-rate", type=float, default=7000, help="no-op tasks/s of work (observe_overhead.py; lower: larger share)")
+    ap.add_argument("--msg-rate", type=float, default=130000, help="64 B msg/s of work (observe_overhead.py; lower: larger share)")
     ap.add_argument("--interval", type=float, default=1.0, help="the dashboard's refresh interval, s")
     ap.add_argument("--json")
     ap.add_argument("--_session", help=argparse.SUPPRESS)
