@@ -304,8 +304,12 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=4, help="measured loops per mode (alternating)")
     ap.add_argument("--updates", type=int, default=5, help="dashboard updates (and scrapes) per measured loop")
-    ap.add_argument("--task-rate", type=float, default=7000, help="no-op tasks/s of work (observe_overhead.py; lower: larger share)")
-    ap.add_argument("--msg-rate", type=float, default=130000, help="64 B msg/s of work (observe_overhead.py; lower: larger share)")
+    ap.add_argument(
+        "--task-rate", type=float, default=7000, help="no-op tasks/s of work (observe_overhead.py; lower: larger share)"
+    )
+    ap.add_argument(
+        "--msg-rate", type=float, default=130000, help="64 B msg/s of work (observe_overhead.py; lower: larger share)"
+    )
     ap.add_argument("--interval", type=float, default=1.0, help="the dashboard's refresh interval, s")
     ap.add_argument("--json")
     ap.add_argument("--_session", help=argparse.SUPPRESS)
