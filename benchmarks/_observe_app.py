@@ -1,8 +1,9 @@
 """Helpers for benchmarks/observe_*.py.
 
 ``setup`` is an ``aionet serve --app`` hook: a ``sink`` mailbox drained and counted, a
-``bench.wait`` service (returns once n messages arrived) and ``bench.observe`` (turns the node's
-metrics and HTTP server on at a port, or off with 0) so one run can alternate metrics on/off.
+``bench.wait`` service (returns once n messages arrived), ``bench.observe`` (turns the node's
+metrics and HTTP server on at a port, or off with 0) and ``bench.page`` (whether a dashboard
+page is connected), so one run can alternate metrics on/off.
 
 ``python benchmarks/_observe_app.py read URL`` is a dashboard client: it holds the page's live
 stream (/events) open and reads every update, printing ``READY {}`` after the first.
@@ -51,12 +52,19 @@ async def setup(node: Any) -> None:
             node.observer = None
         return None
 
+    def page(_: object) -> bool:
+        """Whether a dashboard page holds the live stream open and has had an update."""
+        obs = node.observer
+        return obs is not None and bool(obs._subscribers) and obs.updates > 0
+
     node.add_service("bench.wait", wait)
     node.add_service("bench.observe", observe)
+    node.add_service("bench.page", page)
 
 
 def _read(url: str) -> None:
-    """Like a browser's EventSource: read updates; when the server goes away, retry each second."""
+    """Like a browser's EventSource: read updates; when the server goes away, retry (every 0.1 s,
+    so that benchmarks switching metrics on wait little for the page to come back)."""
     import json
     import time
     import urllib.request
@@ -73,7 +81,7 @@ def _read(url: str) -> None:
                             print("FIRST {}", flush=True)
         except OSError:
             pass
-        time.sleep(1.0)
+        time.sleep(0.1)
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "read":

@@ -49,6 +49,11 @@ def noop(*_args: Any) -> None:
     return None
 
 
+async def anoop(*_args: Any) -> None:
+    """The async no-op: runs on the worker's event loop, no thread hand-off (observe_instructions.py)."""
+    return None
+
+
 def inc(x: int) -> int:
     return x + 1
 

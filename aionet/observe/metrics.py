@@ -57,6 +57,8 @@ class MetricsInstrument(Instrument):
         self.member_events: dict[str, int] = {}
         self.link_events: dict[str, int] = {}
         self.transfer_bytes: dict[tuple[str, str], int] = {}
+        self.collectives: dict[tuple[str, str], _Hist] = {}  # (op, outcome)
+        self.collective_bytes: dict[str, int] = {}
         self.request_failures = 0
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self.latencies: deque[float] = deque(maxlen=RECENT_LATENCIES)
@@ -93,6 +95,17 @@ class MetricsInstrument(Instrument):
             detail = str(info.get("reason", "")) if isinstance(info, dict) else ""
             self.recent.append({"t": self.clock(), "kind": f"link {event}", "who": peer, "detail": detail})
 
+    def collective_finished(self, group: str, op: str, nbytes: int, seconds: float, error: str | None) -> None:
+        key = (op, "ok" if error is None else _outcome("cancelled" if error == "CancelledError" else error))
+        h = self.collectives.get(key)
+        if h is None:
+            h = self.collectives[key] = _Hist()
+        h.observe(seconds)
+        self.collective_bytes[op] = self.collective_bytes.get(op, 0) + nbytes
+        if error is not None and error != "CancelledError":
+            event = {"t": self.clock(), "kind": "collective failed", "who": group, "detail": f"{op}: {error}"}
+            self.recent.append(event)
+
     def transfer_finished(self, peer: str, direction: str, nbytes: int, seconds: float, path: str) -> None:
         key = (direction, path)
         self.transfer_bytes[key] = self.transfer_bytes.get(key, 0) + nbytes
@@ -127,10 +140,12 @@ class _Hist:
         return out
 
 
-def _histogram(name: str, doc: str, series: dict[tuple[str, str], _Hist]) -> HistogramMetricFamily:
-    f = HistogramMetricFamily(name, doc, labels=["service", "outcome"])
-    for (service, outcome), h in list(series.items()):
-        f.add_metric([service, outcome], h.cumulative(), h.total)
+def _histogram(
+    name: str, doc: str, series: dict[tuple[str, str], _Hist], first: str = "service"
+) -> HistogramMetricFamily:
+    f = HistogramMetricFamily(name, doc, labels=[first, "outcome"])
+    for (key, outcome), h in list(series.items()):
+        f.add_metric([key, outcome], h.cumulative(), h.total)
     return f
 
 
@@ -169,6 +184,18 @@ class _HookCollector:
         for (d, p), v in i.transfer_bytes.items():
             f.add_metric([d, p], v)
         yield f
+        yield _histogram(
+            "aionet_collective_duration_seconds",
+            "Collective calls on this rank (allreduce, broadcast...), by op and outcome (any group).",
+            i.collectives,
+            first="op",
+        )
+        yield _counter(
+            "aionet_collective_bytes",
+            "Bytes of this rank's collective inputs, by op.",
+            "op",
+            i.collective_bytes.items(),
+        )
 
 
 def _counter(name: str, doc: str, label: str, items: Any) -> CounterMetricFamily:
@@ -200,6 +227,7 @@ class NodeCollector:
         yield from self._router(s)
         yield from self._membership(s)
         yield from self._scheduler(s)
+        yield from self._policy(node)
         yield from self._devices(s)
         yield from self._cache(node.cache.stats())
 
@@ -356,6 +384,17 @@ class NodeCollector:
             tot.add_metric([k], v)
             free.add_metric([k], w.free.get(k, 0.0))
         yield from (tot, free)
+
+    @staticmethod
+    def _policy(node: Any) -> Iterator[Metric]:
+        """The placement policy this node's tasks are placed by (join on it to see task counts by policy)."""
+        policy = getattr(getattr(getattr(node, "config", None), "scheduler", None), "policy", None)
+        if policy is not None:
+            f = GaugeMetricFamily(
+                "aionet_scheduler_policy_info", "The placement policy of this node (value 1).", labels=["policy"]
+            )
+            f.add_metric([str(policy)], 1)
+            yield f
 
     @staticmethod
     def _devices(s: NodeStats) -> Iterator[Metric]:

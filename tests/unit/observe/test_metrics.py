@@ -182,3 +182,26 @@ def test_a_death_every_member_reports_is_shown_once():
         {"t": 30.0, "kind": "dead", "who": "c", "detail": "again, after a restart", "seen_by": "a"},
     ]
     assert [(e["kind"], e["t"]) for e in _dedupe(seen)] == [("dead", 10.0), ("link lost", 10.5), ("dead", 30.0)]
+
+
+def test_collectives_are_counted_by_op_and_outcome_with_bounded_labels():
+    m = NodeMetrics(FakeNode())
+    inst = m.instrument
+    for g in range(50):  # many groups: no per-group series
+        inst.collective_finished(f"group-{g}", "allreduce", 4096, 0.002, None)
+    inst.collective_finished("g", "broadcast", 100, 0.5, "CollectiveError")
+    inst.collective_finished("g", "broadcast", 100, 0.1, "CancelledError")
+    v = _scrape(m)
+    assert v["aionet_collective_duration_seconds_count{op=allreduce,outcome=ok}"] == 50
+    assert v["aionet_collective_duration_seconds_bucket{le=0.0025,op=allreduce,outcome=ok}"] == 50
+    assert v["aionet_collective_duration_seconds_count{op=broadcast,outcome=error}"] == 1
+    assert v["aionet_collective_duration_seconds_count{op=broadcast,outcome=cancelled}"] == 1
+    assert v["aionet_collective_bytes_total{op=allreduce}"] == 50 * 4096
+    assert not any("group-" in k for k in v)
+    assert [e["kind"] for e in inst.recent] == ["collective failed"]  # a cancellation is not a failure
+
+
+def test_the_placement_policy_is_exported():
+    node = FakeNode()
+    node.config = SimpleNamespace(scheduler=SimpleNamespace(policy="least-loaded"))
+    assert _scrape(NodeMetrics(node))["aionet_scheduler_policy_info{policy=least-loaded}"] == 1
