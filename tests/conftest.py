@@ -30,7 +30,9 @@ def spawn():
 
         p = subprocess.Popen(
             [sys.executable, "-m", "aionet", "serve", "--log-level", "warning", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **(env or {})},
         )
         procs.append(p)
         line = p.stdout.readline()

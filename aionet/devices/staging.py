@@ -129,9 +129,7 @@ class Stager:
         self.backend: Any = backend
         self._own_pool = pool is None
         self.pool = (
-            pool
-            if pool is not None
-            else BufferPool(pinned=None if backend.on_device else False, devices=self._devices)
+            pool if pool is not None else BufferPool(pinned=None if backend.on_device else False, devices=self._devices)
         )
         self.chunk_bytes = min(int(chunk_bytes), self.pool.max_buffer_bytes)
         self.depth = int(depth)

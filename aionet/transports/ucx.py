@@ -603,7 +603,9 @@ class UCXTransport(Transport):
                 if allowed is not None and local_ip not in allowed:
                     log.warning(
                         "ucx connection arrived on an address this listener does not serve; refused",
-                        listener=bound, arrived_on=local_ip, peer=remote_ip,
+                        listener=bound,
+                        arrived_on=local_ip,
+                        peer=remote_ip,
                     )
                     with contextlib.suppress(Exception):
                         ep.abort(period=10**8)

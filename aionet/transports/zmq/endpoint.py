@@ -18,6 +18,7 @@ from ..base import Address
 
 log = get_logger("aionet.transports.zmq")
 
+
 def zmq_endpoint(url: str, *, bind: bool) -> str:
     """aionet URL -> zmq endpoint."""
     addr = Address.parse(url)

@@ -51,6 +51,7 @@ def zmq_error(exc: zmq.ZMQError, what: str) -> TransportError:
     err.__cause__ = exc
     return err
 
+
 class Receiver:
     """Reads the rest of a message from a socket through the wire protocol's reader.
 
