@@ -49,9 +49,10 @@ class Instrument:
         """An event of the link to ``peer``: connected, lost, left, dead or undeliverable
         (``info`` as ``node.on_connection_event`` delivers it)."""
 
-    def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str) -> None:
+    def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str, device: str = "cpu") -> None:
         """An attempt of task ``task_id`` (submitted on node ``owner``) changed state on the node
-        that runs it: fetching (its inputs), queued, running, finished."""
+        that runs it: fetching (its inputs), queued, running, finished. ``device`` is where it
+        runs: ``"cpu"``, or the GPUs it was given (``"gpu:0"``, ``"gpu:0+1"``; from running on)."""
 
     def collective_finished(self, group: str, op: str, nbytes: int, seconds: float, error: str | None) -> None:
         """A collective call on ``group`` ended on this rank: ``op`` (allreduce, broadcast, ...),
@@ -70,7 +71,7 @@ class Instruments:
     request_handled: Callable[[str, str, float, str | None], None] | None
     member_changed: Callable[[str, str, str | None, str], None] | None
     link_event: Callable[[str, str, dict[str, Any]], None] | None
-    task_changed: Callable[[str, int, int, str, str], None] | None
+    task_changed: Callable[[str, int, int, str, str, str], None] | None
     collective_finished: Callable[[str, str, int, float, str | None], None] | None
     transfer_finished: Callable[[str, str, int, float, str], None] | None
 
