@@ -13,6 +13,7 @@ and the hook, and the node carries on (trio's ``abc.Instrument`` does the same).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -109,7 +110,9 @@ class Instruments:
     def _rebuild(self) -> None:
         for hook in HOOKS:
             base = getattr(Instrument, hook)
-            bound = [(i, getattr(i, hook)) for i in self._items if getattr(type(i), hook, base) is not base]
+            bound = [
+                (i, _compat(hook, getattr(i, hook))) for i in self._items if getattr(type(i), hook, base) is not base
+            ]
             setattr(self, hook, self._fanout(hook, bound) if bound else None)
 
     def _fanout(self, hook: str, bound: list[tuple[Instrument, Callable[..., None]]]) -> Callable[..., None]:
@@ -132,6 +135,23 @@ class Instruments:
                 hook=hook,
                 error=repr(exc),
             )
+
+
+def _compat(hook: str, fn: Callable[..., None]) -> Callable[..., None]:
+    """An instrument written before ``task_changed`` gained ``device`` (five arguments) keeps
+    working: it is called without the device."""
+    if hook != "task_changed":
+        return fn
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return fn
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 6:
+        return fn
+    return lambda owner, task_id, attempt, name, state, device: fn(owner, task_id, attempt, name, state)
 
 
 __all__ = ["HOOKS", "Instrument", "Instruments"]
