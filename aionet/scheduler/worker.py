@@ -129,8 +129,7 @@ class Worker:
             raise InvalidTransition(job.name, job.state, new, "worker")
         job.state = new
         if (hook := self.sched.instruments.task_changed) is not None:
-            device = "gpu:" + "+".join(map(str, job.devices)) if job.devices else "cpu"
-            args = (job.owner, job.tid, job.attempt, job.name, new.name.lower(), device)
+            args = (job.owner, job.tid, job.attempt, job.name, new.name.lower(), job.device)
             if threading.get_ident() == self._loop_thread:
                 hook(*args)
             else:
