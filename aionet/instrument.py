@@ -13,6 +13,7 @@ and the hook, and the node carries on (trio's ``abc.Instrument`` does the same).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,9 +50,10 @@ class Instrument:
         """An event of the link to ``peer``: connected, lost, left, dead or undeliverable
         (``info`` as ``node.on_connection_event`` delivers it)."""
 
-    def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str) -> None:
+    def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str, device: str = "cpu") -> None:
         """An attempt of task ``task_id`` (submitted on node ``owner``) changed state on the node
-        that runs it: fetching (its inputs), queued, running, finished."""
+        that runs it: fetching (its inputs), queued, running, finished. ``device`` is where it
+        runs: ``"cpu"``, or the GPUs it was given (``"gpu:0"``, ``"gpu:0+1"``; from running on)."""
 
     def collective_finished(self, group: str, op: str, nbytes: int, seconds: float, error: str | None) -> None:
         """A collective call on ``group`` ended on this rank: ``op`` (allreduce, broadcast, ...),
@@ -70,7 +72,7 @@ class Instruments:
     request_handled: Callable[[str, str, float, str | None], None] | None
     member_changed: Callable[[str, str, str | None, str], None] | None
     link_event: Callable[[str, str, dict[str, Any]], None] | None
-    task_changed: Callable[[str, int, int, str, str], None] | None
+    task_changed: Callable[[str, int, int, str, str, str], None] | None
     collective_finished: Callable[[str, str, int, float, str | None], None] | None
     transfer_finished: Callable[[str, str, int, float, str], None] | None
 
@@ -108,7 +110,9 @@ class Instruments:
     def _rebuild(self) -> None:
         for hook in HOOKS:
             base = getattr(Instrument, hook)
-            bound = [(i, getattr(i, hook)) for i in self._items if getattr(type(i), hook, base) is not base]
+            bound = [
+                (i, _compat(hook, getattr(i, hook))) for i in self._items if getattr(type(i), hook, base) is not base
+            ]
             setattr(self, hook, self._fanout(hook, bound) if bound else None)
 
     def _fanout(self, hook: str, bound: list[tuple[Instrument, Callable[..., None]]]) -> Callable[..., None]:
@@ -131,6 +135,23 @@ class Instruments:
                 hook=hook,
                 error=repr(exc),
             )
+
+
+def _compat(hook: str, fn: Callable[..., None]) -> Callable[..., None]:
+    """An instrument written before ``task_changed`` gained ``device`` (five arguments) keeps
+    working: it is called without the device."""
+    if hook != "task_changed":
+        return fn
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return fn
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 6:
+        return fn
+    return lambda owner, task_id, attempt, name, state, device: fn(owner, task_id, attempt, name, state)
 
 
 __all__ = ["HOOKS", "Instrument", "Instruments"]

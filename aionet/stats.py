@@ -151,6 +151,8 @@ class MembershipStats(Stats):
     targets: tuple[str, ...]
     loop_lag_ms: float
     stalled_s: float
+    phi: Mapping[str, float] = field(default_factory=dict)  # watched member -> phi now
+    rtt_s: Mapping[str, float] = field(default_factory=dict)  # watched member -> smoothed heartbeat RTT
 
 
 @dataclass(frozen=True, slots=True)

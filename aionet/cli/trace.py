@@ -112,7 +112,7 @@ def _print_profile(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..observe.trace import profile
+    from ..observe.trace import device_profile, profile
 
     prof = profile(data)
     table = Table(title="time per node (seconds; communication share = requests made + transfers + collectives "
@@ -124,4 +124,20 @@ def _print_profile(data: dict[str, Any]) -> None:
     for name in sorted(prof):
         r = prof[name]
         table.add_row(name, *(f"{r[k]:.3f}" for k in keys), f"{r['communication_share']:.0%}")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    devices = device_profile(data)
+    if devices:
+        dt = Table(title="task time per node and device (seconds; a task on two GPUs counts on both)")
+        for col in ("node", "device", "tasks", "running"):
+            dt.add_column(col, justify="left" if col in ("node", "device") else "right")
+        for name in sorted(devices):
+            for dev in sorted(devices[name], key=_device_order):
+                d = devices[name][dev]
+                dt.add_row(name, dev, str(int(d["tasks"])), f"{d['running_s']:.3f}")
+        console.print(dt)
+
+
+def _device_order(dev: str) -> tuple[int, int]:
+    """cpu first, then GPUs by index (gpu 10 after gpu 9)."""
+    return (0, 0) if dev == "cpu" else (1, int(dev.split()[-1]) if dev.split()[-1].isdigit() else 0)

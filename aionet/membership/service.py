@@ -29,6 +29,7 @@ from .gossip import GossipQueue, LoadRelay, gossip_budget, sync_reply
 from .liveness import Liveness
 from .load import LoadReport, LoadSampler
 from .probe import DialPolicy, Prober
+from .rtt import RttEstimator
 from .suspicion import CheckConfig, Forget, Notify, check
 from .table import (
     ALIVE,
@@ -123,6 +124,7 @@ class Membership:
         self.table = MemberTable()
         self._members: dict[str, Member] = self.table.members  # the same dict, read everywhere
         self._detectors: dict[str, PhiAccrualDetector] = {}
+        self._rtt = RttEstimator()  # heartbeat -> echo round trips of the watched members
         self._gossip = GossipQueue()
         self._verifying: dict[str, asyncio.Task[None]] = {}
         self._capped_logged = False
@@ -244,9 +246,19 @@ class Membership:
         return {"node": self.name, "time": time.time(), "members": self.members(), "stats": self.stats().as_dict()}
 
     def stats(self) -> MembershipStats:
-        """Gossip and detector counters plus the loop's lag and stall."""
+        """Gossip and detector counters, the loop's lag and stall, and per watched member its
+        phi now and its smoothed heartbeat round trip (seconds; absent before the first echo)."""
         lag, targets = self.clock.lag * 1000.0, tuple(sorted(self._detectors))
-        return MembershipStats(**vars(self.counters), targets=targets, loop_lag_ms=lag, stalled_s=self.clock.stalled)
+        now = self.clock()
+        phi = {name: det.phi(now) for name, det in self._detectors.items()}
+        return MembershipStats(
+            **vars(self.counters),
+            targets=targets,
+            loop_lag_ms=lag,
+            stalled_s=self.clock.stalled,
+            phi=phi,
+            rtt_s=self._rtt.smoothed(),
+        )
 
     def state_of(self, name: str) -> str | None:
         if name == self.name:
@@ -339,6 +351,7 @@ class Membership:
 
     def _forget(self, name: str) -> None:
         self.table.forget(name)
+        self._rtt.forget(name)
         self.liveness.stalled.pop(name, None)
         self._loads.forget(name)
         self._dials.forget(name)
@@ -370,6 +383,7 @@ class Membership:
         for t in list(self._detectors):
             if t not in targets:
                 del self._detectors[t]
+                self._rtt.forget(t)
         for t in targets:
             det = self._detectors.get(t)
             if det is None:
@@ -377,6 +391,7 @@ class Membership:
             self._next_id += 1
             env = self._beat(HB, self._next_id, t)
             if self._send(t, env):
+                self._rtt.sent(t, self._next_id, self.clock.real())
                 if self._dials.connected(t) and det.elapsed() > self.cfg.interval:
                     # first heartbeat after waiting for a connection: judge it from now on
                     self._detectors[t] = self._new_detector()
@@ -434,13 +449,14 @@ class Membership:
 
     def _on_ack(self, peer: str, env: list[Any]) -> None:
         self.counters.recv_msgs += 1
-        _seq, inc, load, updates, loads = parse_beat(env)
+        seq, inc, load, updates, loads = parse_beat(env)
         if self._leaving:
             return
         det = self._detectors.get(peer)
         m = self._members.get(peer)
         if det is not None and m is not None and m.node_id == self._peer_node_id(peer):
             det.heartbeat()
+            self._rtt.echoed(peer, seq, self.clock.real())
         self._heard_from(peer, inc, load)
         self._apply_wire(updates, loads, peer)
 

@@ -336,6 +336,19 @@ class NodeCollector:
         ):
             yield CounterMetricFamily(name, doc, value=v)
         yield _gauge("aionet_heartbeat_max_phi", "Highest phi (suspicion level) over the watched members.", m.max_phi)
+        phi = GaugeMetricFamily(
+            "aionet_heartbeat_phi", "Phi (suspicion level) of each member this node watches, now.", labels=["member"]
+        )
+        for name, v in m.phi.items():
+            phi.add_metric([name], v)
+        rtt = GaugeMetricFamily(
+            "aionet_heartbeat_rtt_seconds",
+            "Smoothed round trip from a heartbeat to its echo, per watched member (RFC 6298 SRTT).",
+            labels=["member"],
+        )
+        for name, v in m.rtt_s.items():
+            rtt.add_metric([name], v)
+        yield from (phi, rtt)
         yield _gauge("aionet_loop_lag_seconds", "This node's event-loop lag.", m.loop_lag_ms / 1000.0)
         yield _gauge("aionet_loop_stalled_seconds", "Longest recent event-loop stall.", m.stalled_s)
 

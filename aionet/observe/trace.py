@@ -6,7 +6,8 @@ A :class:`TraceRecorder` is an :class:`~aionet.instrument.Instrument`: it turns 
 events) into trace events in a bounded ring buffer, so an always-on recorder (``[trace]
 enabled``) holds the last ``max_events`` and never more. ``aionet trace --connect URL`` turns a
 recorder on at every member for a while (the ``aionet.trace`` service), collects and merges
-them: one process per node, one row per kind of work, tasks on as many rows as ran at once.
+them: one process per node, one row per kind of work, tasks on as many rows as ran at once, and
+running tasks on rows of the device they ran on (the CPU slots, or each GPU they were given).
 Times are wall-clock microseconds, so nodes on one host line up exactly (across hosts, as well
 as their clocks agree).
 """
@@ -21,13 +22,15 @@ from typing import Any
 
 from ..instrument import Instrument
 
-__all__ = ["TRACE_SERVICE", "TraceRecorder", "chrome_trace", "handle_trace", "profile", "validate"]
+__all__ = ["TRACE_SERVICE", "TraceRecorder", "chrome_trace", "device_profile", "handle_trace", "profile", "validate"]
 
 TRACE_SERVICE = "aionet.trace"
 
 # rows (Chrome "threads") of a node's process
 TID_REQ_OUT, TID_REQ_IN, TID_TRANSFERS, TID_COLLECTIVES, TID_MEMBERS = 1, 2, 3, 4, 5
-TID_RUNNING, TID_QUEUED = 100, 1000  # + lane: tasks running / waiting at once
+TID_RUNNING, TID_QUEUED = 100, 1000  # + lane: tasks running on CPU slots / waiting, at once
+TID_GPU, GPU_STRIDE = 10_000, 1000  # + GPU index * stride + lane: tasks running on that GPU
+MAX_LANES = 256  # rows per kind (more tasks at once share the last row)
 ROW_NAMES = {
     TID_REQ_OUT: "requests made",
     TID_REQ_IN: "requests handled",
@@ -46,8 +49,9 @@ class TraceRecorder(Instrument):
         self.events: deque[dict[str, Any]] = deque(maxlen=max(1, max_events))
         self.recorded = 0  # events ever recorded (minus the kept ones: dropped by the ring)
         self.clock = clock
-        self._tasks: dict[tuple[str, int, int], tuple[str, float, str]] = {}  # attempt -> (state, since, name)
-        self._lanes: dict[int, list[float]] = {TID_RUNNING: [], TID_QUEUED: []}  # base -> end time of each lane
+        # attempt -> (state, since, name, device)
+        self._tasks: dict[tuple[str, int, int], tuple[str, float, str, str]] = {}
+        self._lanes: dict[int, list[float]] = {}  # a row kind's base tid -> end time of each of its lanes
 
     @property
     def dropped(self) -> int:
@@ -64,15 +68,15 @@ class TraceRecorder(Instrument):
 
     def _lane(self, base: int, start: float, end: float) -> int:
         """The lowest row of ``base``'s rows free at ``start`` (tasks at once get rows of their own)."""
-        lanes = self._lanes[base]
+        lanes = self._lanes.setdefault(base, [])
         for i, busy_until in enumerate(lanes):
             if busy_until <= start:
                 lanes[i] = end
                 return base + i
-        if len(lanes) < 256:
+        if len(lanes) < MAX_LANES:
             lanes.append(end)
             return base + len(lanes) - 1
-        return base + 255
+        return base + MAX_LANES - 1
 
     def request_finished(self, peer: str, service: str, seconds: float, error: str | None) -> None:
         now = self.clock()
@@ -101,26 +105,41 @@ class TraceRecorder(Instrument):
                    "ts": round(self.clock() * 1e6, 1), "tid": TID_MEMBERS,
                    "args": {"member": name, "previous": previous, "reason": reason}})  # fmt: skip
 
-    def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str) -> None:
+    def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str, device: str = "cpu") -> None:
         now = self.clock()
         key = (owner, task_id, attempt)
         prev = self._tasks.pop(key, None)
         if prev is not None:
-            pstate, since, pname = prev
+            pstate, since, pname, pdevice = prev
             label = _SPAN_OF_STATE.get(pstate)
-            if label is not None:
-                base = TID_RUNNING if pstate == "running" else TID_QUEUED
-                tid = self._lane(base, since, now)
-                self._span("task", pname, tid, since, now - since,
-                           {"state": label, "owner": owner, "task": task_id, "attempt": attempt})  # fmt: skip
+            args = {"state": label, "owner": owner, "task": task_id, "attempt": attempt}
+            if label is None:
+                pass
+            elif pstate != "running":
+                self._span("task", pname, self._lane(TID_QUEUED, since, now), since, now - since, args)
+            else:
+                # one span per device it held, so each GPU's row shows it busy; the profile
+                # counts the task once per node ("also": the same run on another of its GPUs)
+                for i, base in enumerate(_device_bases(pdevice)):
+                    extra = {"device": pdevice} if i == 0 else {"device": pdevice, "also": True}
+                    self._span("task", pname, self._lane(base, since, now), since, now - since, {**args, **extra})
         if state != "finished":
-            self._tasks[key] = (state, now, name)
+            self._tasks[key] = (state, now, name, device)
             if len(self._tasks) > 100_000:  # attempts that never finish (a node gone mid-task): forget the oldest
                 self._tasks.pop(next(iter(self._tasks)))
 
     # ---------------------------------------------------------------- reading
     def since(self, ts_us: float = 0.0) -> list[dict[str, Any]]:
         return [e for e in self.events if e["ts"] + e.get("dur", 0.0) >= ts_us]
+
+
+def _device_bases(device: str) -> list[int]:
+    """The row bases of a task's device: ``"cpu"`` -> the CPU rows; ``"gpu:0+1"`` -> GPU 0's and 1's."""
+    if device.startswith("gpu:"):
+        idx = [int(x) for x in device[4:].split("+") if x.isdigit() and int(x) < 1000]
+        if idx:
+            return [TID_GPU + GPU_STRIDE * i for i in idx]
+    return [TID_RUNNING]
 
 
 def handle_trace(node: Any, arg: Any) -> dict[str, Any]:
@@ -158,15 +177,19 @@ def chrome_trace(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             rows.add(int(e["tid"]))
         for tid in sorted(rows):
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": _row(tid)}})
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"producer": "aionet trace"}}
 
 
 def _row(tid: int) -> str:
     if tid in ROW_NAMES:
         return ROW_NAMES[tid]
+    if tid >= TID_GPU:
+        gpu, lane = divmod(tid - TID_GPU, GPU_STRIDE)
+        return f"gpu {gpu}: tasks running {lane}"
     if tid >= TID_QUEUED:
         return f"tasks waiting {tid - TID_QUEUED}"
-    return f"tasks running {tid - TID_RUNNING}"
+    return f"cpu: tasks running {tid - TID_RUNNING}"
 
 
 def validate(trace: Mapping[str, Any]) -> list[str]:
@@ -200,7 +223,10 @@ def profile(trace: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         s = e["dur"] / 1e6
         cat, tid = e.get("cat"), e["tid"]
         if cat == "task":
-            row["task_running_s" if TID_RUNNING <= tid < TID_QUEUED else "task_waiting_s"] += s
+            if not _is_running(e):
+                row["task_waiting_s"] += s
+            elif not e.get("args", {}).get("also"):
+                row["task_running_s"] += s
         elif cat == "request":
             row["requests_made_s" if tid == TID_REQ_OUT else "requests_handled_s"] += s
         elif cat == "transfer":
@@ -212,6 +238,30 @@ def profile(trace: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         comm = row["requests_made_s"] + row["transfers_s"] + row["collectives_s"]
         total = comm + row["task_running_s"]
         row["communication_share"] = comm / total if total > 0 else 0.0
+    return out
+
+
+def _is_running(e: Mapping[str, Any]) -> bool:
+    state = e.get("args", {}).get("state")
+    if state is not None:
+        return bool(state == "running")
+    return TID_RUNNING <= int(e["tid"]) < TID_QUEUED or int(e["tid"]) >= TID_GPU  # traces without args
+
+
+def device_profile(trace: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """node -> device (``cpu``, ``gpu 0``...) -> ``{"tasks": n, "running_s": s}``: the time tasks
+    ran on each device of each node (a task holding two GPUs counts on both)."""
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") != "X" or e.get("cat") != "task" or not _is_running(e):
+            continue
+        tid = int(e["tid"])
+        device = f"gpu {(tid - TID_GPU) // GPU_STRIDE}" if tid >= TID_GPU else "cpu"
+        node = out.setdefault(names.get(e["pid"], str(e["pid"])), {})
+        row = node.setdefault(device, {"tasks": 0.0, "running_s": 0.0})
+        row["tasks"] += 1
+        row["running_s"] += e["dur"] / 1e6
     return out
 
 

@@ -302,6 +302,11 @@ class Job:
         self.sync = False  # runs in a thread (a plain function, or executor="thread")
         self.call: Callable[..., Any] | None = None
 
+    @property
+    def device(self) -> str:
+        """Where it runs, for traces: ``"cpu"``, or the GPUs it holds (``"gpu:0"``, ``"gpu:0+1"``)."""
+        return "gpu:" + "+".join(map(str, self.devices)) if self.devices else "cpu"
+
     def spec(self) -> list[Any]:
         """This (still queued, dependencies resolved) task as a spec for another node."""
         res = None if self.res is DEFAULT_RES else self.res

@@ -129,7 +129,7 @@ class Worker:
             raise InvalidTransition(job.name, job.state, new, "worker")
         job.state = new
         if (hook := self.sched.instruments.task_changed) is not None:
-            args = (job.owner, job.tid, job.attempt, job.name, new.name.lower())
+            args = (job.owner, job.tid, job.attempt, job.name, new.name.lower(), job.device)
             if threading.get_ident() == self._loop_thread:
                 hook(*args)
             else:

@@ -43,6 +43,7 @@ async def test_metrics_pass_promtool_and_count_real_traffic():
         for i in range(50):
             await a.send("b", "inbox", b"x" * 64)
             await a.request("b", "aionet.echo", i)
+        await wait_for(lambda: "b" in a.stats().membership.rtt_s, 10)  # a heartbeat to b was echoed
         status, body, ctype = await asyncio.to_thread(get, a.observer.url + "/metrics")
         assert status == 200 and ctype.startswith("text/plain")
         promtool = need("promtool", "prometheus")
@@ -58,6 +59,10 @@ async def test_metrics_pass_promtool_and_count_real_traffic():
         ok = samples[("aionet_request_duration_seconds_count", (("outcome", "ok"), ("service", "aionet.echo")))]
         assert ok == 50
         assert samples[("aionet_members", (("state", "alive"),))] == 2
+        # heartbeats are echoed: a real round trip on loopback, far under a heartbeat interval
+        rtt = samples[("aionet_heartbeat_rtt_seconds", (("member", "b"),))]
+        assert 0 < rtt < 0.5, rtt
+        assert samples[("aionet_heartbeat_phi", (("member", "b"),))] >= 0
         # b handled those requests: its own histogram says so
         _, body_b, _ = await asyncio.to_thread(get, b.observer.url + "/metrics")
         assert 'aionet_handler_duration_seconds_count{outcome="ok",service="aionet.echo"} 50.0' in body_b.decode()

@@ -43,7 +43,7 @@ class Recorder(Instrument):
     def link_event(self, peer: str, event: str, info: dict[str, Any]) -> None:
         self._rec("link_event", peer, event)
 
-    def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str) -> None:
+    def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str, device: str) -> None:
         self._rec("task_changed", owner, task_id, state)
 
     def transfer_finished(self, peer: str, direction: str, nbytes: int, seconds: float, path: str) -> None:

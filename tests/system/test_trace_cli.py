@@ -49,6 +49,10 @@ async def test_trace_records_every_member_while_work_runs(spawn, tmp_path) -> No
     assert sorted(procs.values()) == ["driver", "w1"]
     cats = {(procs[e["pid"]], e.get("cat")) for e in data["traceEvents"] if e["ph"] == "X"}
     assert {("driver", "request"), ("w1", "request"), ("w1", "task"), ("driver", "collective")} <= cats
+    rows = {(procs[e["pid"]], e["args"]["name"]) for e in data["traceEvents"] if e["name"] == "thread_name"}
+    assert ("w1", "cpu: tasks running 0") in rows  # the tasks asked no GPU: they ran on w1's CPU track
+    assert "task time per node and device" in stdout
+    assert any(line.split()[:2] == ["│", "w1"] and "cpu" in line for line in stdout.splitlines()), stdout
     again = subprocess.run([sys.executable, "-m", "aionet", "trace", "--read", str(out)], capture_output=True,
                            text=True, timeout=60)  # fmt: skip
     assert again.returncode == 0 and "w1" in again.stdout

@@ -64,3 +64,25 @@ def test_an_instrument_that_raises_is_removed_and_the_others_still_run() -> None
 def test_only_instruments_are_accepted() -> None:
     with pytest.raises(TypeError, match="subclass it"):
         Instruments([object()])  # type: ignore[list-item]
+
+
+def test_a_task_hook_written_before_the_device_argument_still_gets_called() -> None:
+    """task_changed gained ``device``: an instrument with the old five-argument hook keeps
+    working (called without it); one with six gets it."""
+    old_seen: list[str] = []
+    new_seen: list[str] = []
+
+    class Old(Instrument):
+        def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str) -> None:  # type: ignore[override]
+            old_seen.append(state)
+
+    class New(Instrument):
+        def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str, device: str) -> None:
+            new_seen.append(device)
+
+    old, new = Old(), New()
+    mux = Instruments([old, new])
+    assert mux.task_changed is not None
+    mux.task_changed("o", 1, 1, "f", "running", "gpu:0")
+    assert old_seen == ["running"] and new_seen == ["gpu:0"]
+    assert list(mux) == [old, new]  # neither was removed as broken

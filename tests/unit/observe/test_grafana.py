@@ -30,6 +30,7 @@ def exported() -> set[str]:
     i.link_event("p0", "lost", {})
     i.task_changed("a", 1, 0, "f", "queued")
     i.transfer_finished("p0", "send", 10, 0.1, "staged")
+    i.collective_finished("g", "allreduce", 4096, 0.002, None)
     return {s.name for fam in text_string_to_metric_families(m.exposition().decode()) for s in fam.samples}
 
 
@@ -63,3 +64,16 @@ def test_the_checker_catches_a_wrong_name():
         "aionet_mesages_sent_total"
     }
     assert "aionet_mesages_sent_total" not in exported()
+
+
+def test_the_dashboard_charts_what_issue_15_lists():
+    """Heartbeat RTT and phi, and the collective series, each have a panel (not only exist)."""
+    [dash] = [json.loads(p.read_text()) for p in DASHBOARDS if p.name == "aionet-cluster.json"]
+    used = {n for panel in dash["panels"] for t in panel["targets"] for n in metric_names(t["expr"])}
+    assert {
+        "aionet_heartbeat_rtt_seconds",
+        "aionet_heartbeat_phi",
+        "aionet_collective_duration_seconds_bucket",
+        "aionet_collective_duration_seconds_count",
+        "aionet_collective_bytes_total",
+    } <= used

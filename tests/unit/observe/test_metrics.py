@@ -43,7 +43,9 @@ def _stats(peers: int = 2) -> NodeStats:
         peers={f"p{i}": PeerStats("alive", (f"tcp://h{i}:1",), 100, 5, 6, 1, link, ()) for i in range(peers)},
         router=RouterStats(("echo",), {"jobs": 4}, {"jobs": 256}, 1, 2),
         device=DeviceTransferStats(sent_staged=3, pool=BufferPoolStats(9, 2, 7, 0, 1, 4096, 1 << 20, 1, 1, 0, True, 0)),
-        membership=MembershipStats(10, 0, 9, 1, 0, 0, 2, 0.7, ("p0",), 3.0, 0.01),
+        membership=MembershipStats(
+            10, 0, 9, 1, 0, 0, 2, 0.7, ("p0",), 3.0, 0.01, phi={"p0": 0.4}, rtt_s={"p0": 0.0012}
+        ),
         scheduler=SchedulerStats(
             owner=OwnerStats(5, 3, 1, 0, 0, 0, 0, 0, 0, 1, 0, {}),
             worker=WorkerStats(4, 3, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, {"cpu": 2.0}, {"cpu": 1.0}),
@@ -98,6 +100,8 @@ def test_values_come_from_stats_in_base_units():
     assert v["aionet_gpu_utilization_ratio{gpu=0}"] == 0.5
     assert v["aionet_cache_entries"] == 3
     assert v["aionet_uptime_seconds"] == 12.5
+    assert v["aionet_heartbeat_rtt_seconds{member=p0}"] == pytest.approx(0.0012)
+    assert v["aionet_heartbeat_phi{member=p0}"] == pytest.approx(0.4)
     assert v["process_resident_memory_bytes"] > 0
 
 

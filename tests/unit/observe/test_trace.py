@@ -8,7 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aionet.observe.trace import (
+    GPU_STRIDE,
     TID_COLLECTIVES,
+    TID_GPU,
     TID_QUEUED,
     TID_REQ_IN,
     TID_REQ_OUT,
@@ -16,6 +18,7 @@ from aionet.observe.trace import (
     TID_TRANSFERS,
     TraceRecorder,
     chrome_trace,
+    device_profile,
     profile,
     validate,
 )
@@ -88,9 +91,45 @@ def test_merged_trace_is_valid_json_with_named_processes_and_rows() -> None:
     meta = {(e["pid"], e["name"]): e["args"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert meta[(1, "process_name")] == {"name": "a-node"} and meta[(2, "process_name")] == {"name": "b-node"}
     rows = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
-    assert rows == {"requests made", "requests handled", "tasks running 0"}
+    assert rows == {"requests made", "requests handled", "cpu: tasks running 0"}
     prof = profile(trace)
     assert prof["a-node"]["requests_handled_s"] == 0.005 and prof["b-node"]["requests_made_s"] == 0.01
+
+
+def test_running_tasks_get_a_track_per_device_and_the_profile_sums_per_node_and_device() -> None:
+    """A GPU task runs on its GPU's row (each GPU it holds, for a multi-GPU one); a CPU task on
+    the CPU rows; the node total counts each task once, the device rows count device time."""
+    clock = Clock()
+    rec = TraceRecorder("w", clock=clock)
+    rec.task_changed("o", 1, 1, "o:1", "queued")
+    clock.t += 0.5
+    rec.task_changed("o", 1, 1, "o:1", "running", "gpu:1")
+    rec.task_changed("o", 2, 1, "o:2", "running", "cpu")
+    rec.task_changed("o", 3, 1, "o:3", "running", "gpu:0+1")  # two GPUs at once
+    clock.t += 2.0
+    for tid in (1, 2, 3):
+        rec.task_changed("o", tid, 1, f"o:{tid}", "finished", "cpu")
+    rows = {(e["name"], e["tid"]) for e in rec.events if e["args"]["state"] == "running"}
+    assert rows == {
+        ("o:1", TID_GPU + GPU_STRIDE),  # gpu 1, lane 0
+        ("o:2", TID_RUNNING),
+        ("o:3", TID_GPU),  # gpu 0, lane 0
+        ("o:3", TID_GPU + GPU_STRIDE + 1),  # gpu 1, lane 1: o:1 holds lane 0 at the same time
+    }
+    trace = json.loads(json.dumps(chrome_trace([{"node": "w", "events": list(rec.events)}])))
+    assert validate(trace) == []
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert {"gpu 0: tasks running 0", "gpu 1: tasks running 0", "gpu 1: tasks running 1"} <= names
+    assert {"cpu: tasks running 0", "tasks waiting 0"} <= names
+    prof = profile(trace)["w"]
+    assert prof["task_running_s"] == 6.0 and prof["task_waiting_s"] == 0.5  # o:3 counted once
+    assert device_profile(trace) == {
+        "w": {
+            "cpu": {"tasks": 1, "running_s": 2.0},
+            "gpu 0": {"tasks": 1, "running_s": 2.0},
+            "gpu 1": {"tasks": 2, "running_s": 4.0},
+        }
+    }
 
 
 def test_validate_names_what_perfetto_would_reject() -> None:

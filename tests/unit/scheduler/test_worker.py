@@ -104,11 +104,11 @@ def test_illegal_edge_raises(host: FakeHost) -> None:
 
 def test_task_changed_hook_sees_every_transition_on_the_loop(host: FakeHost) -> None:
     """The ``task_changed`` instrument hook gets the same path the transition table checks."""
-    seen: list[tuple[str, int, int, str, str]] = []
+    seen: list[tuple[str, int, int, str, str, str]] = []
 
     class Rec(Instrument):
-        def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str) -> None:
-            seen.append((owner, task_id, attempt, name, state))
+        def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str, device: str) -> None:
+            seen.append((owner, task_id, attempt, name, state, device))
 
     host.instruments.add(Rec())
     w = Worker(host)  # type: ignore[arg-type]
@@ -119,3 +119,24 @@ def test_task_changed_hook_sees_every_transition_on_the_loop(host: FakeHost) -> 
     host.loop.run_soon()
     assert [s[4] for s in seen] == ["queued", "running", "finished"]
     assert {s[:3] for s in seen} == {("own", 7, 1)}
+    assert {s[5] for s in seen} == {"cpu"}  # asked no GPU
+
+
+def test_task_changed_hook_names_the_gpus_a_task_was_given(host: FakeHost) -> None:
+    """Traces put a GPU task on its GPU's row: the hook says which GPUs it holds once running."""
+    seen: list[tuple[int, str, str]] = []
+
+    class Rec(Instrument):
+        def task_changed(self, owner: str, task_id: int, attempt: int, name: str, state: str, device: str) -> None:
+            seen.append((task_id, state, device))
+
+    host.instruments.add(Rec())
+    w = Worker(host)  # type: ignore[arg-type]
+    w.start({"cpu": 4.0, "gpu": 2.0})
+    w.accept("own", [spec(1, "tests.tasks_fns:async_add", [1, 2], res={"gpu": 1.0})], local=False)
+    w.accept("own", [spec(2, "tests.tasks_fns:async_add", [1, 2], res={"gpu": 1.0})], local=False)
+    host.loop.real.run_until_complete(asyncio.gather(w.jobs[("own", 1)].task, w.jobs[("own", 2)].task))
+    host.loop.run_soon()
+    running = {tid: device for tid, state, device in seen if state == "running"}
+    assert sorted(running.values()) == ["gpu:0", "gpu:1"]  # distinct GPUs, one each
+    assert {device for _, state, device in seen if state == "queued"} == {"cpu"}  # none held yet
