@@ -11,8 +11,9 @@ import inspect
 import time
 import traceback
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from itertools import islice, repeat
+from types import CoroutineType
 from typing import Any
 
 from ..codecs.envelope import ERR, REP
@@ -20,10 +21,14 @@ from ..config import LinkSection
 from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
 from ..instrument import Instruments
 from ..stats import RouterStats
+from .ports import INLINE_MARK
 
 # envelope kinds and their layouts: codecs/envelope.py
 
 Handler = Callable[[Any], Any]
+# how a service's handler runs (Router.add_service decides): inline on the reader, as a task
+# per request, or inline until it returns a coroutine (only that part gets a task)
+SYNC, ASYNC, INLINE = 0, 1, 2
 PRUNE_MAILBOXES_FROM = 1024  # idle mailboxes are forgotten once a node has this many
 Reply = Callable[[int, list[Any]], Awaitable[None] | None]  # reply(kind, fields); None when done
 
@@ -195,7 +200,7 @@ class Router:
         self.mailbox_size = mailbox_size
         self.mailbox_bytes = mailbox_bytes
         self.log = log
-        self.services: dict[str, tuple[Handler, bool]] = {}
+        self.services: dict[str, tuple[Handler, int]] = {}
         self.mailboxes: dict[str, Mailbox] = {}
         # Peers name channels, so per-channel bounds alone would let one peer hold
         # channels x mailbox_bytes: each peer's waiting messages, over all channels, are
@@ -219,10 +224,19 @@ class Router:
 
     # ------------------------------------------------------------------ services
     def add_service(self, name: str, fn: Handler) -> None:
+        """A coroutine function runs as a task per request; a plain function answers inline on
+        the connection's reader; one marked with :func:`~aionet.core.ports.inline_handler` answers inline unless it
+        returns a coroutine, which then finishes as a task (and counts against
+        ``max_concurrent_requests`` like an async handler)."""
         if not callable(fn):
             raise TypeError(f"service {name!r}: handler must be callable")
-        is_async = inspect.iscoroutinefunction(fn)
-        self.services[name] = (fn, is_async)
+        if inspect.iscoroutinefunction(fn):
+            mode = ASYNC
+        elif getattr(fn, INLINE_MARK, False):
+            mode = INLINE
+        else:
+            mode = SYNC
+        self.services[name] = (fn, mode)
 
     def mailbox(self, channel: str) -> Mailbox:
         mb = self.mailboxes.get(channel)
@@ -378,9 +392,14 @@ class Router:
         entry = self.services.get(service)
         if entry is None:
             raise RemoteError("aionet.ServiceNotFound", self._not_found(service), "", self.node_name)
-        fn, is_async = entry
+        fn, mode = entry
         try:
-            return (await fn(payload)) if is_async else fn(payload)
+            if mode == ASYNC:
+                return await fn(payload)
+            out = fn(payload)
+            if mode == INLINE and type(out) is CoroutineType:
+                out = await out
+            return out
         except Exception as exc:
             raise RemoteError(_type_name(exc), str(exc), traceback.format_exc(), self.node_name) from exc
 
@@ -388,45 +407,79 @@ class Router:
         return f"no service {service!r} on node {self.node_name!r}; services: {', '.join(sorted(self.services))}"
 
     def on_request(self, rid: Any, service: Any, payload: Any, reply: Reply, peer: str = "") -> Awaitable[None] | None:
-        """Handle REQ from ``peer``. Sync handlers answer inline; async ones get a task.
+        """Handle REQ from ``peer``. Sync handlers answer inline; async ones get a task;
+        inline ones (:func:`~aionet.core.ports.inline_handler`) answer inline or get a task for what they return.
 
         Returns None once the request is handled or started. Returns an awaitable, and does
-        not start it, when ``peer`` already has ``max_concurrent_requests`` async handlers
-        running: the caller stops reading from that peer, awaits it, then hands the same
-        request in again. (``reply`` must not block: it returns None or an awaitable that
-        is finished on a task of its own.)"""
+        not start it, when ``peer`` already has ``max_concurrent_requests`` async (or inline)
+        handlers running: the caller stops reading from that peer, awaits it, then hands the
+        same request in again. (``reply`` must not block: it returns None or an awaitable
+        that is finished on a task of its own.)"""
         entry = self.services.get(service)
         if entry is None:
             self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
             return None
-        fn, is_async = entry
+        fn, mode = entry
         if self.instruments.request_handled is not None:
-            fn = self._timed(fn, is_async, str(service), peer)
-        if is_async:
+            fn = self._timed(fn, mode, str(service), peer)
+        if mode != SYNC:
             running = self.running.get(peer, 0)
             if running >= self.max_concurrent_requests:
                 return self._slot(peer)
-            self.running[peer] = running + 1
-            task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply, peer))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-            return None
+            if mode == ASYNC:
+                self._start(fn, rid, payload, reply, peer, running)
+                return None
         try:
             result = fn(payload)
         except Exception as exc:
             self._spawn_reply(reply(ERR, _error_fields(rid, exc)))
             return None
+        if mode == INLINE and type(result) is CoroutineType:  # it must wait: finish on a task
+            self._start(_awaited, rid, result, reply, peer, self.running.get(peer, 0))
+            return None
         self._spawn_reply(reply(REP, [rid, result]))
         return None
 
-    def _timed(self, fn: Handler, is_async: bool, service: str, peer: str) -> Handler:
+    def _start(self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int) -> None:
+        """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers."""
+        self.running[peer] = running + 1
+        task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply, peer))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _timed(self, fn: Handler, mode: int, service: str, peer: str) -> Handler:
         """``fn`` wrapped to report its duration and outcome to the ``request_handled`` hook."""
 
         def report(t0: float, exc: BaseException | None) -> None:
             if (hook := self.instruments.request_handled) is not None:
                 hook(peer, service, time.perf_counter() - t0, None if exc is None else _type_name(exc))
 
-        if is_async:
+        if mode == INLINE:
+
+            async def rest(t0: float, coro: Coroutine[Any, Any, Any]) -> Any:
+                try:
+                    out = await coro
+                except BaseException as exc:
+                    report(t0, exc)
+                    raise
+                report(t0, None)
+                return out
+
+            def timed_inline(arg: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    out = fn(arg)
+                except BaseException as exc:
+                    report(t0, exc)
+                    raise
+                if type(out) is CoroutineType:
+                    return rest(t0, out)
+                report(t0, None)
+                return out
+
+            return timed_inline
+
+        if mode == ASYNC:
 
             async def timed_async(arg: Any) -> Any:
                 t0 = time.perf_counter()
@@ -510,6 +563,11 @@ class Router:
             self.log.info("reply dropped: the caller is gone", rid=rid)
         except AionetError as exc:
             await _quiet(reply(ERR, _error_fields(rid, exc)))
+
+
+async def _awaited(coro: Coroutine[Any, Any, Any]) -> Any:
+    """What an inline handler returned, awaited (the ``fn`` that :meth:`Router._answer` runs)."""
+    return await coro
 
 
 async def _quiet(aw: Awaitable[None] | None) -> None:
