@@ -340,10 +340,9 @@ class Link:
         seq, ack = st.stamp()
         frame = encode_send_batch(self._pack, seq, ack, self._bch, items)
         nbytes = len(frame)
-        if self._ack_timer is not None:  # the ack rides on this envelope
-            self._ack_timer.cancel()
-            self._ack_timer = None
-            self._bytes_owed = 0
+        # the ack rides on this envelope; an armed ack timer is left to find nothing owed
+        # (cancelling and re-arming one per request cost as much as a loop iteration)
+        self._bytes_owed = 0
         st.record(seq, [frame], nbytes)
         self.sent_bytes += nb
         c = self.current
@@ -405,10 +404,7 @@ class Link:
             st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
             st.ack_owed = owed  # nothing went out, so no ack was piggybacked either
             raise
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None
-            self._bytes_owed = 0
+        self._bytes_owed = 0  # the ack rides on this envelope (see _seal)
         st.record(seq, frames, nbytes)
         self.sent_bytes += nbytes
         c = self.current
@@ -534,7 +530,8 @@ class Link:
                 fut.set_result(None)
 
     def received(self, nbytes: int) -> None:
-        """After delivering a batch: ack now if much arrived, else within ack_delay."""
+        """After delivering a batch: ack now if much arrived, else within ack_delay (by the
+        timer already armed, if any: it may fire sooner, never later)."""
         if self.state.ack_owed == 0:
             return
         self._bytes_owed += nbytes

@@ -187,6 +187,91 @@ class Mailbox:
         return self._bytes
 
 
+class _Deadlines:
+    """Request timeouts without a timer per request (arming and cancelling one cost about as
+    much as a loop iteration, on every request): one deque of ``(deadline, rid, service)`` per
+    distinct timeout, in deadline order since the clock only rises, and one timer for the
+    earliest deadline of a request still pending. Answered requests are dropped from the
+    front when that timer fires, and by a compaction when the deques grow past twice what
+    is pending (so memory follows the requests in flight, not the request rate)."""
+
+    __slots__ = ("_at", "_compact_at", "_handle", "_n", "_pending", "_queues")
+
+    def __init__(self, pending: dict[int, tuple[asyncio.Future[Any], str]]) -> None:
+        self._pending = pending
+        self._queues: dict[float, deque[tuple[float, int, str]]] = {}
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = float("inf")  # when the armed timer fires
+        self._n = 0  # entries over all queues
+        self._compact_at = 1024
+
+    def add(self, loop: asyncio.AbstractEventLoop, rid: int, service: str, timeout: float) -> None:
+        deadline = loop.time() + timeout
+        q = self._queues.get(timeout)
+        if q is None:
+            q = self._queues[timeout] = deque()
+        q.append((deadline, rid, service))
+        self._n += 1
+        if deadline < self._at:
+            self._arm(loop, deadline)
+        elif self._n > self._compact_at:
+            self._compact()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._at = at
+        self._handle = loop.call_at(at, self._fire, loop)
+
+    def _compact(self) -> None:
+        pending = self._pending
+        n = 0
+        for timeout, q in list(self._queues.items()):
+            live = deque(e for e in q if e[1] in pending)
+            if live:
+                self._queues[timeout] = live
+                n += len(live)
+            else:
+                del self._queues[timeout]
+        self._n = n
+        self._compact_at = max(1024, 2 * n)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = None
+        self._at = float("inf")
+        now = loop.time()
+        pending = self._pending
+        nxt = float("inf")
+        for timeout, q in list(self._queues.items()):
+            while q:
+                deadline, rid, service = q[0]
+                entry = pending.get(rid)
+                if entry is None or entry[0].done():
+                    q.popleft()  # answered or forgotten
+                    self._n -= 1
+                    continue
+                if deadline > now:
+                    nxt = min(nxt, deadline)
+                    break
+                q.popleft()
+                self._n -= 1
+                del pending[rid]
+                fut, peer = entry
+                fut.set_exception(TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s"))
+            if not q:
+                del self._queues[timeout]
+        if nxt != float("inf"):
+            self._arm(loop, nxt)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._at = float("inf")
+        self._queues.clear()
+        self._n = 0
+
+
 class Router:
     def __init__(self, node_name: str, cfg: LinkSection, log: Any, instruments: Instruments | None = None):
         """``cfg``: the ``[link]`` section (mailbox and concurrency bounds)."""
@@ -214,6 +299,7 @@ class Router:
         self._prune_at = PRUNE_MAILBOXES_FROM
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
+        self._deadlines = _Deadlines(self.pending)
         self._next_id = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         # async handlers running per requesting peer, bounded by max_concurrent_requests; a
@@ -317,13 +403,20 @@ class Router:
                     f.set_result(None)
 
     # ------------------------------------------------------------------ requests
-    def new_request(self, peer: str, service: str = "") -> tuple[int, asyncio.Future[Any]]:
+    def new_request(
+        self, peer: str, service: str = "", timeout: float | None = None
+    ) -> tuple[int, asyncio.Future[Any]]:
+        """A request id and the future its reply resolves. With ``timeout`` the future fails
+        with TimeoutError that many seconds from now unless answered (or forgotten) first."""
         self._next_id += 1
         rid = self._next_id
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         self.pending[rid] = (fut, peer)
         if self.instruments.request_finished is not None:
             self._timing[rid] = (peer, service, time.perf_counter(), fut)
+        if timeout is not None:
+            self._deadlines.add(loop, rid, service, timeout)
         return rid, fut
 
     def forget(self, rid: int) -> None:
@@ -342,7 +435,10 @@ class Router:
             error: str | None = "cancelled"
         else:
             exc = fut.exception()
-            error = None if exc is None else getattr(exc, "remote_type", None) or type(exc).__name__
+            if isinstance(exc, TimeoutError):  # its deadline (_Deadlines): a timeout counts as cancelled
+                error = "cancelled"
+            else:
+                error = None if exc is None else getattr(exc, "remote_type", None) or type(exc).__name__
         hook(peer, service, time.perf_counter() - t0, error)
 
     def stats(self) -> RouterStats:
@@ -368,6 +464,7 @@ class Router:
             if not fut.done():
                 fut.set_exception(PeerUnavailable(f"{p}: {why}"))
         self.pending.clear()
+        self._deadlines.close()
 
     # ------------------------------------------------------------------ dispatch
     def on_reply(self, kind: int, rid: Any, body: list[Any], peer: str) -> None:
