@@ -50,6 +50,7 @@ from .link_state import LinkState, plan_resume
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
+_FLAT_MAX = 8  # a list payload of up to this many such items is packed inline too
 # Small SENDs to one channel within one loop iteration share an envelope (codecs/batch.py):
 # payloads of these types are packed at once by the strict packer (any other type, or a
 # container holding one, takes the serializer's path as its own envelope, in order)
@@ -69,6 +70,20 @@ REJECT_RATE = 50e6
 # [limits] keys that bound what a receiver accepts; a peer advertises its values in its
 # handshake (features["limits"]) so a sender fails such a message at once (see Link.post)
 SIZE_LIMITS = ("max_message_bytes", "max_frame_bytes", "max_header_bytes", "max_frames")
+
+
+def _flat(items: list[Any]) -> bool:
+    """A short list of what packs inline under any serializer setting (scalars, short bytes
+    and str: the cache's requests and replies): the link's own packer takes it, skipping the
+    serializer's walk, as it takes a plain payload."""
+    if len(items) > _FLAT_MAX:
+        return False
+    for x in items:
+        t = type(x)
+        if t in _PLAIN or ((t is bytes or t is str) and len(x) < _PLAIN_MAX):
+            continue
+        return False
+    return True
 
 
 def nbytes_of(frames: list[Any]) -> int:
@@ -383,7 +398,11 @@ class Link:
         t = type(payload)
         extra = raw_max = 0
         try:
-            if t in _PLAIN or ((t is bytes or t is str) and len(payload) < _PLAIN_MAX):
+            if (
+                t in _PLAIN
+                or ((t is bytes or t is str) and len(payload) < _PLAIN_MAX)
+                or (t is list and _flat(payload))
+            ):
                 # every envelope field but the payload is an int or str: no walk needed
                 try:
                     frames = [self._pack([kind, seq, ack, *fields])]
