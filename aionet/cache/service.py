@@ -211,7 +211,9 @@ class CacheService:
             return 0
         if op == OP_DEL and e is None:
             return 0
-        version, rec = self._apply(op, key, value, self.store.next_version(key), ttl, pin, fence, e)
+        floor = self.store.floor  # store.next_version(key), without peeking at the key again
+        version = (e.version if e is not None and e.version > floor else floor) + 1
+        version, rec = self._apply(op, key, value, version, ttl, pin, fence, e)
         if len(owners) > 1:
             return self._replicated(owners, rec, version)
         return version
@@ -275,7 +277,8 @@ class CacheService:
             value = freeze(value, copy=False)
             self.store.apply(key, value, version, ttl=ttl, pinned=bool(pin), fences=fences)
             rec = [key, version, value, -1.0 if ttl is None else float(ttl), bool(pin), fences, False]
-            self._release_claim(key)
+            if self._claims:
+                self._release_claim(key)
         if self._subs:
             self._notify(key, version, op, value)
         return version, rec
