@@ -258,6 +258,7 @@ class _Deadlines:
                 del pending[rid]
                 fut, peer = entry
                 fut.set_exception(TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s"))
+                fut.exception()  # retrieved: a caller that gave up meanwhile (its own timeout) leaves no warning
             if not q:
                 del self._queues[timeout]
         if nxt != float("inf"):
