@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import os
 import pstats
 import re
@@ -36,77 +37,88 @@ OPS = ("put", "get", "local_get", "request", "request_t")
 VALUE = b"x" * 16
 
 
-async def run_once(op: str, n: int, concurrency: int, profile: bool) -> float:
+async def setup(op: str, concurrency: int) -> tuple[Any, Any, Any]:
+    """Two nodes, keys placed, warmed up; returns (the op's coroutine over n, client, server)."""
     import aionet
     from aionet.config import Config
 
     cfg = Config.from_dict({"cache": {"replicas": 1}}, env={})
-    async with aionet.Node(name="server", listen="tcp://127.0.0.1:0", config=cfg) as b:
-        b.add_service("bench.echo", lambda x: x)
-        async with aionet.Node(name="client", listen="tcp://127.0.0.1:0", join=[b.address], config=cfg) as a:
-            cache = a.cache
-            while len(cache.service.placement.members) < 2:
-                await asyncio.sleep(0.01)
-            remote = [k for k in (f"k{i}" for i in range(4000)) if cache.owners(k) == ("server",)][:1000]
-            local = [k for k in (f"m{i}" for i in range(4000)) if cache.owners(k) == ("client",)][:1000]
-            await asyncio.sleep(cache.cfg.settle)  # past the settle window after joining
-            for k in remote + local:
-                await cache.put(k, VALUE)
-            payload = b"x" * 64
+    b = aionet.Node(name="server", listen="tcp://127.0.0.1:0", config=cfg)
+    await b.start()
+    b.add_service("bench.echo", lambda x: x)
+    a = aionet.Node(name="client", listen="tcp://127.0.0.1:0", join=[b.address], config=cfg)
+    await a.start()
+    cache = a.cache
+    while len(cache.service.placement.members) < 2:
+        await asyncio.sleep(0.01)
+    remote = [k for k in (f"k{i}" for i in range(4000)) if cache.owners(k) == ("server",)][:1000]
+    local = [k for k in (f"m{i}" for i in range(4000)) if cache.owners(k) == ("client",)][:1000]
+    await asyncio.sleep(cache.cfg.settle)  # past the settle window after joining
+    for k in remote + local:
+        await cache.put(k, VALUE)
+    payload = b"x" * 64
+    calls = {
+        "put": lambda i: cache.put(remote[i % 1000], VALUE),
+        "get": lambda i: cache.get(remote[i % 1000]),
+        "local_get": lambda i: cache.get(local[i % 1000]),
+        "request": lambda _i: a.request("server", "bench.echo", payload),
+        "request_t": lambda _i: a.request("server", "bench.echo", payload, timeout=5.0),
+    }
+    call = calls[op]
+    for i in range(2000):  # warm-up
+        await call(i)
 
-            def make(o: str) -> Any:
-                if o == "put":
-                    return lambda i: cache.put(remote[i % 1000], VALUE)
-                if o == "get":
-                    return lambda i: cache.get(remote[i % 1000])
-                if o == "local_get":
-                    return lambda i: cache.get(local[i % 1000])
-                if o == "request":
-                    return lambda _i: a.request("server", "bench.echo", payload)
-                return lambda _i: a.request("server", "bench.echo", payload, timeout=5.0)
+    async def run(n: int) -> None:
+        it = iter(range(n))
 
-            call = make(op)
-            it = iter(range(n))
-
-            async def worker() -> None:
-                for i in it:
-                    await call(i)
-
-            for i in range(min(n, 2000)):  # warm-up
+        async def worker() -> None:
+            for i in it:
                 await call(i)
-            prof = cProfile.Profile() if profile else None
-            t0 = time.perf_counter()
-            if prof is not None:
-                prof.enable()
-            if concurrency == 1:
-                await worker()
-            else:
-                await asyncio.gather(*(worker() for _ in range(concurrency)))
-            if prof is not None:
-                prof.disable()
-            dt = time.perf_counter() - t0
-            if prof is not None:
-                pstats.Stats(prof).sort_stats("tottime").print_stats(30)
-            return dt
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    return run, a, b
 
 
-def callgrind(ops: list[str], small: int, large: int, concurrency: int) -> None:
-    """Instructions per op: the difference between two runs, divided by the extra ops (so
-    start-up, joining and the warm-up cancel out)."""
+def measure(op: str, n: int, concurrency: int, profile: bool) -> float:
+    """Seconds for ``n`` ops. The measured loop alone runs inside ``functools.reduce``, so
+    callgrind's ``--toggle-collect=functools_reduce`` counts it and nothing else."""
+    from aionet.runner import loop_factory
+
+    loop = loop_factory()()
+    try:
+        run, a, b = loop.run_until_complete(setup(op, concurrency))
+        prof = cProfile.Profile() if profile else None
+        t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        functools.reduce(lambda _acc, _x: loop.run_until_complete(run(n)), [0], None)
+        if prof is not None:
+            prof.disable()
+        dt = time.perf_counter() - t0
+        if prof is not None:
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        loop.run_until_complete(a.stop())
+        loop.run_until_complete(b.stop())
+        return dt
+    finally:
+        loop.close()
+
+
+def callgrind(ops: list[str], n: int, concurrency: int) -> None:
+    """Instructions per op: only the measured loop is counted (start-up, joining and the
+    warm-up are not)."""
     with tempfile.TemporaryDirectory() as d:
         for op in ops:
-            irs = []
-            for n in (small, large):
-                out = os.path.join(d, f"cg.{op}.{n}")
-                cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__]
-                cmd += ["--op", op, "-n", str(n), "--concurrency", str(concurrency)]
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-                m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
-                if m is None:
-                    raise SystemExit(f"no instruction count in valgrind's output:\n{proc.stderr[-2000:]}")
-                irs.append(int(m.group(1)))
-            per = (irs[1] - irs[0]) / (large - small)
-            print(f"op={op} concurrency={concurrency}: {per:,.0f} instructions per op", flush=True)
+            out = os.path.join(d, f"cg.{op}")
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no"]
+            cmd += ["--toggle-collect=functools_reduce", sys.executable, __file__]
+            cmd += ["--op", op, "-n", str(n), "--concurrency", str(concurrency)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
+            if m is None:
+                raise SystemExit(f"no instruction count in valgrind's output:\n{proc.stderr[-2000:]}")
+            print(f"op={op} concurrency={concurrency}: {int(m.group(1)) / n:,.0f} instructions per op", flush=True)
 
 
 def main() -> None:
@@ -119,11 +131,9 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(OPS), help="with --callgrind: which ops (comma-separated)")
     args = ap.parse_args()
     if args.callgrind:
-        callgrind(args.ops.split(","), 2_000, 6_000, args.concurrency)
+        callgrind(args.ops.split(","), min(args.n, 5_000), args.concurrency)
         return
-    import aionet
-
-    dt = aionet.run(run_once(args.op, args.n, args.concurrency, args.profile))
+    dt = measure(args.op, args.n, args.concurrency, args.profile)
     print(f"op={args.op} concurrency={args.concurrency}: {1e6 * dt / args.n:.1f} us per op ({args.n} ops)")
 
 
