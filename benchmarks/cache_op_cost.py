@@ -42,7 +42,13 @@ async def setup(op: str, concurrency: int) -> tuple[Any, Any, Any]:
     import aionet
     from aionet.config import Config
 
-    cfg = Config.from_dict({"cache": {"replicas": 1}}, env={})
+    # background timers (heartbeats, load publishing) slowed down: under valgrind a run lasts
+    # a minute, and their instructions would otherwise be counted as the ops'
+    quiet = {
+        "heartbeat": {"interval": 5.0, "load_interval": 30.0},
+        "scheduler": {"steal": False, "steal_interval": 30.0},
+    }
+    cfg = Config.from_dict({"cache": {"replicas": 1}, **quiet}, env={})
     b = aionet.Node(name="server", listen="tcp://127.0.0.1:0", config=cfg)
     await b.start()
     b.add_service("bench.echo", lambda x: x)
