@@ -569,24 +569,14 @@ class Node:
         p = self._peers.get(peer)
         link = p.link if p is not None else None
         if link is not None and link.dead is None and link.can_post():
-            # the usual case: nothing to wait for but the reply, so a timer on the reply's
-            # future bounds the call (cheaper than asyncio.timeout's per-call task bookkeeping)
+            # the usual case: nothing to wait for but the reply, whose future the router fails
+            # with TimeoutError at the deadline (no timer per request, no asyncio.timeout)
             router = self.router
-            rid, fut = router.new_request(peer, service)
-            handle = None
+            rid, fut = router.new_request(peer, service, timeout)
             try:
                 aw = link.post(REQ, [rid, service, obj])
                 if aw is None:
-                    handle = asyncio.get_running_loop().call_later(timeout, fut.cancel)
-                    try:
-                        return await fut
-                    except asyncio.CancelledError:
-                        # the timer cancelled the reply's future (reported as "cancelled", as
-                        # asyncio.timeout would), or this task was cancelled: tell them apart
-                        task = asyncio.current_task()
-                        if handle.cancelled() or task is None or task.cancelling():
-                            raise
-                        raise _expired(peer, service, timeout) from None
+                    return await fut
             except StagingRequired:
                 pass  # device arrays: the general path below stages them
             else:
@@ -601,8 +591,6 @@ class Node:
                         raise
                     raise _expired(peer, service, timeout) from None
             finally:
-                if handle is not None:
-                    handle.cancel()
                 router.forget(rid)
         # the timeout bounds the whole call: dialing, waiting for window space or for the
         # transport to drain, staging, and the reply

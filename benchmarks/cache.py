@@ -6,7 +6,8 @@ The server side is a child process in both cases: ``redis-server`` (no persisten
 port, and an aionet node (``cache.replicas = 1``) started by this script with ``--serve``. The
 client is this process: a redis.asyncio client, and an aionet node joined to the server node.
 Keys are chosen so that the server node is their only replica (every get and put is remote);
-"local get" reads keys this node holds. Measured, ``--repeat`` times (median and spread):
+"local get" reads keys this node holds. Measured, ``--repeat`` times (median and spread),
+each aionet measurement followed at once by the same one against redis (interleaved):
 
 1. put/SET and get/GET of small values (16 bytes), one at a time (unpipelined);
 2. the same with 16 concurrent callers;
@@ -29,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +79,13 @@ async def rate(op: Any, n: int, concurrency: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-async def bench_redis(n: int, repeat: int) -> dict[str, list[float]]:
+@contextlib.asynccontextmanager
+async def redis_client(enabled: bool) -> AsyncIterator[Any]:
+    """A redis.asyncio client on a fresh local redis-server (no persistence); None when not
+    ``enabled`` (redis-server or redis-py missing)."""
+    if not enabled:
+        yield None
+        return
     import redis.asyncio as redis
 
     port = free_port()
@@ -93,74 +101,85 @@ async def bench_redis(n: int, repeat: int) -> dict[str, list[float]]:
                 await r.ping()
                 break
             await asyncio.sleep(0.025)
-        value = b"x" * 16
-        out: dict[str, list[float]] = {"put": [], "get": [], "put16": [], "get16": []}
-        for _ in range(repeat):
-            out["put"].append(await rate(lambda i: r.set(f"k{i % 1000}", value), n, 1))
-            out["get"].append(await rate(lambda i: r.get(f"k{i % 1000}"), n, 1))
-            out["put16"].append(await rate(lambda i: r.set(f"k{i % 1000}", value), n, 16))
-            out["get16"].append(await rate(lambda i: r.get(f"k{i % 1000}"), n, 16))
-        await r.aclose()
-        return out
+        try:
+            yield r
+        finally:
+            await r.aclose()
     finally:
         proc.terminate()
         proc.wait(timeout=5)
 
 
-async def bench_aionet(n: int, repeat: int) -> dict[str, Any]:
+async def bench(n: int, repeat: int, with_redis: bool) -> tuple[dict[str, Any], dict[str, list[float]] | None]:
+    """Both systems, interleaved: each measurement of aionet is followed by the same one of
+    redis, so a change in the machine's load moves both sides of a ratio alike."""
     import numpy as np
 
+    with C.Child(C.python_argv(__file__, "--serve"), label="server") as child:
+        async with redis_client(with_redis) as r:
+            return await _bench(n, repeat, child, r, np)
+
+
+async def _bench(
+    n: int, repeat: int, child: Any, r: Any, np: Any
+) -> tuple[dict[str, Any], dict[str, list[float]] | None]:
     import aionet
     from aionet.config import Config
 
-    with C.Child(C.python_argv(__file__, "--serve"), label="server") as child:
-        addr = child.expect("READY", timeout=30)["address"]
-        cfg = Config.from_dict({"cache": {"replicas": 1, "max_bytes": "1GiB"}}, env={})
-        node = aionet.Node(name="client", listen=f"tcp://{HOST}:0", join=[addr], config=cfg)
-        await node.start()
-        try:
-            cache = node.cache
-            t0 = time.monotonic()
-            while len(cache.service.placement.members) < 2 and time.monotonic() - t0 < 10:
-                await asyncio.sleep(0.01)
-            keys = [k for k in (f"k{i}" for i in range(4000)) if cache.owners(k) == ("server",)][:1000]
-            mine = [k for k in (f"m{i}" for i in range(4000)) if cache.owners(k) == ("client",)][:1000]
-            await asyncio.sleep(cache.cfg.settle)  # past the settle window after joining (no replica asks)
-            value = b"x" * 16
-            for k in mine:
-                await cache.put(k, value)
-            out: dict[str, Any] = {"put": [], "get": [], "put16": [], "get16": [], "local_get": []}
-            for _ in range(repeat):
-                out["put"].append(await rate(lambda i: cache.put(keys[i % len(keys)], value), n, 1))
-                out["get"].append(await rate(lambda i: cache.get(keys[i % len(keys)]), n, 1))
-                out["put16"].append(await rate(lambda i: cache.put(keys[i % len(keys)], value), n, 16))
-                out["get16"].append(await rate(lambda i: cache.get(keys[i % len(keys)]), n, 16))
-                out["local_get"].append(await rate(lambda i: cache.get(mine[i % len(mine)]), n * 5, 1))
-            # 64 MiB array: local (same memory) and remote vs the raw request of the same bytes
-            arr = np.ones(BIG // 8)
-            big_local = next(k for k in (f"b{i}" for i in range(100)) if cache.owners(k) == ("client",))
-            big_remote = next(k for k in (f"b{i}" for i in range(100)) if cache.owners(k) == ("server",))
-            await cache.put(big_local, arr)
-            await cache.put(big_remote, arr)
-            x, y = await cache.get(big_local), await cache.get(big_local)
-            out["big_same_memory"] = bool(np.shares_memory(x, y) and not x.flags.writeable)
+    addr = child.expect("READY", timeout=30)["address"]
+    cfg = Config.from_dict({"cache": {"replicas": 1, "max_bytes": "1GiB"}}, env={})
+    node = aionet.Node(name="client", listen=f"tcp://{HOST}:0", join=[addr], config=cfg)
+    await node.start()
+    try:
+        cache = node.cache
+        t0 = time.monotonic()
+        while len(cache.service.placement.members) < 2 and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.01)
+        keys = [k for k in (f"k{i}" for i in range(4000)) if cache.owners(k) == ("server",)][:1000]
+        mine = [k for k in (f"m{i}" for i in range(4000)) if cache.owners(k) == ("client",)][:1000]
+        await asyncio.sleep(cache.cfg.settle)  # past the settle window after joining (no replica asks)
+        value = b"x" * 16
+        for k in mine:
+            await cache.put(k, value)
+        out: dict[str, Any] = {"put": [], "get": [], "put16": [], "get16": [], "local_get": []}
+        rout: dict[str, list[float]] | None = None if r is None else {k: [] for k in ("put", "get", "put16", "get16")}
+        plan = [
+            ("put", 1, lambda i: cache.put(keys[i % len(keys)], value), lambda i: r.set(f"k{i % 1000}", value)),
+            ("get", 1, lambda i: cache.get(keys[i % len(keys)]), lambda i: r.get(f"k{i % 1000}")),
+            ("put16", 16, lambda i: cache.put(keys[i % len(keys)], value), lambda i: r.set(f"k{i % 1000}", value)),
+            ("get16", 16, lambda i: cache.get(keys[i % len(keys)]), lambda i: r.get(f"k{i % 1000}")),
+        ]
+        for _ in range(repeat):
+            for key, conc, aop, rop in plan:
+                out[key].append(await rate(aop, n, conc))
+                if rout is not None:
+                    rout[key].append(await rate(rop, n, conc))
+            out["local_get"].append(await rate(lambda i: cache.get(mine[i % len(mine)]), n * 5, 1))
+        # 64 MiB array: local (same memory) and remote vs the raw request of the same bytes
+        arr = np.ones(BIG // 8)
+        big_local = next(k for k in (f"b{i}" for i in range(100)) if cache.owners(k) == ("client",))
+        big_remote = next(k for k in (f"b{i}" for i in range(100)) if cache.owners(k) == ("server",))
+        await cache.put(big_local, arr)
+        await cache.put(big_remote, arr)
+        x, y = await cache.get(big_local), await cache.get(big_local)
+        out["big_same_memory"] = bool(np.shares_memory(x, y) and not x.flags.writeable)
+        t = time.perf_counter()
+        await cache.get(big_local)
+        out["big_local_s"] = time.perf_counter() - t
+        out["big_remote"], out["big_raw"] = [], []
+        await node.request("server", "bench.big", None)  # warm-up: the first large reply sizes buffers
+        await cache.get(big_remote)
+        for _ in range(max(repeat, 3)):
             t = time.perf_counter()
-            await cache.get(big_local)
-            out["big_local_s"] = time.perf_counter() - t
-            out["big_remote"], out["big_raw"] = [], []
-            await node.request("server", "bench.big", None)  # warm-up: the first large reply sizes buffers
-            await cache.get(big_remote)
-            for _ in range(max(repeat, 3)):
-                t = time.perf_counter()
-                await node.request("server", "bench.big", None)
-                out["big_raw"].append(BIG / (time.perf_counter() - t))
-                t = time.perf_counter()
-                got = await cache.get(big_remote)
-                out["big_remote"].append(BIG / (time.perf_counter() - t))
-                assert got.nbytes == BIG
-            return out
-        finally:
-            await node.stop()
+            await node.request("server", "bench.big", None)
+            out["big_raw"].append(BIG / (time.perf_counter() - t))
+            t = time.perf_counter()
+            got = await cache.get(big_remote)
+            out["big_remote"].append(BIG / (time.perf_counter() - t))
+            assert got.nbytes == BIG
+        return out, rout
+    finally:
+        await node.stop()
 
 
 def main() -> None:
@@ -177,14 +196,13 @@ def main() -> None:
     C.install_cleanup()
     n, repeat = (1000, 2) if args.quick else (args.n, args.repeat)
     results: dict[str, Any] = {"environment": C.environment(), "n": n, "repeat": repeat}
-    a = C.run_async(bench_aionet(n, repeat))
-    results["aionet"] = a
     have_redis = shutil.which("redis-server") is not None
     try:
         import redis  # noqa: F401
     except ImportError:
         have_redis = False
-    r = C.run_async(bench_redis(n, repeat)) if have_redis else None
+    a, r = C.run_async(bench(n, repeat, have_redis))
+    results["aionet"] = a
     results["redis"] = r
     rows = []
     for key, label in [

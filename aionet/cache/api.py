@@ -250,6 +250,14 @@ class Cache:
             raise ValueError("ttl must be positive seconds (or None: no expiry)")
         fence_f = _fence(fence)
         svc = self.service
+        start = loop_time()
+        primary = svc.placement.primary(key)
+        failed: Exception | None = None
+        if primary != self.name:  # the usual case, without the retry loop's closure and frames
+            try:
+                return await svc.call(primary, SVC_WRITE, [op, key, value, expect, ttl, pin, fence_f, MAX_HOPS])  # type: ignore[no-any-return]
+            except (PeerUnavailable, TimeoutError) as exc:
+                failed = exc
 
         async def once() -> int:
             primary = svc.placement.primary(key)
@@ -257,7 +265,7 @@ class Cache:
             payload = [op, key, v, expect, ttl, pin, fence_f, MAX_HOPS]
             return await svc.call(primary, SVC_WRITE, payload)  # type: ignore[no-any-return]
 
-        return await self._retrying(once)
+        return await self._retrying(once, start, failed)
 
     # ------------------------------------------------------------------ reads
     async def get(self, key: str, default: Any = None, *, copy: bool = False) -> Any:
@@ -274,24 +282,31 @@ class Cache:
     async def _read(self, key: str, copy: bool) -> tuple[int, Any]:
         svc = self.service
         _check_key(key)
-        if self.name in svc.placement.owners(key):
+        owners = svc.placement.owners(key)
+        if self.name in owners:
             e = svc.store.get(key)
             if e is not None:
                 return e.version, _copy(e.value) if copy else e.value
+        start = loop_time()
+        try:  # the first round without the retry loop's closure and frames (the usual case)
+            return await self._read_from(key, copy, owners)
+        except (PeerUnavailable, TimeoutError) as exc:
+            failed = exc
+        return await self._retrying(lambda: self._read_from(key, copy, svc.placement.owners(key)), start, failed)
 
-        async def once() -> tuple[int, Any]:
-            last: Exception | None = None
-            for peer in svc.placement.owners(key):
-                try:
-                    version, value = await svc.call(peer, SVC_READ, [key])
-                    if version < 0:
-                        version, value = await svc.call(peer, SVC_READ_SLOW, [key, MAX_HOPS])
-                    return version, _copy(value) if copy and peer == self.name else value
-                except (PeerUnavailable, TimeoutError) as exc:
-                    last = exc
-            raise last or PeerUnavailable(f"no replica of {key!r} reachable")
-
-        return await self._retrying(once)
+    async def _read_from(self, key: str, copy: bool, owners: tuple[str, ...]) -> tuple[int, Any]:
+        """One round: ask each replica in turn until one answers."""
+        svc = self.service
+        last: Exception | None = None
+        for peer in owners:
+            try:
+                version, value = await svc.call(peer, SVC_READ, [key])
+                if version < 0:
+                    version, value = await svc.call(peer, SVC_READ_SLOW, [key, MAX_HOPS])
+                return version, _copy(value) if copy and peer == self.name else value
+            except (PeerUnavailable, TimeoutError) as exc:
+                last = exc
+        raise last or PeerUnavailable(f"no replica of {key!r} reachable")
 
     async def get_or_load(
         self, key: str, loader: Callable[[], Any], ttl: float | None = None, *, timeout: float | None = None
@@ -504,20 +519,26 @@ class Cache:
             ends = started + lease.ttl
 
     # ------------------------------------------------------------------ helpers
-    async def _retrying(self, once: Callable[[], Awaitable[Any]]) -> Any:
+    async def _retrying(
+        self, once: Callable[[], Awaitable[Any]], start: float | None = None, failed: Exception | None = None
+    ) -> Any:
         """Run ``once`` until it answers, retrying while the target is unreachable (membership
-        moves the key to its next replica) for up to ``cache.request_timeout`` s."""
+        moves the key to its next replica) for up to ``cache.request_timeout`` s from ``start``
+        (default: now). ``failed``: the caller's own first try failed so (back off first)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.request_timeout
+        deadline = (loop.time() if start is None else start) + self.cfg.request_timeout
         delay = 0.01
         while True:
-            try:
-                return await once()
-            except (PeerUnavailable, TimeoutError):
-                if loop.time() + delay > deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.25)
+            if failed is None:
+                try:
+                    return await once()
+                except (PeerUnavailable, TimeoutError) as exc:
+                    failed = exc
+            if loop.time() + delay > deadline:
+                raise failed
+            failed = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
 
     def stats(self) -> dict[str, Any]:
         s = self.service

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from ..core.ports import Clock, MemberEventInfo, MemberEvents, Messaging, loop_time
+from ..core.ports import Clock, MemberEventInfo, MemberEvents, Messaging, inline_handler, loop_time
 from ..core.tasks import OwnedTasks
 from ..errors import PeerUnavailable, RemoteError
 from ..log import get_logger
@@ -195,9 +195,33 @@ class CacheService:
             return False
 
     # ------------------------------------------------------------------ handlers: data
-    async def _h_write(self, arg: list[Any]) -> int:
+    @inline_handler
+    def _h_write(self, arg: list[Any]) -> int | Coroutine[Any, Any, int]:
+        """A write at the key's primary, answered inline in the common case (this node is the
+        primary, no keys moving, no etcd, no fence, no other replica to wait for); otherwise
+        a coroutine that waits for what it must (see :meth:`_write_slow`)."""
         op, key, value, expect, ttl, pin, fence, hops = arg
         owners = self.placement.owners(key)
+        if fence is not None or self.coord is not None or (owners[0] != self.name and hops > 0):
+            return self._write_slow(arg, owners)
+        e = self.store.peek(key)
+        if e is None and self.unsettled():
+            return self._write_slow(arg, owners)
+        if op == OP_CAS and (e.version if e is not None else 0) != expect:
+            return 0
+        if op == OP_DEL and e is None:
+            return 0
+        floor = self.store.floor  # store.next_version(key), without peeking at the key again
+        version = (e.version if e is not None and e.version > floor else floor) + 1
+        version, rec = self._apply(op, key, value, version, ttl, pin, fence, e)
+        if len(owners) > 1:
+            return self._replicated(owners, rec, version)
+        return version
+
+    async def _write_slow(self, arg: list[Any], owners: tuple[str, ...]) -> int:
+        """The write path that may wait: forwarding to the primary, pulling a key that may be
+        moving, checking a fence, or etcd as the authority."""
+        op, key, value, expect, ttl, pin, fence, hops = arg
         if owners[0] != self.name and hops > 0:
             return await self.call(owners[0], SVC_WRITE, [op, key, value, expect, ttl, pin, fence, hops - 1])  # type: ignore[no-any-return]
         if self.store.peek(key) is None and self.unsettled():
@@ -228,6 +252,20 @@ class CacheService:
     ) -> int:
         """Apply a decided write here (as ``version``), tell watchers, and answer once the
         other replicas hold it."""
+        version, rec = self._apply(op, key, value, version, ttl, pin, fence, e)
+        await self._replicate(owners, [rec], [])
+        return version
+
+    async def _replicated(self, owners: tuple[str, ...], rec: list[Any], version: int) -> int:
+        """``version``, once the other replicas hold the write (the inline write's tail)."""
+        await self._replicate(owners, [rec], [])
+        return version
+
+    def _apply(
+        self, op: int, key: str, value: Any, version: int, ttl: Any, pin: Any, fence: Any, e: Entry | None
+    ) -> tuple[int, list[Any]]:
+        """Apply a decided write here (as ``version``) and tell watchers; returns the version
+        and the entry record to replicate."""
         if op == OP_DEL:
             self.store.remove(key, version)
             rec = [key, version, None, -1.0, False, {}, True]
@@ -239,11 +277,11 @@ class CacheService:
             value = freeze(value, copy=False)
             self.store.apply(key, value, version, ttl=ttl, pinned=bool(pin), fences=fences)
             rec = [key, version, value, -1.0 if ttl is None else float(ttl), bool(pin), fences, False]
-            self._release_claim(key)
+            if self._claims:
+                self._release_claim(key)
         if self._subs:
             self._notify(key, version, op, value)
-        await self._replicate(owners, [rec], [])
-        return version
+        return version, rec
 
     async def _write_etcd(
         self, op: int, key: str, value: Any, expect: int, ttl: Any, pin: Any, fence: Any, owners: tuple[str, ...]

@@ -148,7 +148,7 @@ class Store:
         if old is not None and old.version >= version:
             return False
         size = (sizeof(value) if nbytes is None else nbytes) + ENTRY_OVERHEAD
-        if size > self.max_bytes - self._pinned_bytes(exclude=key):
+        if size > self.max_bytes - self.pinned_bytes and size > self.max_bytes - self._pinned_bytes(exclude=key):
             raise CacheFull(
                 f"cache entry {key!r} ({size} bytes) does not fit in this node's cache budget "
                 f"(cache.max_bytes = {self.max_bytes}, {self._pinned_bytes()} bytes pinned): raise cache.max_bytes "
@@ -162,7 +162,8 @@ class Store:
         self.nbytes += size
         if pinned:
             self.pinned_bytes += size
-        self._evict()
+        if self.nbytes > self.max_bytes:
+            self._evict()
         return True
 
     def remove(self, key: str, version: int) -> bool:

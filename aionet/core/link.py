@@ -50,6 +50,7 @@ from .link_state import LinkState, plan_resume
 BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
+_FLAT_MAX = 8  # a list payload of up to this many such items is packed inline too
 # Small SENDs to one channel within one loop iteration share an envelope (codecs/batch.py):
 # payloads of these types are packed at once by the strict packer (any other type, or a
 # container holding one, takes the serializer's path as its own envelope, in order)
@@ -69,6 +70,20 @@ REJECT_RATE = 50e6
 # [limits] keys that bound what a receiver accepts; a peer advertises its values in its
 # handshake (features["limits"]) so a sender fails such a message at once (see Link.post)
 SIZE_LIMITS = ("max_message_bytes", "max_frame_bytes", "max_header_bytes", "max_frames")
+
+
+def _flat(items: list[Any]) -> bool:
+    """A short list of what packs inline under any serializer setting (scalars, short bytes
+    and str: the cache's requests and replies): the link's own packer takes it, skipping the
+    serializer's walk, as it takes a plain payload."""
+    if len(items) > _FLAT_MAX:
+        return False
+    for x in items:
+        t = type(x)
+        if t in _PLAIN or ((t is bytes or t is str) and len(x) < _PLAIN_MAX):
+            continue
+        return False
+    return True
 
 
 def nbytes_of(frames: list[Any]) -> int:
@@ -340,10 +355,9 @@ class Link:
         seq, ack = st.stamp()
         frame = encode_send_batch(self._pack, seq, ack, self._bch, items)
         nbytes = len(frame)
-        if self._ack_timer is not None:  # the ack rides on this envelope
-            self._ack_timer.cancel()
-            self._ack_timer = None
-            self._bytes_owed = 0
+        # the ack rides on this envelope; an armed ack timer is left to find nothing owed
+        # (cancelling and re-arming one per request cost as much as a loop iteration)
+        self._bytes_owed = 0
         st.record(seq, [frame], nbytes)
         self.sent_bytes += nb
         c = self.current
@@ -384,7 +398,11 @@ class Link:
         t = type(payload)
         extra = raw_max = 0
         try:
-            if t in _PLAIN or ((t is bytes or t is str) and len(payload) < _PLAIN_MAX):
+            if (
+                t in _PLAIN
+                or ((t is bytes or t is str) and len(payload) < _PLAIN_MAX)
+                or (t is list and _flat(payload))
+            ):
                 # every envelope field but the payload is an int or str: no walk needed
                 try:
                     frames = [self._pack([kind, seq, ack, *fields])]
@@ -405,10 +423,7 @@ class Link:
             st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
             st.ack_owed = owed  # nothing went out, so no ack was piggybacked either
             raise
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None
-            self._bytes_owed = 0
+        self._bytes_owed = 0  # the ack rides on this envelope (see _seal)
         st.record(seq, frames, nbytes)
         self.sent_bytes += nbytes
         c = self.current
@@ -534,7 +549,8 @@ class Link:
                 fut.set_result(None)
 
     def received(self, nbytes: int) -> None:
-        """After delivering a batch: ack now if much arrived, else within ack_delay."""
+        """After delivering a batch: ack now if much arrived, else within ack_delay (by the
+        timer already armed, if any: it may fire sooner, never later)."""
         if self.state.ack_owed == 0:
             return
         self._bytes_owed += nbytes

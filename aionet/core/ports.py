@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+INLINE_MARK = "__aionet_inline__"  # the attribute inline_handler sets and the router reads
 
 ControlHandler = Callable[[str, list[Any]], None]
 ConnListener = Callable[[str, str, dict[str, Any]], None]
@@ -36,6 +39,15 @@ class Messaging(Protocol):
     def add_service(self, name: str, fn: Callable[..., Any]) -> None: ...
 
     def register_type(self, cls: type, name: str | None = None) -> type: ...
+
+
+def inline_handler(fn: F) -> F:
+    """Mark a plain (not ``async def``) service handler that answers inline when it can and
+    returns a coroutine only when it must wait: the common case then costs what a sync
+    handler costs (no task per request), the rare one runs as an async handler would
+    (a task, counted against ``link.max_concurrent_requests``). Works on methods too."""
+    setattr(fn, INLINE_MARK, True)
+    return fn
 
 
 class ControlChannel(Protocol):

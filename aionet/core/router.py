@@ -11,8 +11,9 @@ import inspect
 import time
 import traceback
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from itertools import islice, repeat
+from types import CoroutineType
 from typing import Any
 
 from ..codecs.envelope import ERR, REP
@@ -20,10 +21,14 @@ from ..config import LinkSection
 from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
 from ..instrument import Instruments
 from ..stats import RouterStats
+from .ports import INLINE_MARK
 
 # envelope kinds and their layouts: codecs/envelope.py
 
 Handler = Callable[[Any], Any]
+# how a service's handler runs (Router.add_service decides): inline on the reader, as a task
+# per request, or inline until it returns a coroutine (only that part gets a task)
+SYNC, ASYNC, INLINE = 0, 1, 2
 PRUNE_MAILBOXES_FROM = 1024  # idle mailboxes are forgotten once a node has this many
 Reply = Callable[[int, list[Any]], Awaitable[None] | None]  # reply(kind, fields); None when done
 
@@ -197,6 +202,92 @@ class Mailbox:
         return self._bytes
 
 
+class _Deadlines:
+    """Request timeouts without a timer per request (arming and cancelling one cost about as
+    much as a loop iteration, on every request): one deque of ``(deadline, rid, service)`` per
+    distinct timeout, in deadline order since the clock only rises, and one timer for the
+    earliest deadline of a request still pending. Answered requests are dropped from the
+    front when that timer fires, and by a compaction when the deques grow past twice what
+    is pending (so memory follows the requests in flight, not the request rate)."""
+
+    __slots__ = ("_at", "_compact_at", "_handle", "_n", "_pending", "_queues")
+
+    def __init__(self, pending: dict[int, tuple[asyncio.Future[Any], str]]) -> None:
+        self._pending = pending
+        self._queues: dict[float, deque[tuple[float, int, str]]] = {}
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = float("inf")  # when the armed timer fires
+        self._n = 0  # entries over all queues
+        self._compact_at = 1024
+
+    def add(self, loop: asyncio.AbstractEventLoop, rid: int, service: str, timeout: float) -> None:
+        deadline = loop.time() + timeout
+        q = self._queues.get(timeout)
+        if q is None:
+            q = self._queues[timeout] = deque()
+        q.append((deadline, rid, service))
+        self._n += 1
+        if deadline < self._at:
+            self._arm(loop, deadline)
+        elif self._n > self._compact_at:
+            self._compact()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._at = at
+        self._handle = loop.call_at(at, self._fire, loop)
+
+    def _compact(self) -> None:
+        pending = self._pending
+        n = 0
+        for timeout, q in list(self._queues.items()):
+            live = deque(e for e in q if e[1] in pending)
+            if live:
+                self._queues[timeout] = live
+                n += len(live)
+            else:
+                del self._queues[timeout]
+        self._n = n
+        self._compact_at = max(1024, 2 * n)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = None
+        self._at = float("inf")
+        now = loop.time()
+        pending = self._pending
+        nxt = float("inf")
+        for timeout, q in list(self._queues.items()):
+            while q:
+                deadline, rid, service = q[0]
+                entry = pending.get(rid)
+                if entry is None or entry[0].done():
+                    q.popleft()  # answered or forgotten
+                    self._n -= 1
+                    continue
+                if deadline > now:
+                    nxt = min(nxt, deadline)
+                    break
+                q.popleft()
+                self._n -= 1
+                del pending[rid]
+                fut, peer = entry
+                fut.set_exception(TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s"))
+                fut.exception()  # retrieved: a caller that gave up meanwhile (its own timeout) leaves no warning
+            if not q:
+                del self._queues[timeout]
+        if nxt != float("inf"):
+            self._arm(loop, nxt)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._at = float("inf")
+        self._queues.clear()
+        self._n = 0
+
+
 class Router:
     def __init__(self, node_name: str, cfg: LinkSection, log: Any, instruments: Instruments | None = None):
         """``cfg``: the ``[link]`` section (mailbox and concurrency bounds)."""
@@ -210,7 +301,7 @@ class Router:
         self.mailbox_size = mailbox_size
         self.mailbox_bytes = mailbox_bytes
         self.log = log
-        self.services: dict[str, tuple[Handler, bool]] = {}
+        self.services: dict[str, tuple[Handler, int]] = {}
         self.mailboxes: dict[str, Mailbox] = {}
         # channel -> fn(sender, obj) that takes its messages as they arrive (see on_channel)
         self.consumers: dict[str, Callable[[str, Any], None]] = {}
@@ -226,6 +317,7 @@ class Router:
         self._prune_at = PRUNE_MAILBOXES_FROM
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
+        self._deadlines = _Deadlines(self.pending)
         self._next_id = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         # async handlers running per requesting peer, bounded by max_concurrent_requests; a
@@ -236,10 +328,19 @@ class Router:
 
     # ------------------------------------------------------------------ services
     def add_service(self, name: str, fn: Handler) -> None:
+        """A coroutine function runs as a task per request; a plain function answers inline on
+        the connection's reader; one marked with :func:`~aionet.core.ports.inline_handler` answers inline unless it
+        returns a coroutine, which then finishes as a task (and counts against
+        ``max_concurrent_requests`` like an async handler)."""
         if not callable(fn):
             raise TypeError(f"service {name!r}: handler must be callable")
-        is_async = inspect.iscoroutinefunction(fn)
-        self.services[name] = (fn, is_async)
+        if inspect.iscoroutinefunction(fn):
+            mode = ASYNC
+        elif getattr(fn, INLINE_MARK, False):
+            mode = INLINE
+        else:
+            mode = SYNC
+        self.services[name] = (fn, mode)
 
     def mailbox(self, channel: str) -> Mailbox:
         mb = self.mailboxes.get(channel)
@@ -346,13 +447,20 @@ class Router:
                     f.set_result(None)
 
     # ------------------------------------------------------------------ requests
-    def new_request(self, peer: str, service: str = "") -> tuple[int, asyncio.Future[Any]]:
+    def new_request(
+        self, peer: str, service: str = "", timeout: float | None = None
+    ) -> tuple[int, asyncio.Future[Any]]:
+        """A request id and the future its reply resolves. With ``timeout`` the future fails
+        with TimeoutError that many seconds from now unless answered (or forgotten) first."""
         self._next_id += 1
         rid = self._next_id
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         self.pending[rid] = (fut, peer)
         if self.instruments.request_finished is not None:
             self._timing[rid] = (peer, service, time.perf_counter(), fut)
+        if timeout is not None:
+            self._deadlines.add(loop, rid, service, timeout)
         return rid, fut
 
     def forget(self, rid: int) -> None:
@@ -371,7 +479,10 @@ class Router:
             error: str | None = "cancelled"
         else:
             exc = fut.exception()
-            error = None if exc is None else getattr(exc, "remote_type", None) or type(exc).__name__
+            if isinstance(exc, TimeoutError):  # its deadline (_Deadlines): a timeout counts as cancelled
+                error = "cancelled"
+            else:
+                error = None if exc is None else getattr(exc, "remote_type", None) or type(exc).__name__
         hook(peer, service, time.perf_counter() - t0, error)
 
     def stats(self) -> RouterStats:
@@ -397,6 +508,7 @@ class Router:
             if not fut.done():
                 fut.set_exception(PeerUnavailable(f"{p}: {why}"))
         self.pending.clear()
+        self._deadlines.close()
 
     # ------------------------------------------------------------------ dispatch
     def on_reply(self, kind: int, rid: Any, body: list[Any], peer: str) -> None:
@@ -421,9 +533,14 @@ class Router:
         entry = self.services.get(service)
         if entry is None:
             raise RemoteError("aionet.ServiceNotFound", self._not_found(service), "", self.node_name)
-        fn, is_async = entry
+        fn, mode = entry
         try:
-            return (await fn(payload)) if is_async else fn(payload)
+            if mode == ASYNC:
+                return await fn(payload)
+            out = fn(payload)
+            if mode == INLINE and type(out) is CoroutineType:
+                out = await out
+            return out
         except Exception as exc:
             raise RemoteError(_type_name(exc), str(exc), traceback.format_exc(), self.node_name) from exc
 
@@ -431,45 +548,79 @@ class Router:
         return f"no service {service!r} on node {self.node_name!r}; services: {', '.join(sorted(self.services))}"
 
     def on_request(self, rid: Any, service: Any, payload: Any, reply: Reply, peer: str = "") -> Awaitable[None] | None:
-        """Handle REQ from ``peer``. Sync handlers answer inline; async ones get a task.
+        """Handle REQ from ``peer``. Sync handlers answer inline; async ones get a task;
+        inline ones (:func:`~aionet.core.ports.inline_handler`) answer inline or get a task for what they return.
 
         Returns None once the request is handled or started. Returns an awaitable, and does
-        not start it, when ``peer`` already has ``max_concurrent_requests`` async handlers
-        running: the caller stops reading from that peer, awaits it, then hands the same
-        request in again. (``reply`` must not block: it returns None or an awaitable that
-        is finished on a task of its own.)"""
+        not start it, when ``peer`` already has ``max_concurrent_requests`` async (or inline)
+        handlers running: the caller stops reading from that peer, awaits it, then hands the
+        same request in again. (``reply`` must not block: it returns None or an awaitable
+        that is finished on a task of its own.)"""
         entry = self.services.get(service)
         if entry is None:
             self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
             return None
-        fn, is_async = entry
+        fn, mode = entry
         if self.instruments.request_handled is not None:
-            fn = self._timed(fn, is_async, str(service), peer)
-        if is_async:
+            fn = self._timed(fn, mode, str(service), peer)
+        if mode != SYNC:
             running = self.running.get(peer, 0)
             if running >= self.max_concurrent_requests:
                 return self._slot(peer)
-            self.running[peer] = running + 1
-            task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply, peer))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-            return None
+            if mode == ASYNC:
+                self._start(fn, rid, payload, reply, peer, running)
+                return None
         try:
             result = fn(payload)
         except Exception as exc:
             self._spawn_reply(reply(ERR, _error_fields(rid, exc)))
             return None
+        if mode == INLINE and type(result) is CoroutineType:  # it must wait: finish on a task
+            self._start(_awaited, rid, result, reply, peer, self.running.get(peer, 0))
+            return None
         self._spawn_reply(reply(REP, [rid, result]))
         return None
 
-    def _timed(self, fn: Handler, is_async: bool, service: str, peer: str) -> Handler:
+    def _start(self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int) -> None:
+        """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers."""
+        self.running[peer] = running + 1
+        task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply, peer))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _timed(self, fn: Handler, mode: int, service: str, peer: str) -> Handler:
         """``fn`` wrapped to report its duration and outcome to the ``request_handled`` hook."""
 
         def report(t0: float, exc: BaseException | None) -> None:
             if (hook := self.instruments.request_handled) is not None:
                 hook(peer, service, time.perf_counter() - t0, None if exc is None else _type_name(exc))
 
-        if is_async:
+        if mode == INLINE:
+
+            async def rest(t0: float, coro: Coroutine[Any, Any, Any]) -> Any:
+                try:
+                    out = await coro
+                except BaseException as exc:
+                    report(t0, exc)
+                    raise
+                report(t0, None)
+                return out
+
+            def timed_inline(arg: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    out = fn(arg)
+                except BaseException as exc:
+                    report(t0, exc)
+                    raise
+                if type(out) is CoroutineType:
+                    return rest(t0, out)
+                report(t0, None)
+                return out
+
+            return timed_inline
+
+        if mode == ASYNC:
 
             async def timed_async(arg: Any) -> Any:
                 t0 = time.perf_counter()
@@ -553,6 +704,11 @@ class Router:
             self.log.info("reply dropped: the caller is gone", rid=rid)
         except AionetError as exc:
             await _quiet(reply(ERR, _error_fields(rid, exc)))
+
+
+async def _awaited(coro: Coroutine[Any, Any, Any]) -> Any:
+    """What an inline handler returned, awaited (the ``fn`` that :meth:`Router._answer` runs)."""
+    return await coro
 
 
 async def _quiet(aw: Awaitable[None] | None) -> None:

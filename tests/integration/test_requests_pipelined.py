@@ -82,3 +82,33 @@ async def test_cancelling_a_request_with_a_timeout_is_a_cancellation_not_a_timeo
         with pytest.raises(asyncio.CancelledError):
             await call
         assert not b.router.pending
+
+
+@pytest.mark.timeout(60)
+async def test_a_short_timeout_fires_on_time_behind_a_long_one_and_answered_deadlines_do_not_pile_up():
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        release = asyncio.Event()
+
+        @a.service("stuck")
+        async def stuck(x: int) -> int:
+            await release.wait()
+            return x
+
+        await b.request("a", "aionet.echo", 0, timeout=5)
+        long = asyncio.ensure_future(b.request("a", "stuck", 1, timeout=50))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimeoutError, match="timed out after 0.2 s"):
+            await b.request("a", "stuck", 2, timeout=0.2)  # earlier deadline than the pending one
+        assert loop.time() - t0 < 2
+        # many answered requests with a long timeout: the deadline records are dropped as they
+        # are answered (compaction), not kept for the whole timeout
+        for i in range(5000):
+            assert await b.request("a", "aionet.echo", i, timeout=60) == i
+        assert b.router._deadlines._n < 3000
+        assert not long.done()
+        release.set()
+        assert await long == 1
