@@ -595,16 +595,16 @@ class Router:
             if (hook := self.instruments.request_handled) is not None:
                 hook(peer, service, time.perf_counter() - t0, None if exc is None else _type_name(exc))
 
-        if mode == INLINE:
+        async def rest(t0: float, coro: Coroutine[Any, Any, Any]) -> Any:
+            try:
+                out = await coro
+            except BaseException as exc:
+                report(t0, exc)
+                raise
+            report(t0, None)
+            return out
 
-            async def rest(t0: float, coro: Coroutine[Any, Any, Any]) -> Any:
-                try:
-                    out = await coro
-                except BaseException as exc:
-                    report(t0, exc)
-                    raise
-                report(t0, None)
-                return out
+        if mode == INLINE:
 
             def timed_inline(arg: Any) -> Any:
                 t0 = time.perf_counter()
@@ -624,13 +624,7 @@ class Router:
 
             async def timed_async(arg: Any) -> Any:
                 t0 = time.perf_counter()
-                try:
-                    out = await fn(arg)
-                except BaseException as exc:
-                    report(t0, exc)
-                    raise
-                report(t0, None)
-                return out
+                return await rest(t0, fn(arg))  # an async handler raises only when awaited
 
             return timed_async
 

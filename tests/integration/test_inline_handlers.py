@@ -22,6 +22,7 @@ class Svc:
         self.waiting = 0  # coroutines running now
         self.most = 0
         self.release = asyncio.Event()
+        self.two_waiting = asyncio.Event()
 
     @inline_handler
     def handle(self, arg: Any) -> Any:
@@ -35,6 +36,8 @@ class Svc:
     async def _wait(self, arg: str) -> str:
         self.waiting += 1
         self.most = max(self.most, self.waiting)
+        if self.waiting >= 2:
+            self.two_waiting.set()
         try:
             await self.release.wait()
             if arg == "late-boom":
@@ -76,13 +79,11 @@ async def test_waiting_inline_handlers_count_against_max_concurrent_requests():
         svc = Svc()
         a.add_service("inl", svc.handle)
         waits = [asyncio.ensure_future(b.request("a", "inl", f"w{i}", timeout=20)) for i in range(4)]
-        async with asyncio.timeout(10):
-            while svc.waiting < 2:
-                await asyncio.sleep(0.01)
+        await asyncio.wait_for(svc.two_waiting.wait(), 10)
         # at the bound, the peer's next requests are not even started (reading it is paused),
         # an inline answer included, until a waiting handler finishes
         quick = asyncio.ensure_future(b.request("a", "inl", 1, timeout=20))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a negative check (nothing may start): no event to wait on
         assert svc.started == 2 and svc.waiting == 2 and not quick.done()
         svc.release.set()
         assert await asyncio.gather(*waits) == ["W0", "W1", "W2", "W3"]
