@@ -14,6 +14,7 @@ survivors a new group on which the next call is correct (MPI ULFM's revoke + shr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -247,12 +248,8 @@ class Group:
         limit = self.timeout if timeout is None else timeout
         sends = self._sends[seq] = []
         try:
-            if limit is None:  # the usual case: no timer, no context to enter
-                out = await fn(seq)
-                if sends:
-                    await asyncio.gather(*sends)
-                return out
-            async with asyncio.timeout(limit):
+            # the usual case has no limit: no timer to arm, no task bookkeeping to enter
+            async with asyncio.timeout(limit) if limit is not None else _NO_LIMIT:
                 out = await fn(seq)
                 if sends:
                     await asyncio.gather(*sends)
@@ -652,6 +649,9 @@ class Group:
 
 
 __all__ = ["ALGORITHMS", "Group"]
+
+
+_NO_LIMIT = contextlib.nullcontext()
 
 
 def _same(x: np.ndarray) -> np.ndarray:
