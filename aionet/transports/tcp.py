@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, as_frame, encode_prefix
+from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, OwnedFrame, as_frame, encode_prefix
 from ..errors import (
     ConnectionClosed,
     ConnectTimeout,
@@ -71,7 +71,7 @@ DEFAULT_OPTIONS: MappingProxyType[str, Any] = MappingProxyType(
         "copy_below": 64 * 2**10,
         "large_frame_bytes": 64 * 2**10,
         "staging_bytes": 256 * 2**10,
-        "reuse_frames": 4,
+        "reuse_frames": 16,
         "close_timeout": 5.0,
         "backlog": 1024,
     }
@@ -406,7 +406,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             if len(f) < copy_below:
                 wbuf += f
                 continue
-            if type(f) is not bytes:
+            if type(f) is not bytes and type(f) is not OwnedFrame:  # an OwnedFrame is never changed while sent
                 if copy_all:
                     f = bytes(f)
                 else:
