@@ -311,7 +311,7 @@ class Link:
         w, c, seq = self._enqueue(kind, fields)
         if seq:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._ack_waiters.append((seq, fut))
+            self._add_ack_waiter(seq, fut)
             self._blocked = fut
         elif w is not None:
             self._blocked = self._hold(w, c)
@@ -533,8 +533,18 @@ class Link:
         if self.dead is not None:
             raise self.dead
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ack_waiters.append((seq, fut))
+        self._add_ack_waiter(seq, fut)
         await fut
+
+    def _add_ack_waiter(self, seq: int, fut: asyncio.Future[None]) -> None:
+        """Keep the waiters ordered by seq (on_ack resolves them from the front): a sender
+        waiting for an older message's ack (the copy budget) may come after one waiting for
+        its own, newer one."""
+        waiters = self._ack_waiters
+        i = len(waiters)
+        while i and waiters[i - 1][0] > seq:
+            i -= 1
+        waiters.insert(i, (seq, fut))
 
     def send_control(self, frames: list[Any]) -> None:
         """Unsequenced, best-effort (acks): sent on the current connection if any."""
@@ -811,8 +821,7 @@ class Link:
         mine.unacked, kept.unacked = kept.unacked, deque()
         mine.next_seq, mine.acked = kept.next_seq, kept.acked
         mine.inflight_bytes, kept.inflight_bytes = kept.inflight_bytes, 0
-        self._copies.inflight, self._copies.inflight_bytes = old._copies.inflight, old._copies.inflight_bytes
-        old._copies.reset()
+        self._copies.take_over(old._copies)
         self.tx_id = old.tx_id
         return n
 

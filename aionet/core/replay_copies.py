@@ -112,6 +112,11 @@ class ReplayCopies:
         while q and q[0][0] <= ack:
             self.inflight_bytes -= q.popleft()[1]
 
+    def take_over(self, old: ReplayCopies) -> None:
+        """A successor link adopted ``old``'s unacknowledged messages: their account too."""
+        self.inflight, old.inflight = old.inflight, deque()
+        self.inflight_bytes, old.inflight_bytes = old.inflight_bytes, 0
+
     def reset(self) -> None:
         """The stream was reset or given up: nothing copied is in flight any more."""
         self.inflight.clear()

@@ -19,9 +19,11 @@ Options (``[transport] tcp = {...}``): ``nodelay`` (True), ``max_queued_bytes`` 
 so that it runs; it resumes as soon as the consumer takes the messages),
 ``write_high_water`` (4 MiB), ``flush_bytes`` (256 KiB: a batch this big is written without
 waiting for the next loop iteration), ``copy_below`` (64 KiB), ``large_frame_bytes`` (64 KiB),
-``staging_bytes`` (256 KiB), ``reuse_frames`` (4: large-frame buffers the receiver dropped are
+``staging_bytes`` (256 KiB), ``reuse_frames`` (16: large-frame buffers the receiver dropped are
 reused for the next frame of the same size, freed after 2 s without large frames; beyond two,
-only while they total at most 64 MiB),
+only while they total at most 64 MiB; 16 because big sends no longer wait for acks, so several
+1 MiB frames arrive before the consumer drops the first: with 4, a quarter of them were fresh
+memory),
 ``close_timeout`` (5 s), ``backlog`` (1024).
 
 Errors: connect failures raise :class:`~aionet.errors.TransportError` (the OSError is the

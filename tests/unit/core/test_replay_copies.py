@@ -76,3 +76,16 @@ def test_waiting_for_the_returned_seq_brings_the_copies_within_the_budget(msgs):
             assert rc.inflight_bytes == 0
     rc.reset()
     assert rc.inflight_bytes == 0 and not rc.inflight
+
+
+def test_a_successor_takes_over_the_account_and_the_old_one_forgets_it():
+    old, new = ReplayCopies(), ReplayCopies()
+    old.sent(1, MiB)
+    old.sent(2, MiB)
+    new.take_over(old)
+    assert list(new.inflight) == [(1, MiB), (2, MiB)] and new.inflight_bytes == 2 * MiB
+    assert not old.inflight and old.inflight_bytes == 0
+    old.reset()  # the old link's reset must not touch what the successor now holds
+    assert new.inflight_bytes == 2 * MiB
+    new.acked(2)
+    assert new.inflight_bytes == 0
