@@ -49,8 +49,9 @@ from .link_state import LinkState, plan_resume
 from .replay_copies import COPY_MAX, ReplayCopies
 
 # Ack at once when this many bytes arrived. A message this big whose buffers may be the
-# caller's is copied into link-owned memory up to COPY_MAX bytes (its send returns at once,
-# the copies bounded by replay_copies.COPY_BUDGET); above, its sender waits for the ack.
+# caller's is copied into link-owned memory up to copy_max bytes (link.big_copy_max_bytes,
+# default COPY_MAX): its send returns at once, the copies bounded by
+# replay_copies.COPY_BUDGET. Above, its sender waits for the ack.
 BIG_MESSAGE = 1 << 20
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
@@ -116,6 +117,7 @@ class Link:
         dumps_sized: Callable[..., tuple[list[Any], int, int]] | None = None,
         death_grace: float = 0.0,
         on_undeliverable: Callable[[str, int, str], None] | None = None,
+        copy_max: int = COPY_MAX,
     ):
         self.peer = peer
         lim = limits or LimitsSection()
@@ -146,6 +148,7 @@ class Link:
         self._space.set()
         self._ack_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._copies = ReplayCopies()  # big messages' buffers, owned while unacknowledged
+        self._copy_max = copy_max  # big messages up to this size are copied (0: none)
         self._replaying = False
         self._ack_timer: asyncio.TimerHandle | None = None
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -433,7 +436,7 @@ class Link:
             raise
         wait_seq = 0
         if nbytes >= BIG_MESSAGE and wait_ack:
-            if nbytes <= COPY_MAX:
+            if nbytes <= self._copy_max:
                 frames = self._copies.copy(frames)  # the caller may reuse its buffers at once
                 wait_seq = self._copies.sent(seq, nbytes)
             else:

@@ -15,6 +15,7 @@ from aionet import Node
 from aionet.config import Config
 from aionet.core.link import BIG_MESSAGE
 from aionet.core.replay_copies import COPY_BUDGET, COPY_MAX
+from aionet.errors import ConfigError
 from aionet.testing import FaultProxy
 
 MiB = 2**20
@@ -120,9 +121,11 @@ async def test_sends_run_ahead_of_acks_by_at_most_the_copy_budget():
 
 
 @pytest.mark.timeout(60)
-async def test_a_send_above_copy_max_returns_only_once_acknowledged():
-    async with proxied() as (a, b, pa):
-        arr = np.full(COPY_MAX + MiB, 7, np.uint8)
+@pytest.mark.parametrize(("size", "copy_max"), [(COPY_MAX + MiB, None), (MiB, 0)], ids=["over-copy-max", "copying-off"])
+async def test_a_send_not_copied_returns_only_once_acknowledged(size, copy_max):
+    cfg = None if copy_max is None else Config.from_dict({"link": {"big_copy_max_bytes": copy_max}}, env={})
+    async with proxied(cfg) as (a, b, pa):
+        arr = np.full(size, 7, np.uint8)
         pa.stall()
         task = asyncio.ensure_future(b.send("a", "big", arr))
         await asyncio.sleep(0.5)
@@ -130,4 +133,9 @@ async def test_a_send_above_copy_max_returns_only_once_acknowledged():
         pa.stall(False)
         await asyncio.wait_for(task, 20)
         got = await a.recv("big", timeout=20)
-        assert len(got) == COPY_MAX + MiB and (got == 7).all()
+        assert len(got) == size and (got == 7).all()
+
+
+def test_a_negative_copy_bound_is_refused_with_the_fix_named():
+    with pytest.raises(ConfigError, match="big_copy_max_bytes must be >= 0"):
+        Config.from_dict({"link": {"big_copy_max_bytes": -1}}, env={})
