@@ -99,8 +99,10 @@ class LinkSection:
     max_handshakes_per_host: int = 16  # ... from one remote host (its oldest is shed first)
     # a sent message of 1 MiB up to this many bytes is copied into link-owned buffers, so
     # `send` returns before the peer's ack and back-to-back sends overlap; larger ones are
-    # sent zero-copy and `send` waits for the ack (0: never copy; see core/replay_copies.py)
-    big_copy_max_bytes: int = 8 * 2**20
+    # sent zero-copy and `send` waits for the ack. 0 (default): never copy, every big send
+    # waits for its ack; on a 2-core loopback box the copy cost more than the overlap gained
+    # (BENCHMARKS.md, "Large messages"); 8 MiB suits links with a real round trip
+    big_copy_max_bytes: int = 0
 
 
 @dataclass

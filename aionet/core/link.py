@@ -46,12 +46,13 @@ from ..errors import (
 from ..stats import LinkStats
 from ..transports.base import Connection
 from .link_state import LinkState, plan_resume
-from .replay_copies import COPY_MAX, ReplayCopies
+from .replay_copies import ReplayCopies
 
-# Ack at once when this many bytes arrived. A message this big whose buffers may be the
-# caller's is copied into link-owned memory up to copy_max bytes (link.big_copy_max_bytes,
-# default COPY_MAX): its send returns at once, the copies bounded by
-# replay_copies.COPY_BUDGET. Above, its sender waits for the ack.
+# Ack at once when this many bytes arrived. A message this big is sent zero-copy and its
+# sender waits for the ack (the replay buffer holds the caller's memory), unless it has at
+# most copy_max bytes (link.big_copy_max_bytes, default 0; COPY_MAX is the largest worth
+# it): then it is copied into link-owned memory and its send returns at once, the copies
+# bounded by replay_copies.COPY_BUDGET.
 BIG_MESSAGE = 1 << 20
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
@@ -117,7 +118,7 @@ class Link:
         dumps_sized: Callable[..., tuple[list[Any], int, int]] | None = None,
         death_grace: float = 0.0,
         on_undeliverable: Callable[[str, int, str], None] | None = None,
-        copy_max: int = COPY_MAX,
+        copy_max: int = 0,
     ):
         self.peer = peer
         lim = limits or LimitsSection()
@@ -182,8 +183,8 @@ class Link:
     # ------------------------------------------------------------------ sending
     async def send(self, kind: int, fields: list[Any]) -> None:
         """Send a sequenced envelope. Returns when the transport took it; the caller may reuse
-        its buffers then (a big message's are copied, or, above COPY_MAX bytes, the peer has
-        acknowledged it). Never raises for a dropped connection: the message is replayed later."""
+        its buffers then (a big message's are copied, up to ``copy_max`` bytes, or the peer
+        has acknowledged it). Never raises for a dropped connection: the message is replayed later."""
         aw = self.post(kind, fields)
         if aw is not None:
             await aw
@@ -396,7 +397,7 @@ class Link:
     def _enqueue(self, kind: int, fields: list[Any], wait_ack: bool = True) -> tuple[Awaitable[None] | None, Any, int]:
         """Stamp, encode, record and write one envelope. Returns what to wait for: the
         transport's awaitable (or None), the connection, and a seq whose ack the sender
-        must wait for, else 0: a big message's own (above COPY_MAX, sent zero-copy), or an
+        must wait for, else 0: a big message's own (above copy_max, sent zero-copy), or an
         older one's when the copies of unacknowledged big messages exceed their budget.
         ``wait_ack`` False: the caller keeps its buffers unchanged until the ack by itself
         (replies, staged chunks): sent zero-copy, nothing to wait for."""

@@ -9,10 +9,12 @@ reference without waiting for the kernel to take it); the copies are recycled he
 again only when nothing but this pool references it: not the replay buffer, not a transport
 still writing it), so steady streams copy into warm memory without page faults.
 
-Measured (BENCHMARKS.md, "Large messages"): a 1 MiB memcpy costs ~70 us against ~230 us to
-move the same bytes over loopback, so copying pays up to a few MiB; beyond
-:data:`COPY_MAX` the sender waits for the ack instead (the round trip is amortized there,
-and the copy would cost a third of the transfer).
+Off by default (``link.big_copy_max_bytes = 0``): on the 2-core loopback machine where it
+was measured (BENCHMARKS.md, "Large messages", 2026-11-27), the copy (~70 us per MiB) and
+the busier receive path of overlapping frames cost more CPU than the idle round trips it
+hides. Where a round trip is long against the transfer (a real network, ring collectives)
+it is the better choice; :data:`COPY_MAX` is the largest bound worth setting (above it the
+round trip is amortized and the copy would cost a third of the transfer).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from ..codecs.framing import OwnedFrame, as_frame
 
-#: Big messages (``BIG_MESSAGE`` bytes or more) up to this size are copied.
+#: The largest ``link.big_copy_max_bytes`` worth setting; the pool is sized for it.
 COPY_MAX = 8 * 2**20
 #: Copies of unacknowledged messages kept at most this many bytes (plus the newest message):
 #: beyond, a sender waits for acks. Two or three 1 MiB messages in flight hide the round trip.

@@ -21,9 +21,9 @@ so that it runs; it resumes as soon as the consumer takes the messages),
 waiting for the next loop iteration), ``copy_below`` (64 KiB), ``large_frame_bytes`` (64 KiB),
 ``staging_bytes`` (256 KiB), ``reuse_frames`` (16: large-frame buffers the receiver dropped are
 reused for the next frame of the same size, freed after 2 s without large frames; beyond two,
-only while they total at most 64 MiB; 16 because big sends no longer wait for acks, so several
-1 MiB frames arrive before the consumer drops the first: with 4, a quarter of them were fresh
-memory),
+only while they total at most 64 MiB; 16 because when big sends overlap (copying sends,
+``link.big_copy_max_bytes``, or several senders) several 1 MiB frames arrive before the
+consumer drops the first: with 4, over a quarter of them were fresh memory),
 ``close_timeout`` (5 s), ``backlog`` (1024).
 
 Errors: connect failures raise :class:`~aionet.errors.TransportError` (the OSError is the

@@ -1,6 +1,7 @@
 """Big messages (``BIG_MESSAGE`` bytes or more): the caller may reuse its buffer once
 ``send`` returns, and they are delivered exactly once with the bytes of the call, across
-connection cuts before their ack; how far sends run ahead of acks is bounded."""
+connection cuts before their ack; with copying on (``link.big_copy_max_bytes``), how far
+sends run ahead of acks is bounded; with it off (default), a big send waits for its ack."""
 
 from __future__ import annotations
 
@@ -19,6 +20,13 @@ from aionet.errors import ConfigError
 from aionet.testing import FaultProxy
 
 MiB = 2**20
+
+
+def _copying(**tcp: int) -> Config:
+    sections: dict = {"link": {"big_copy_max_bytes": COPY_MAX}}
+    if tcp:
+        sections["transport"] = {"tcp": tcp}
+    return Config.from_dict(sections, env={})
 
 
 @contextlib.asynccontextmanager
@@ -52,11 +60,12 @@ async def _recv_n(node: Node, channel: str, n: int, timeout: float = 30) -> list
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", [BIG_MESSAGE, 3 * MiB, COPY_MAX + MiB], ids=["1MiB", "3MiB", "over-copy-max"])
-async def test_the_buffer_may_be_reused_when_send_returns(size):
+@pytest.mark.parametrize("copying", [False, True], ids=["ack-paced", "copying"])
+async def test_the_buffer_may_be_reused_when_send_returns(size, copying):
     """One array, refilled before every send (the pattern the promise exists for)."""
     async with (
         Node(name="a", listen="tcp://127.0.0.1:0") as a,
-        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=_copying() if copying else None) as b,
     ):
         arr = np.empty(size, np.uint8)
         n = 12
@@ -71,7 +80,7 @@ async def test_the_buffer_may_be_reused_when_send_returns(size):
 
 @pytest.mark.timeout(60)
 async def test_cut_before_the_ack_delivers_the_original_bytes_exactly_once():
-    async with proxied() as (a, b, pa):
+    async with proxied(_copying()) as (a, b, pa):
         link = b._peers["a"].link
         arr = np.empty(MiB, np.uint8)
         pa.stall()  # nothing reaches a, so nothing is acknowledged
@@ -91,8 +100,7 @@ async def test_cut_before_the_ack_delivers_the_original_bytes_exactly_once():
 @pytest.mark.timeout(60)
 async def test_sends_run_ahead_of_acks_by_at_most_the_copy_budget():
     # a transport buffer large enough that only the copy budget can hold the sender back
-    cfg = Config.from_dict({"transport": {"tcp": {"write_high_water": 256 * MiB}}}, env={})
-    async with proxied(cfg) as (a, b, pa):
+    async with proxied(_copying(write_high_water=256 * MiB)) as (a, b, pa):
         link = b._peers["a"].link
         arr = np.ones(MiB, np.uint8)
         pa.stall()
@@ -121,10 +129,9 @@ async def test_sends_run_ahead_of_acks_by_at_most_the_copy_budget():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("size", "copy_max"), [(COPY_MAX + MiB, None), (MiB, 0)], ids=["over-copy-max", "copying-off"])
-async def test_a_send_not_copied_returns_only_once_acknowledged(size, copy_max):
-    cfg = None if copy_max is None else Config.from_dict({"link": {"big_copy_max_bytes": copy_max}}, env={})
-    async with proxied(cfg) as (a, b, pa):
+@pytest.mark.parametrize(("size", "copying"), [(COPY_MAX + MiB, True), (MiB, False)], ids=["over-copy-max", "default"])
+async def test_a_send_not_copied_returns_only_once_acknowledged(size, copying):
+    async with proxied(_copying() if copying else None) as (a, b, pa):
         arr = np.full(size, 7, np.uint8)
         pa.stall()
         task = asyncio.ensure_future(b.send("a", "big", arr))
