@@ -10,7 +10,9 @@ shared machine. Rounds alternate raw and aionet (interleaved), each a fresh proc
 
     PYTHONPATH=$PWD python benchmarks/bigmsg.py --size 1MiB --count 256 --rounds 3
 
-``BIGMSG_CHILD_PREFIX="perf record -o rx.data --"`` runs the receiver under a profiler.
+``BIGMSG_CHILD_PREFIX="perf record -o rx.data --"`` runs the receiver under a profiler;
+``BIGMSG_HOLD_PREVIOUS=1`` makes the receiver keep each batch until the next one arrives
+(as ``p2p.py``'s consumer does).
 """
 
 from __future__ import annotations
@@ -155,9 +157,16 @@ async def aionet_child(size: int, warm: int, count: int) -> None:
                 return {}
             return _delta(u0, {**_usage(), "fresh": fresh[0]})
 
+        hold = os.environ.get("BIGMSG_HOLD_PREVIOUS") == "1"
+
         async def consume() -> None:
+            msgs: list[Any] = []
             while True:
-                got[0] += len(await rx.recv_batch("tp"))  # each array dropped at once
+                if hold:  # as p2p.py's consumer: the previous batch lives until the next arrives
+                    msgs = await rx.recv_batch("tp")
+                    got[0] += len(msgs)
+                else:
+                    got[0] += len(await rx.recv_batch("tp"))  # each array dropped at once
                 for n, f in list(marks.items()):
                     if got[0] >= n and not f.done():
                         f.set_result(None)
