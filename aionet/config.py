@@ -97,6 +97,12 @@ class LinkSection:
     peer_mailbox_size: int = 262144
     max_handshakes: int = 128  # connections mid-handshake at once; when full the oldest is shed
     max_handshakes_per_host: int = 16  # ... from one remote host (its oldest is shed first)
+    # a sent message of 1 MiB up to this many bytes is copied into link-owned buffers, so
+    # `send` returns before the peer's ack and back-to-back sends overlap; larger ones are
+    # sent zero-copy and `send` waits for the ack. 0 (default): never copy, every big send
+    # waits for its ack; on a 2-core loopback box the copy cost more than the overlap gained
+    # (BENCHMARKS.md, "Large messages"); 8 MiB suits links with a real round trip
+    big_copy_max_bytes: int = 0
 
 
 @dataclass
@@ -333,6 +339,8 @@ class Config:
             raise ConfigError(f"collectives.compression must be 'none', 'fp16' or 'bf16', not {co.compression!r}")
         if self.link.max_inflight_bytes <= 0:
             raise ConfigError("link.max_inflight_bytes must be positive")
+        if self.link.big_copy_max_bytes < 0:
+            raise ConfigError("link.big_copy_max_bytes must be >= 0 (0: big sends wait for the ack, never copied)")
         if not self.link.death_grace >= 0:
             raise ConfigError("link.death_grace must be >= 0 (seconds; 0 gives up at once)")
         if self.link.mailbox_bytes <= 0:

@@ -128,10 +128,18 @@ def default_alloc(n: int) -> Buffer:
     return memoryview(m)
 
 
+class OwnedFrame(bytearray):
+    """A buffer whose owner (the link's replay copies) leaves it unchanged while any
+    transport references it: a transport may keep it by reference, like ``bytes``, instead
+    of waiting until the kernel has taken it (as it must for a caller's mutable buffer)."""
+
+    __slots__ = ()
+
+
 def as_frame(f: Any) -> Buffer:
     """A bytes-like object whose ``len`` is its size in bytes (1-D, unsigned bytes)."""
     t = type(f)
-    if t is bytes or t is bytearray:
+    if t is bytes or t is bytearray or t is OwnedFrame:
         return f
     try:
         mv = memoryview(f)

@@ -343,6 +343,7 @@ class Connector:
             limits=self.config.limits,
             death_grace=self.config.link.death_grace,
             on_undeliverable=self._on_undeliverable,
+            copy_max=self.config.link.big_copy_max_bytes,
         )
         if tx_id:
             link.tx_id = tx_id

@@ -46,8 +46,14 @@ from ..errors import (
 from ..stats import LinkStats
 from ..transports.base import Connection
 from .link_state import LinkState, plan_resume
+from .replay_copies import ReplayCopies
 
-BIG_MESSAGE = 1 << 20  # ack at once when this many bytes arrived; senders of such wait for the ack
+# Ack at once when this many bytes arrived. A message this big is sent zero-copy and its
+# sender waits for the ack (the replay buffer holds the caller's memory), unless it has at
+# most copy_max bytes (link.big_copy_max_bytes, default 0; COPY_MAX is the largest worth
+# it): then it is copied into link-owned memory and its send returns at once, the copies
+# bounded by replay_copies.COPY_BUDGET.
+BIG_MESSAGE = 1 << 20
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
 _FLAT_MAX = 8  # a list payload of up to this many such items is packed inline too
@@ -112,6 +118,7 @@ class Link:
         dumps_sized: Callable[..., tuple[list[Any], int, int]] | None = None,
         death_grace: float = 0.0,
         on_undeliverable: Callable[[str, int, str], None] | None = None,
+        copy_max: int = 0,
     ):
         self.peer = peer
         lim = limits or LimitsSection()
@@ -141,6 +148,8 @@ class Link:
         self._space = asyncio.Event()
         self._space.set()
         self._ack_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._copies = ReplayCopies()  # big messages' buffers, owned while unacknowledged
+        self._copy_max = copy_max  # big messages up to this size are copied (0: none)
         self._replaying = False
         self._ack_timer: asyncio.TimerHandle | None = None
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -173,9 +182,9 @@ class Link:
 
     # ------------------------------------------------------------------ sending
     async def send(self, kind: int, fields: list[Any]) -> None:
-        """Send a sequenced envelope. Returns when the transport took it; for messages of at
-        least BIG_MESSAGE bytes, when the peer acknowledged it (so the caller may reuse its
-        buffers). Never raises for a dropped connection: the message is replayed later."""
+        """Send a sequenced envelope. Returns when the transport took it; the caller may reuse
+        its buffers then (a big message's are copied, up to ``copy_max`` bytes, or the peer
+        has acknowledged it). Never raises for a dropped connection: the message is replayed later."""
         aw = self.post(kind, fields)
         if aw is not None:
             await aw
@@ -306,7 +315,7 @@ class Link:
         w, c, seq = self._enqueue(kind, fields)
         if seq:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._ack_waiters.append((seq, fut))
+            self._add_ack_waiter(seq, fut)
             self._blocked = fut
         elif w is not None:
             self._blocked = self._hold(w, c)
@@ -378,17 +387,20 @@ class Link:
 
     # ------------------------------------------------------------------ one envelope each
     def _post_now(self, kind: int, fields: list[Any], wait_ack: bool = True) -> Awaitable[None] | None:
-        w, c, seq = self._enqueue(kind, fields)
+        w, c, seq = self._enqueue(kind, fields, wait_ack)
         if seq and wait_ack:
             return self._finish(w, c, seq)
         if w is not None:
             return self._finish(w, c, 0)
         return None
 
-    def _enqueue(self, kind: int, fields: list[Any]) -> tuple[Awaitable[None] | None, Any, int]:
+    def _enqueue(self, kind: int, fields: list[Any], wait_ack: bool = True) -> tuple[Awaitable[None] | None, Any, int]:
         """Stamp, encode, record and write one envelope. Returns what to wait for: the
-        transport's awaitable (or None), the connection, and the seq when it is a big
-        message (whose sender waits for its ack), else 0."""
+        transport's awaitable (or None), the connection, and a seq whose ack the sender
+        must wait for, else 0: a big message's own (above copy_max, sent zero-copy), or an
+        older one's when the copies of unacknowledged big messages exceed their budget.
+        ``wait_ack`` False: the caller keeps its buffers unchanged until the ack by itself
+        (replies, staged chunks): sent zero-copy, nothing to wait for."""
         if self._bitems:
             self._seal()  # what was pushed before goes first
         st = self.state
@@ -423,6 +435,13 @@ class Link:
             st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
             st.ack_owed = owed  # nothing went out, so no ack was piggybacked either
             raise
+        wait_seq = 0
+        if nbytes >= BIG_MESSAGE and wait_ack:
+            if nbytes <= self._copy_max:
+                frames = self._copies.copy(frames)  # the caller may reuse its buffers at once
+                wait_seq = self._copies.sent(seq, nbytes)
+            else:
+                wait_seq = seq  # zero-copy: the replay buffer holds the caller's memory until acked
         self._bytes_owed = 0  # the ack rides on this envelope (see _seal)
         st.record(seq, frames, nbytes)
         self.sent_bytes += nbytes
@@ -433,7 +452,7 @@ class Link:
                 w = c.conn.write_nowait(frames)
             except ConnectionClosed:
                 self.connection_lost(c)
-        return w, c, seq if nbytes >= BIG_MESSAGE else 0
+        return w, c, wait_seq
 
     # ------------------------------------------------------------------ size limits
     def set_peer_limits(self, limits: Any) -> None:
@@ -518,8 +537,18 @@ class Link:
         if self.dead is not None:
             raise self.dead
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ack_waiters.append((seq, fut))
+        self._add_ack_waiter(seq, fut)
         await fut
+
+    def _add_ack_waiter(self, seq: int, fut: asyncio.Future[None]) -> None:
+        """Keep the waiters ordered by seq (on_ack resolves them from the front): a sender
+        waiting for an older message's ack (the copy budget) may come after one waiting for
+        its own, newer one."""
+        waiters = self._ack_waiters
+        i = len(waiters)
+        while i and waiters[i - 1][0] > seq:
+            i -= 1
+        waiters.insert(i, (seq, fut))
 
     def send_control(self, frames: list[Any]) -> None:
         """Unsequenced, best-effort (acks): sent on the current connection if any."""
@@ -540,6 +569,7 @@ class Link:
             self.log.debug("ignoring ack beyond what was sent", peer=self.peer, ack=ack, sent=st.next_seq - 1)
             return
         st.on_ack(ack)
+        self._copies.acked(ack)
         if st.inflight_bytes < st.max_inflight_bytes:
             self._space.set()
         waiters = self._ack_waiters
@@ -613,6 +643,7 @@ class Link:
         self.state = LinkState(old.max_inflight_bytes, old.ack_every)
         self.state.recv_seq, self.state.ack_owed = old.recv_seq, old.ack_owed
         self.tx_id = uuid.uuid4().hex[:16]
+        self._copies.reset()
         self._fail_waiters(exc)
         self._blocked = None
         self._space.set()
@@ -794,6 +825,7 @@ class Link:
         mine.unacked, kept.unacked = kept.unacked, deque()
         mine.next_seq, mine.acked = kept.next_seq, kept.acked
         mine.inflight_bytes, kept.inflight_bytes = kept.inflight_bytes, 0
+        self._copies.take_over(old._copies)
         self.tx_id = old.tx_id
         return n
 

@@ -19,9 +19,11 @@ Options (``[transport] tcp = {...}``): ``nodelay`` (True), ``max_queued_bytes`` 
 so that it runs; it resumes as soon as the consumer takes the messages),
 ``write_high_water`` (4 MiB), ``flush_bytes`` (256 KiB: a batch this big is written without
 waiting for the next loop iteration), ``copy_below`` (64 KiB), ``large_frame_bytes`` (64 KiB),
-``staging_bytes`` (256 KiB), ``reuse_frames`` (4: large-frame buffers the receiver dropped are
+``staging_bytes`` (256 KiB), ``reuse_frames`` (16: large-frame buffers the receiver dropped are
 reused for the next frame of the same size, freed after 2 s without large frames; beyond two,
-only while they total at most 64 MiB),
+only while they total at most 64 MiB; 16 because when big sends overlap (copying sends,
+``link.big_copy_max_bytes``, or several senders) several 1 MiB frames arrive before the
+consumer drops the first: with 4, over a quarter of them were fresh memory),
 ``close_timeout`` (5 s), ``backlog`` (1024).
 
 Errors: connect failures raise :class:`~aionet.errors.TransportError` (the OSError is the
@@ -38,7 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, as_frame, encode_prefix
+from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, OwnedFrame, as_frame, encode_prefix
 from ..errors import (
     ConnectionClosed,
     ConnectTimeout,
@@ -71,7 +73,7 @@ DEFAULT_OPTIONS: MappingProxyType[str, Any] = MappingProxyType(
         "copy_below": 64 * 2**10,
         "large_frame_bytes": 64 * 2**10,
         "staging_bytes": 256 * 2**10,
-        "reuse_frames": 4,
+        "reuse_frames": 16,
         "close_timeout": 5.0,
         "backlog": 1024,
     }
@@ -406,7 +408,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             if len(f) < copy_below:
                 wbuf += f
                 continue
-            if type(f) is not bytes:
+            if type(f) is not bytes and type(f) is not OwnedFrame:  # an OwnedFrame is never changed while sent
                 if copy_all:
                     f = bytes(f)
                 else:
