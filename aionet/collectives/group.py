@@ -31,7 +31,7 @@ from .compression import WireCodec, wire_codec
 from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, write_out
 from .wire import CHANNEL_PREFIX, Tag, tag
 
-ALGORITHMS = ("auto", "ring", "doubling", "tree")
+ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree")
 PIPELINE = 4  # segments per ring chunk, at least
 MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
@@ -426,7 +426,30 @@ class Group:
         if algorithm == "tree":
             red = await self._tree_reduce(seq, flat, fn, 0, bucket)
             return await self._tree_bcast(seq, red, 0, bucket, phase=3)
+        if algorithm == "direct":
+            return await self._direct(seq, flat, fn, bucket, codec)
         return await self._doubling(seq, flat, fn, bucket, codec)
+
+    async def _direct(
+        self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+    ) -> np.ndarray:
+        """Every rank sends its array to every other and reduces all ``n`` in rank order: one
+        round (no rank waits for a partner's earlier round, which on a machine with fewer
+        cores than ranks means waiting for that partner to be scheduled), ``n - 1`` messages
+        each way. The same order everywhere gives every rank the same bits."""
+        own = acc if codec is None else codec.round(acc)  # as the others will see it
+        wire = own if codec is None else codec.encode(own)
+        n, r = self.size, self.rank
+        t = tag(bucket, 13, 0)
+        futs = [None if src == r else self._recv(seq, t, src) for src in range(n)]
+        for dst in range(r + 1, r + n):  # the next rank first: every rank's first message differs
+            self._post(dst % n, seq, t, wire)
+        dec = codec.decode if codec is not None else _same
+        parts = [own if f is None else dec(await f) for f in futs]
+        res = fn(parts[0], parts[1])
+        for p in parts[2:]:
+            fn(res, p, out=res)
+        return res
 
     async def _doubling(
         self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
@@ -477,27 +500,30 @@ class Group:
         rs = ring_reduce_scatter(n, r)
         for j, (a, b) in enumerate(segments(rs[0].send)):
             self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
+        last = len(rs) - 1
         for s, step in enumerate(rs):
             for j, (a, b) in enumerate(segments(step.recv)):
                 got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
                 fn(flat[a:b], got, out=res[a:b])  # one chain per chunk: every rank gets the same bits
-                if s + 1 < len(rs):
+                if s < last:
                     sent = self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
                     if sent is not None:
                         holds.setdefault(step.recv, []).append(sent)
+                else:
+                    # fully reduced here: it starts the allgather at once, segment by segment,
+                    # so the right neighbour copies segment j while this rank reduces j + 1
+                    if codec is not None:  # kept as the others will receive it
+                        res[a:b] = codec.round(res[a:b])
+                    self._post(right, seq, tag(bucket, 5, 0, j), enc(res[a:b]))
         ag = ring_allgather(n, r)
-        for j, (a, b) in enumerate(segments(ag[0].send)):
-            if codec is not None:  # the chunk reduced here, kept as the others will receive it
-                res[a:b] = codec.round(res[a:b])
-            self._post(right, seq, tag(bucket, 5, 0, j), enc(res[a:b]))
         for s, step in enumerate(ag):
             if step.recv in holds:  # about to overwrite what an earlier send may still be reading
                 await asyncio.gather(*holds.pop(step.recv))
             for j, (a, b) in enumerate(segments(step.recv)):
                 got = await self._recv(seq, tag(bucket, 5, s, j), left)
+                if s + 1 < len(ag):  # forwarded before it is copied in: the received buffer is
+                    self._post(right, seq, tag(bucket, 5, s + 1, j), got)  # ours, never changed
                 np.copyto(res[a:b], dec(got))
-                if s + 1 < len(ag):
-                    self._post(right, seq, tag(bucket, 5, s + 1, j), got if codec is not None else res[a:b])
         return res
 
     async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, bucket: int) -> np.ndarray | None:

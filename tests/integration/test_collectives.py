@@ -37,7 +37,7 @@ REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "min": np.minimum.re
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "float32", "float64", "complex64"])
-@pytest.mark.parametrize("algorithm", ["auto", "ring", "doubling", "tree"])
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "doubling", "direct", "tree"])
 async def test_allreduce_every_op_dtype_algorithm(groups: list[Group], dtype: str, algorithm: str) -> None:
     rng = np.random.default_rng(7)
     for size in (1, 3, 1000, 20_000):
@@ -57,7 +57,7 @@ async def test_allreduce_every_op_dtype_algorithm(groups: list[Group], dtype: st
 async def test_floats_agree_bit_for_bit_and_mean_divides(groups: list[Group]) -> None:
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal((64, 33)).astype(np.float32) for _ in groups]
-    for algorithm in ("ring", "doubling", "tree"):
+    for algorithm in ("ring", "doubling", "direct", "tree"):
         outs = await each(groups, lambda g, a=algorithm: g.allreduce(xs[g.rank], algorithm=a))
         assert all(np.array_equal(o, outs[0]) for o in outs)  # every rank the same bits
         np.testing.assert_allclose(outs[0], np.sum(xs, axis=0), rtol=1e-5, atol=1e-5)
@@ -75,7 +75,7 @@ async def test_mean_is_right_on_every_rank_of_an_odd_group() -> None:
         groups = [n.group() for n in nodes]
         for size in (5, 92, 20_000):
             xs = [np.arange(size, dtype=np.float32) * (r + 1) for r in range(3)]
-            for algorithm in ("auto", "doubling", "tree", "ring"):
+            for algorithm in ("auto", "doubling", "direct", "tree", "ring"):
                 outs = await each(groups, lambda g, a=algorithm, xs=xs: g.allreduce(xs[g.rank], op="mean", algorithm=a))
                 for o in outs:
                     np.testing.assert_array_equal(o, xs[0] * 2, err_msg=f"{size} {algorithm}")
