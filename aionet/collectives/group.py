@@ -436,20 +436,34 @@ class Group:
         """Every rank sends its array to every other and reduces all ``n`` in rank order: one
         round (no rank waits for a partner's earlier round, which on a machine with fewer
         cores than ranks means waiting for that partner to be scheduled), ``n - 1`` messages
-        each way. The same order everywhere gives every rank the same bits."""
+        each way. The same order everywhere gives every rank the same bits. Large arrays go in
+        segments (as the ring's), each reduced as it arrives: at ``n = 2`` this moves what the
+        ring moves, with no step waiting on the peer's reduction."""
         own = acc if codec is None else codec.round(acc)  # as the others will see it
         wire = own if codec is None else codec.encode(own)
-        n, r = self.size, self.rank
-        t = tag(bucket, 13, 0)
-        futs = [None if src == r else self._recv(seq, t, src) for src in range(n)]
-        for dst in range(r + 1, r + n):  # the next rank first: every rank's first message differs
-            self._post(dst % n, seq, t, wire)
         dec = codec.decode if codec is not None else _same
-        parts = [own if f is None else dec(await f) for f in futs]
-        res = fn(parts[0], parts[1])
-        for p in parts[2:]:
-            fn(res, p, out=res)
+        n, r = self.size, self.rank
+        seg = self._segment_items(own.nbytes, own.itemsize) if own.nbytes >= self._inline_bytes else max(1, own.size)
+        bounds = [(a, min(a + seg, own.size)) for a in range(0, own.size, seg)] or [(0, 0)]
+        futs = [[None if src == r else self._recv(seq, tag(bucket, 13, 0, j), src) for src in range(n)]
+                for j in range(len(bounds))]  # fmt: skip
+        for j, (a, b) in enumerate(bounds):
+            for dst in range(r + 1, r + n):  # the next rank first: every rank's first message differs
+                self._post(dst % n, seq, tag(bucket, 13, 0, j), wire[a:b])
+        res = np.empty_like(own)
+        for j, (a, b) in enumerate(bounds):
+            parts = [own[a:b] if f is None else dec(await f) for f in futs[j]]
+            out = res[a:b]
+            fn(parts[0], parts[1], out=out)
+            for p in parts[2:]:
+                fn(out, p, out=out)
         return res
+
+    def _segment_items(self, nbytes: int, itemsize: int, parts: int = 1) -> int:
+        """Elements per pipelined segment of ``nbytes`` split in ``parts`` chunks: at least
+        PIPELINE segments per chunk (so each step overlaps), none below MIN_SEGMENT bytes."""
+        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, nbytes // parts // PIPELINE))
+        return max(1, seg_bytes // max(1, itemsize))
 
     async def _doubling(
         self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
@@ -485,10 +499,7 @@ class Group:
         left, right = (r - 1) % n, (r + 1) % n
         bounds = chunk_bounds(flat.size, n)
         res = np.empty_like(flat)
-        # at least PIPELINE segments per chunk (so each step overlaps), none below MIN_SEGMENT
-        chunk_bytes = flat.nbytes // n
-        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, chunk_bytes // PIPELINE))
-        seg = max(1, seg_bytes // max(1, flat.itemsize))
+        seg = self._segment_items(flat.nbytes, flat.itemsize, n)
         holds: dict[int, list[asyncio.Task[None]]] = {}  # sends still reading a chunk of res
 
         def segments(c: int) -> list[tuple[int, int]]:
