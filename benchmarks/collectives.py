@@ -4,7 +4,11 @@
 N local processes per implementation, float32 sum-allreduce of each size; rank 0 reports the
 median time over ``--iters`` calls after a warm-up, and the table shows nccl-tests' columns:
 algbw = bytes / time, busbw = algbw * 2 (n - 1) / n (what each link carries, comparable across
-group sizes), plus #wrong (elements differing from the expected sum on any rank).
+group sizes), plus #wrong (elements differing from the expected sum on any rank). aionet's rows
+also give CPU time, minor page faults and context switches per call, summed over the ranks
+(``getrusage`` around each timed call): the cost of a call, which other tenants' load moves less
+than it moves wall time. ``--algorithm ring,direct`` alternates aionet's algorithms call by call
+in the same processes, so a load change hits each alike.
 
 - aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``;
 - gloo: ``torch.distributed`` with the gloo backend over TCP (skipped without torch);
@@ -56,7 +60,9 @@ def check(out: Any, n: int, np: Any) -> int:
 
 
 # ---------------------------------------------------------------------------- workers
-def worker_aionet(rank: int, n: int, seed: str | None, sizes: list[int], iters: int, algorithm: str = "auto") -> None:
+def worker_aionet(
+    rank: int, n: int, seed: str | None, sizes: list[int], iters: int, algorithm: str = "auto", out: str = "new"
+) -> None:
     import resource
 
     import numpy as np
@@ -77,12 +83,20 @@ def worker_aionet(rank: int, n: int, seed: str | None, sizes: list[int], iters: 
                 await asyncio.sleep(0.01)
             grp = node.group(members=names, name="bench")
             await grp.barrier()
-            algs = algorithm.split(",")  # several: alternated call by call, so load drifts hit each alike
+            # several variants alternate call by call, so a change in the machine's load hits each alike;
+            # "+out": the result goes to a preallocated out= (as MPI's Allreduce(x, y) here)
+            algs = [a + ("+out" if o == "out" else "") for a in algorithm.split(",") for o in out.split(",")]
             for nbytes in sizes:
                 x = np.ones(max(1, nbytes // 4), dtype=np.float32)
+                y = np.empty_like(x)
                 k = iters_for(nbytes, iters)
+
+                async def call(variant: str, x: Any = x, y: Any = y) -> Any:
+                    alg, _, to = variant.partition("+")
+                    return await grp.allreduce(x, algorithm=alg, out=y if to else None)
+
                 for alg in algs:
-                    await grp.allreduce(x, algorithm=alg)
+                    await call(alg)
                 times: dict[str, list[float]] = {a: [] for a in algs}
                 cost = {a: np.zeros(3) for a in algs}  # CPU s, page faults, context switches
                 wrong = 0
@@ -91,7 +105,7 @@ def worker_aionet(rank: int, n: int, seed: str | None, sizes: list[int], iters: 
                     await grp.barrier()
                     u0 = resource.getrusage(resource.RUSAGE_SELF)
                     t = time.perf_counter()
-                    out = await grp.allreduce(x, algorithm=alg)
+                    res = await call(alg)
                     times[alg].append(time.perf_counter() - t)
                     u1 = resource.getrusage(resource.RUSAGE_SELF)
                     cost[alg] += (
@@ -99,7 +113,7 @@ def worker_aionet(rank: int, n: int, seed: str | None, sizes: list[int], iters: 
                         u1.ru_minflt - u0.ru_minflt,
                         u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw,
                     )
-                    wrong += check(out, n, np)
+                    wrong += check(res, n, np)
                 wrong = sum(await grp.allgather(wrong))
                 for alg in algs:
                     # per call, summed over the ranks: what the run costs the machine, which
@@ -189,10 +203,12 @@ def collect(procs: list[subprocess.Popen[str]], first: subprocess.Popen[str], ti
     return out
 
 
-def run_aionet(n: int, sizes: list[int], iters: int, timeout: float, algorithm: str = "auto") -> list[dict[str, Any]]:
+def run_aionet(
+    n: int, sizes: list[int], iters: int, timeout: float, algorithm: str = "auto", out: str = "new"
+) -> list[dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, str(SCRIPT), "--worker", "aionet", "--size", str(n), "--sizes", json.dumps(sizes)]
-    base += ["--iters", str(iters), "--algorithm", algorithm]
+    base += ["--iters", str(iters), "--algorithm", algorithm, "--out", out]
     first = subprocess.Popen([*base, "--rank", "0"], stdout=subprocess.PIPE, text=True, env=env)
     assert first.stdout is not None
     line = first.stdout.readline()
@@ -256,6 +272,12 @@ def main() -> None:
         help="aionet's allreduce algorithm (auto, ring, doubling, direct, tree); several, comma separated, "
         "alternate call by call",
     )
+    ap.add_argument(
+        "--out",
+        default="new",
+        help="aionet's result: 'new' array per call, 'out' (a preallocated out=, as the MPI worker's "
+        "Allreduce(x, y)), or 'new,out' alternated",
+    )
     # worker mode (internal)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -264,7 +286,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "aionet":
-        return worker_aionet(args.rank, args.size, args.seed, json.loads(args.sizes), args.iters, args.algorithm)
+        return worker_aionet(
+            args.rank, args.size, args.seed, json.loads(args.sizes), args.iters, args.algorithm, args.out
+        )
     if args.worker == "gloo":
         return worker_gloo(args.rank, args.size, args.port, json.loads(args.sizes), args.iters)
     if args.quick:
@@ -281,7 +305,7 @@ def main() -> None:
                 continue
             t = time.monotonic()
             if impl == "aionet":
-                res = run_aionet(n, sizes, args.iters, args.timeout, args.algorithm)
+                res = run_aionet(n, sizes, args.iters, args.timeout, args.algorithm, args.out)
             elif impl == "gloo":
                 res = run_gloo(n, sizes, args.iters, args.timeout)
             else:

@@ -360,9 +360,11 @@ class Group:
         c = to_numpy(x)
         codec = self._codec(comp, c.flat.dtype, algorithm)
 
+        dest = _work_buffer(out, c.flat)
+
         async def go(seq: int) -> Any:
-            res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec)
-            return await self._finish(seq, c, res, op, out)
+            res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec, dest)
+            return await self._finish(seq, c, res, op, out, dest)
 
         return await self._run("allreduce", go, timeout, c.flat.nbytes)
 
@@ -374,11 +376,15 @@ class Group:
         if sends:
             await asyncio.gather(*sends)
 
-    async def _finish(self, seq: int, c: Converted, res: np.ndarray, op: str, out: Any) -> Any:
+    async def _finish(
+        self, seq: int, c: Converted, res: np.ndarray, op: str, out: Any, dest: np.ndarray | None = None
+    ) -> Any:
         if op == "mean":
             await self._flush(seq)  # divided in place below
             res = finish_mean(res, self.size)
         if out is not None:
+            if res is dest:  # the algorithm worked in out itself: nothing to copy
+                return out
             return write_out(out, res)
         return from_numpy(c, res)
 
@@ -415,23 +421,38 @@ class Group:
         return await self._run("allreduce", go, timeout, sum(c.flat.nbytes for c in cs))
 
     async def _allreduce_flat(
-        self, seq: int, flat: np.ndarray, fn: Any, algorithm: str, bucket: int = 0, codec: WireCodec | None = None
+        self,
+        seq: int,
+        flat: np.ndarray,
+        fn: Any,
+        algorithm: str,
+        bucket: int = 0,
+        codec: WireCodec | None = None,
+        dest: np.ndarray | None = None,
     ) -> np.ndarray:
+        """The reduction of ``flat``; the ring and the direct exchange build it in ``dest`` when
+        given (the caller's ``out=``: no fresh pages to fault in and zero, no copy at the end)."""
         if self.size == 1:
             return flat.copy()
         if algorithm == "auto":
             algorithm = "doubling" if flat.nbytes <= self.small_bytes or flat.size < self.size else "ring"
         if algorithm == "ring" and flat.size >= self.size:
-            return await self._ring_allreduce(seq, flat, fn, bucket, codec)
+            return await self._ring_allreduce(seq, flat, fn, bucket, codec, dest)
         if algorithm == "tree":
             red = await self._tree_reduce(seq, flat, fn, 0, bucket)
             return await self._tree_bcast(seq, red, 0, bucket, phase=3)
         if algorithm == "direct":
-            return await self._direct(seq, flat, fn, bucket, codec)
+            return await self._direct(seq, flat, fn, bucket, codec, dest)
         return await self._doubling(seq, flat, fn, bucket, codec)
 
     async def _direct(
-        self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+        self,
+        seq: int,
+        acc: np.ndarray,
+        fn: Any,
+        bucket: int,
+        codec: WireCodec | None = None,
+        dest: np.ndarray | None = None,
     ) -> np.ndarray:
         """Every rank sends its array to every other and reduces all ``n`` in rank order: one
         round (no rank waits for a partner's earlier round, which on a machine with fewer
@@ -450,7 +471,7 @@ class Group:
         for j, (a, b) in enumerate(bounds):
             for dst in range(r + 1, r + n):  # the next rank first: every rank's first message differs
                 self._post(dst % n, seq, tag(bucket, 13, 0, j), wire[a:b])
-        res = np.empty_like(own)
+        res = np.empty_like(own) if dest is None else dest
         for j, (a, b) in enumerate(bounds):
             parts = [own[a:b] if f is None else dec(await f) for f in futs[j]]
             out = res[a:b]
@@ -491,14 +512,20 @@ class Group:
         return acc
 
     async def _ring_allreduce(
-        self, seq: int, flat: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+        self,
+        seq: int,
+        flat: np.ndarray,
+        fn: Any,
+        bucket: int,
+        codec: WireCodec | None = None,
+        dest: np.ndarray | None = None,
     ) -> np.ndarray:
         """Ring reduce-scatter then ring allgather into one result buffer, every chunk sent in
         segments so the reduction (or copy) of segment j overlaps the transfer of j + 1."""
         n, r = self.size, self.rank
         left, right = (r - 1) % n, (r + 1) % n
         bounds = chunk_bounds(flat.size, n)
-        res = np.empty_like(flat)
+        res = np.empty_like(flat) if dest is None else dest
         seg = self._segment_items(flat.nbytes, flat.itemsize, n)
         holds: dict[int, list[asyncio.Task[None]]] = {}  # sends still reading a chunk of res
 
@@ -693,3 +720,15 @@ _NO_LIMIT = contextlib.nullcontext()
 
 def _same(x: np.ndarray) -> np.ndarray:
     return x
+
+
+def _work_buffer(out: Any, flat: np.ndarray) -> np.ndarray | None:
+    """``out`` as a flat array the algorithm may build the result in, or None (then the result
+    is copied into ``out`` at the end): a writable contiguous numpy array of the input's dtype
+    and size that does not overlap the input (in place, the input is still read, and sent,
+    while results land)."""
+    if type(out) is not np.ndarray or out.dtype != flat.dtype or out.size != flat.size:
+        return None
+    if not (out.flags.c_contiguous and out.flags.writeable) or np.may_share_memory(out, flat):
+        return None
+    return out.reshape(-1)

@@ -85,6 +85,27 @@ async def test_pipelined_segments_reduce_to_the_same_bits_everywhere(groups: lis
     assert all(np.array_equal(x, y) for x, y in zip(ints + floats, before, strict=True))  # inputs untouched
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "direct", "doubling"])
+async def test_out_receives_the_result_in_place_or_beside_the_input(groups: list[Group], algorithm: str) -> None:
+    """out= a separate buffer (the ring and the direct exchange build the result in it), out=
+    the input itself (in place: the input is still being sent while results land), and mean."""
+    rng = np.random.default_rng(5)
+    size = (1 << 19) + 3
+    xs = [rng.integers(-50, 50, size).astype(np.float32) for _ in groups]
+    before = [x.copy() for x in xs]
+    expect = np.sum(xs, axis=0)
+    outs = [np.full(size, np.nan, np.float32) for _ in groups]
+    got = await each(groups, lambda g: g.allreduce(xs[g.rank], out=outs[g.rank], algorithm=algorithm))
+    assert all(o is b for o, b in zip(got, outs, strict=True))
+    assert all(np.array_equal(b, expect) for b in outs)
+    got = await each(groups, lambda g: g.allreduce(outs[g.rank], op="mean", out=outs[g.rank], algorithm=algorithm))
+    assert all(np.array_equal(b, expect) for b in outs)  # the mean of equal arrays
+    inplace = [x.copy() for x in xs]
+    await each(groups, lambda g: g.allreduce(inplace[g.rank], out=inplace[g.rank], algorithm=algorithm))
+    assert all(np.array_equal(b, expect) for b in inplace)
+    assert all(np.array_equal(x, b) for x, b in zip(xs, before, strict=True))  # inputs untouched
+
+
 async def test_mean_is_right_on_every_rank_of_an_odd_group() -> None:
     """3 ranks: recursive doubling folds one rank in and sends it the result, the tree sends
     the root's result down. Dividing in place before those sends had serialized the buffer gave
