@@ -8,7 +8,10 @@ group sizes), plus #wrong (elements differing from the expected sum on any rank)
 also give CPU time, minor page faults and context switches per call, summed over the ranks
 (``getrusage`` around each timed call): the cost of a call, which other tenants' load moves less
 than it moves wall time. ``--algorithm ring,direct`` alternates aionet's algorithms call by call
-in the same processes, so a load change hits each alike.
+in the same processes, so a load change hits each alike. aionet writes its result into a
+preallocated ``out=`` as the MPI worker's ``Allreduce(x, y)`` does (gloo reduces in place);
+``--out new`` measures a fresh result array per call (rows in BENCHMARKS.md before 2026-11-27
+05:10 UTC), ``--out new,out`` both.
 
 - aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``;
 - gloo: ``torch.distributed`` with the gloo backend over TCP (skipped without torch);
@@ -61,7 +64,7 @@ def check(out: Any, n: int, np: Any) -> int:
 
 # ---------------------------------------------------------------------------- workers
 def worker_aionet(
-    rank: int, n: int, seed: str | None, sizes: list[int], iters: int, algorithm: str = "auto", out: str = "new"
+    rank: int, n: int, seed: str | None, sizes: list[int], iters: int, algorithm: str = "auto", out: str = "out"
 ) -> None:
     import resource
 
@@ -204,7 +207,7 @@ def collect(procs: list[subprocess.Popen[str]], first: subprocess.Popen[str], ti
 
 
 def run_aionet(
-    n: int, sizes: list[int], iters: int, timeout: float, algorithm: str = "auto", out: str = "new"
+    n: int, sizes: list[int], iters: int, timeout: float, algorithm: str = "auto", out: str = "out"
 ) -> list[dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, str(SCRIPT), "--worker", "aionet", "--size", str(n), "--sizes", json.dumps(sizes)]
@@ -274,7 +277,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--out",
-        default="new",
+        default="out",
         help="aionet's result: 'new' array per call, 'out' (a preallocated out=, as the MPI worker's "
         "Allreduce(x, y)), or 'new,out' alternated",
     )
