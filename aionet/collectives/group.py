@@ -441,8 +441,8 @@ class Group:
         if algorithm == "tree":
             red = await self._tree_reduce(seq, flat, fn, 0, bucket)
             return await self._tree_bcast(seq, red, 0, bucket, phase=3)
-        if algorithm == "direct":
-            return await self._direct(seq, flat, fn, bucket, codec, dest)
+        if algorithm == "direct":  # sends its input to every peer while results land: never in place
+            return await self._direct(seq, flat, fn, bucket, codec, None if dest is flat else dest)
         return await self._doubling(seq, flat, fn, bucket, codec)
 
     async def _direct(
@@ -537,7 +537,9 @@ class Group:
         dec = codec.decode if codec is not None else _same
         rs = ring_reduce_scatter(n, r)
         for j, (a, b) in enumerate(segments(rs[0].send)):
-            self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
+            sent = self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
+            if sent is not None and res is flat:  # in place: the allgather overwrites this chunk
+                holds.setdefault(rs[0].send, []).append(sent)
         last = len(rs) - 1
         for s, step in enumerate(rs):
             for j, (a, b) in enumerate(segments(step.recv)):
@@ -725,10 +727,13 @@ def _same(x: np.ndarray) -> np.ndarray:
 def _work_buffer(out: Any, flat: np.ndarray) -> np.ndarray | None:
     """``out`` as a flat array the algorithm may build the result in, or None (then the result
     is copied into ``out`` at the end): a writable contiguous numpy array of the input's dtype
-    and size that does not overlap the input (in place, the input is still read, and sent,
-    while results land)."""
+    and size that is either the input itself (``out=x``: ``flat`` is returned, and the ring
+    holds each chunk until the sends reading it are done) or does not overlap it at all."""
     if type(out) is not np.ndarray or out.dtype != flat.dtype or out.size != flat.size:
         return None
-    if not (out.flags.c_contiguous and out.flags.writeable) or np.may_share_memory(out, flat):
+    if not (out.flags.c_contiguous and out.flags.writeable):
         return None
+    if np.may_share_memory(out, flat):
+        same = out.__array_interface__["data"][0] == flat.__array_interface__["data"][0]
+        return flat if same and flat.flags.c_contiguous and flat.flags.writeable else None
     return out.reshape(-1)
