@@ -4,7 +4,14 @@
 N local processes per implementation, float32 sum-allreduce of each size; rank 0 reports the
 median time over ``--iters`` calls after a warm-up, and the table shows nccl-tests' columns:
 algbw = bytes / time, busbw = algbw * 2 (n - 1) / n (what each link carries, comparable across
-group sizes), plus #wrong (elements differing from the expected sum on any rank).
+group sizes), plus #wrong (elements differing from the expected sum on any rank). aionet's rows
+also give CPU time, minor page faults and context switches per call, summed over the ranks
+(``getrusage`` around each timed call): the cost of a call, which other tenants' load moves less
+than it moves wall time. ``--algorithm ring,direct`` alternates aionet's algorithms call by call
+in the same processes, so a load change hits each alike. aionet writes its result into a
+preallocated ``out=`` as the MPI worker's ``Allreduce(x, y)`` does (gloo reduces in place);
+``--out new`` measures a fresh result array per call (rows in BENCHMARKS.md before 2026-11-27
+05:10 UTC), ``--out new,out`` both.
 
 - aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``;
 - gloo: ``torch.distributed`` with the gloo backend over TCP (skipped without torch);
@@ -56,7 +63,11 @@ def check(out: Any, n: int, np: Any) -> int:
 
 
 # ---------------------------------------------------------------------------- workers
-def worker_aionet(rank: int, n: int, seed: str | None, sizes: list[int], iters: int) -> None:
+def worker_aionet(
+    rank: int, n: int, seed: str | None, sizes: list[int], iters: int, algorithm: str = "auto", out: str = "out"
+) -> None:
+    import resource
+
     import numpy as np
 
     from aionet import Node
@@ -75,20 +86,45 @@ def worker_aionet(rank: int, n: int, seed: str | None, sizes: list[int], iters: 
                 await asyncio.sleep(0.01)
             grp = node.group(members=names, name="bench")
             await grp.barrier()
+            # several variants alternate call by call, so a change in the machine's load hits each alike;
+            # "+out": the result goes to a preallocated out= (as MPI's Allreduce(x, y) here)
+            algs = [a + ("+out" if o == "out" else "") for a in algorithm.split(",") for o in out.split(",")]
             for nbytes in sizes:
                 x = np.ones(max(1, nbytes // 4), dtype=np.float32)
+                y = np.empty_like(x)
                 k = iters_for(nbytes, iters)
-                await grp.allreduce(x)
-                times, wrong = [], 0
-                for _ in range(k):
+
+                async def call(variant: str, x: Any = x, y: Any = y) -> Any:
+                    alg, _, to = variant.partition("+")
+                    return await grp.allreduce(x, algorithm=alg, out=y if to else None)
+
+                for alg in algs:
+                    await call(alg)
+                times: dict[str, list[float]] = {a: [] for a in algs}
+                cost = {a: np.zeros(3) for a in algs}  # CPU s, page faults, context switches
+                wrong = 0
+                for i in range(k * len(algs)):
+                    alg = algs[i % len(algs)]
                     await grp.barrier()
+                    u0 = resource.getrusage(resource.RUSAGE_SELF)
                     t = time.perf_counter()
-                    out = await grp.allreduce(x)
-                    times.append(time.perf_counter() - t)
-                    wrong += check(out, n, np)
+                    res = await call(alg)
+                    times[alg].append(time.perf_counter() - t)
+                    u1 = resource.getrusage(resource.RUSAGE_SELF)
+                    cost[alg] += (
+                        u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime,
+                        u1.ru_minflt - u0.ru_minflt,
+                        u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw,
+                    )
+                    wrong += check(res, n, np)
                 wrong = sum(await grp.allgather(wrong))
-                if rank == 0:
-                    print("RESULT", json.dumps({"bytes": x.nbytes, "times": times, "wrong": wrong}), flush=True)
+                for alg in algs:
+                    # per call, summed over the ranks: what the run costs the machine, which
+                    # load inflates less than it inflates wall time
+                    c = np.sum(await grp.allgather(cost[alg] / k), axis=0).tolist()
+                    if rank == 0:
+                        rec = {"bytes": x.nbytes, "times": times[alg], "wrong": wrong, "algorithm": alg}
+                        print("RESULT", json.dumps({**rec, "cpu": c[0], "minflt": c[1], "switches": c[2]}), flush=True)
             await grp.barrier()
         finally:
             await node.stop()
@@ -170,10 +206,12 @@ def collect(procs: list[subprocess.Popen[str]], first: subprocess.Popen[str], ti
     return out
 
 
-def run_aionet(n: int, sizes: list[int], iters: int, timeout: float) -> list[dict[str, Any]]:
+def run_aionet(
+    n: int, sizes: list[int], iters: int, timeout: float, algorithm: str = "auto", out: str = "out"
+) -> list[dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, str(SCRIPT), "--worker", "aionet", "--size", str(n), "--sizes", json.dumps(sizes)]
-    base += ["--iters", str(iters)]
+    base += ["--iters", str(iters), "--algorithm", algorithm, "--out", out]
     first = subprocess.Popen([*base, "--rank", "0"], stdout=subprocess.PIPE, text=True, env=env)
     assert first.stdout is not None
     line = first.stdout.readline()
@@ -231,6 +269,18 @@ def main() -> None:
     ap.add_argument("--mpi-python", default="/usr/bin/python3", help="python with mpi4py for the MPI runs")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument(
+        "--algorithm",
+        default="auto",
+        help="aionet's allreduce algorithm (auto, ring, doubling, direct, tree); several, comma separated, "
+        "alternate call by call",
+    )
+    ap.add_argument(
+        "--out",
+        default="out",
+        help="aionet's result: 'new' array per call, 'out' (a preallocated out=, as the MPI worker's "
+        "Allreduce(x, y)), or 'new,out' alternated",
+    )
     # worker mode (internal)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -239,7 +289,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "aionet":
-        return worker_aionet(args.rank, args.size, args.seed, json.loads(args.sizes), args.iters)
+        return worker_aionet(
+            args.rank, args.size, args.seed, json.loads(args.sizes), args.iters, args.algorithm, args.out
+        )
     if args.worker == "gloo":
         return worker_gloo(args.rank, args.size, args.port, json.loads(args.sizes), args.iters)
     if args.quick:
@@ -256,7 +308,7 @@ def main() -> None:
                 continue
             t = time.monotonic()
             if impl == "aionet":
-                res = run_aionet(n, sizes, args.iters, args.timeout)
+                res = run_aionet(n, sizes, args.iters, args.timeout, args.algorithm, args.out)
             elif impl == "gloo":
                 res = run_gloo(n, sizes, args.iters, args.timeout)
             else:
@@ -285,9 +337,13 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]], impls: list[str])
                 bus = alg * 2 * (nn - 1) / nn
                 best.setdefault(r["bytes"], {})[impl] = bus if r["bytes"] >= 1 << 20 else -med
                 lo, hi = min(r["times"]) * 1e6, max(r["times"]) * 1e6
+                cost = ""
+                if "cpu" in r:  # aionet's ranks, summed
+                    cost = f"  {r['algorithm']}: cpu {r['cpu'] * 1e3:.2f} ms/call, {r['minflt']:.0f} minflt"
+                    cost += f", {r['switches']:.1f} csw"
                 print(
                     f"{n:>2} {r['bytes']:>9} {impl:>8} {med * 1e6:>10.1f} {f'({lo:.0f}-{hi:.0f})':>19} "
-                    f"{alg:>10.3f} {bus:>10.3f} {r['wrong']:>6}"
+                    f"{alg:>10.3f} {bus:>10.3f} {r['wrong']:>6}{cost}"
                 )
         for nbytes, by in sorted(best.items()):
             if "aionet" not in by or len(by) < 2:

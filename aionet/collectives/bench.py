@@ -65,7 +65,8 @@ async def measure(
 ) -> list[dict[str, Any]]:
     """Time ``op`` on ``grp`` at each size; every rank runs this, every rank gets the rows.
     ``device="gpu"``: the buffers are CuPy arrays (staged through host copies); the in-place
-    variant is skipped there, since ``out=`` takes host arrays."""
+    variant is skipped there, since ``out=`` takes host arrays. Out of place, a host allreduce
+    writes into one preallocated receive buffer (nccl-tests' ``recvbuff``), not a new array."""
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}, not {op!r}")
     xp = await asyncio.to_thread(warm_array_module, device)
@@ -81,11 +82,12 @@ async def measure(
             if variant == "in" and (op != "allreduce" or xp is not np):
                 continue  # only allreduce writes into its input (out=), and only host arrays
             times, wrong = [], 0
+            recv = np.empty(count, np.float32) if op == "allreduce" and xp is np else None
             for i in range(warmup + iters):
                 x = xp.full(count, rank + 1, dtype=xp.float32)
                 await grp.barrier()
                 t = time.perf_counter()
-                got = await _call(grp, op, x, variant)
+                got = await _call(grp, op, x, variant, recv)
                 if i >= warmup:
                     times.append(time.perf_counter() - t)
                     wrong += _wrong(op, got, n)
@@ -101,9 +103,9 @@ async def measure(
     return rows
 
 
-async def _call(grp: Any, op: str, x: np.ndarray, variant: str) -> Any:
+async def _call(grp: Any, op: str, x: np.ndarray, variant: str, recv: np.ndarray | None = None) -> Any:
     if op == "allreduce":
-        return await grp.allreduce(x, out=x if variant == "in" else None)
+        return await grp.allreduce(x, out=x if variant == "in" else recv)
     if op == "broadcast":
         return await grp.broadcast(x if grp.rank == 0 else None, root=0)
     if op == "allgather":

@@ -31,7 +31,7 @@ from .compression import WireCodec, wire_codec
 from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, write_out
 from .wire import CHANNEL_PREFIX, Tag, tag
 
-ALGORITHMS = ("auto", "ring", "doubling", "tree")
+ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree")
 PIPELINE = 4  # segments per ring chunk, at least
 MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
@@ -360,9 +360,11 @@ class Group:
         c = to_numpy(x)
         codec = self._codec(comp, c.flat.dtype, algorithm)
 
+        dest = _work_buffer(out, c.flat)
+
         async def go(seq: int) -> Any:
-            res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec)
-            return await self._finish(seq, c, res, op, out)
+            res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec, dest)
+            return await self._finish(seq, c, res, op, out, dest)
 
         return await self._run("allreduce", go, timeout, c.flat.nbytes)
 
@@ -374,11 +376,15 @@ class Group:
         if sends:
             await asyncio.gather(*sends)
 
-    async def _finish(self, seq: int, c: Converted, res: np.ndarray, op: str, out: Any) -> Any:
+    async def _finish(
+        self, seq: int, c: Converted, res: np.ndarray, op: str, out: Any, dest: np.ndarray | None = None
+    ) -> Any:
         if op == "mean":
             await self._flush(seq)  # divided in place below
             res = finish_mean(res, self.size)
         if out is not None:
+            if res is dest:  # the algorithm worked in out itself: nothing to copy
+                return out
             return write_out(out, res)
         return from_numpy(c, res)
 
@@ -415,18 +421,70 @@ class Group:
         return await self._run("allreduce", go, timeout, sum(c.flat.nbytes for c in cs))
 
     async def _allreduce_flat(
-        self, seq: int, flat: np.ndarray, fn: Any, algorithm: str, bucket: int = 0, codec: WireCodec | None = None
+        self,
+        seq: int,
+        flat: np.ndarray,
+        fn: Any,
+        algorithm: str,
+        bucket: int = 0,
+        codec: WireCodec | None = None,
+        dest: np.ndarray | None = None,
     ) -> np.ndarray:
+        """The reduction of ``flat``; the ring and the direct exchange build it in ``dest`` when
+        given (the caller's ``out=``: no fresh pages to fault in and zero, no copy at the end)."""
         if self.size == 1:
             return flat.copy()
         if algorithm == "auto":
             algorithm = "doubling" if flat.nbytes <= self.small_bytes or flat.size < self.size else "ring"
         if algorithm == "ring" and flat.size >= self.size:
-            return await self._ring_allreduce(seq, flat, fn, bucket, codec)
+            return await self._ring_allreduce(seq, flat, fn, bucket, codec, dest)
         if algorithm == "tree":
             red = await self._tree_reduce(seq, flat, fn, 0, bucket)
             return await self._tree_bcast(seq, red, 0, bucket, phase=3)
+        if algorithm == "direct":  # sends its input to every peer while results land: never in place
+            return await self._direct(seq, flat, fn, bucket, codec, None if dest is flat else dest)
         return await self._doubling(seq, flat, fn, bucket, codec)
+
+    async def _direct(
+        self,
+        seq: int,
+        acc: np.ndarray,
+        fn: Any,
+        bucket: int,
+        codec: WireCodec | None = None,
+        dest: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Every rank sends its array to every other and reduces all ``n`` in rank order: one
+        round (no rank waits for a partner's earlier round, which on a machine with fewer
+        cores than ranks means waiting for that partner to be scheduled), ``n - 1`` messages
+        each way. The same order everywhere gives every rank the same bits. Large arrays go in
+        segments (as the ring's), each reduced as it arrives: at ``n = 2`` this moves what the
+        ring moves, with no step waiting on the peer's reduction."""
+        own = acc if codec is None else codec.round(acc)  # as the others will see it
+        wire = own if codec is None else codec.encode(own)
+        dec = codec.decode if codec is not None else _same
+        n, r = self.size, self.rank
+        seg = self._segment_items(own.nbytes, own.itemsize) if own.nbytes >= self._inline_bytes else max(1, own.size)
+        bounds = [(a, min(a + seg, own.size)) for a in range(0, own.size, seg)] or [(0, 0)]
+        futs = [[None if src == r else self._recv(seq, tag(bucket, 13, 0, j), src) for src in range(n)]
+                for j in range(len(bounds))]  # fmt: skip
+        for j, (a, b) in enumerate(bounds):
+            for dst in range(r + 1, r + n):  # the next rank first: every rank's first message differs
+                self._post(dst % n, seq, tag(bucket, 13, 0, j), wire[a:b])
+        res = np.empty_like(own) if dest is None else dest
+        for j, (a, b) in enumerate(bounds):
+            parts = [own[a:b] if f is None else dec(await f) for f in futs[j]]
+            out = res[a:b]
+            fn(parts[0], parts[1], out=out)
+            for p in parts[2:]:
+                fn(out, p, out=out)
+        return res
+
+    def _segment_items(self, nbytes: int, itemsize: int, parts: int = 1) -> int:
+        """Elements per pipelined segment of ``nbytes`` split in ``parts`` chunks: at least
+        PIPELINE segments per chunk (so each step overlaps), none below MIN_SEGMENT bytes."""
+        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, nbytes // parts // PIPELINE))
+        return max(1, seg_bytes // max(1, itemsize))
 
     async def _doubling(
         self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
@@ -454,18 +512,21 @@ class Group:
         return acc
 
     async def _ring_allreduce(
-        self, seq: int, flat: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+        self,
+        seq: int,
+        flat: np.ndarray,
+        fn: Any,
+        bucket: int,
+        codec: WireCodec | None = None,
+        dest: np.ndarray | None = None,
     ) -> np.ndarray:
         """Ring reduce-scatter then ring allgather into one result buffer, every chunk sent in
         segments so the reduction (or copy) of segment j overlaps the transfer of j + 1."""
         n, r = self.size, self.rank
         left, right = (r - 1) % n, (r + 1) % n
         bounds = chunk_bounds(flat.size, n)
-        res = np.empty_like(flat)
-        # at least PIPELINE segments per chunk (so each step overlaps), none below MIN_SEGMENT
-        chunk_bytes = flat.nbytes // n
-        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, chunk_bytes // PIPELINE))
-        seg = max(1, seg_bytes // max(1, flat.itemsize))
+        res = np.empty_like(flat) if dest is None else dest
+        seg = self._segment_items(flat.nbytes, flat.itemsize, n)
         holds: dict[int, list[asyncio.Task[None]]] = {}  # sends still reading a chunk of res
 
         def segments(c: int) -> list[tuple[int, int]]:
@@ -476,28 +537,33 @@ class Group:
         dec = codec.decode if codec is not None else _same
         rs = ring_reduce_scatter(n, r)
         for j, (a, b) in enumerate(segments(rs[0].send)):
-            self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
+            sent = self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
+            if sent is not None and res is flat:  # in place: the allgather overwrites this chunk
+                holds.setdefault(rs[0].send, []).append(sent)
+        last = len(rs) - 1
         for s, step in enumerate(rs):
             for j, (a, b) in enumerate(segments(step.recv)):
                 got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
                 fn(flat[a:b], got, out=res[a:b])  # one chain per chunk: every rank gets the same bits
-                if s + 1 < len(rs):
+                if s < last:
                     sent = self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
                     if sent is not None:
                         holds.setdefault(step.recv, []).append(sent)
+                else:
+                    # fully reduced here: it starts the allgather at once, segment by segment,
+                    # so the right neighbour copies segment j while this rank reduces j + 1
+                    if codec is not None:  # kept as the others will receive it
+                        res[a:b] = codec.round(res[a:b])
+                    self._post(right, seq, tag(bucket, 5, 0, j), enc(res[a:b]))
         ag = ring_allgather(n, r)
-        for j, (a, b) in enumerate(segments(ag[0].send)):
-            if codec is not None:  # the chunk reduced here, kept as the others will receive it
-                res[a:b] = codec.round(res[a:b])
-            self._post(right, seq, tag(bucket, 5, 0, j), enc(res[a:b]))
         for s, step in enumerate(ag):
             if step.recv in holds:  # about to overwrite what an earlier send may still be reading
                 await asyncio.gather(*holds.pop(step.recv))
             for j, (a, b) in enumerate(segments(step.recv)):
                 got = await self._recv(seq, tag(bucket, 5, s, j), left)
+                if s + 1 < len(ag):  # forwarded before it is copied in: the received buffer is
+                    self._post(right, seq, tag(bucket, 5, s + 1, j), got)  # ours, never changed
                 np.copyto(res[a:b], dec(got))
-                if s + 1 < len(ag):
-                    self._post(right, seq, tag(bucket, 5, s + 1, j), got if codec is not None else res[a:b])
         return res
 
     async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, bucket: int) -> np.ndarray | None:
@@ -656,3 +722,18 @@ _NO_LIMIT = contextlib.nullcontext()
 
 def _same(x: np.ndarray) -> np.ndarray:
     return x
+
+
+def _work_buffer(out: Any, flat: np.ndarray) -> np.ndarray | None:
+    """``out`` as a flat array the algorithm may build the result in, or None (then the result
+    is copied into ``out`` at the end): a writable contiguous numpy array of the input's dtype
+    and size that is either the input itself (``out=x``: ``flat`` is returned, and the ring
+    holds each chunk until the sends reading it are done) or does not overlap it at all."""
+    if type(out) is not np.ndarray or out.dtype != flat.dtype or out.size != flat.size:
+        return None
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        return None
+    if np.may_share_memory(out, flat):
+        same = out.__array_interface__["data"][0] == flat.__array_interface__["data"][0]
+        return flat if same and flat.flags.c_contiguous and flat.flags.writeable else None
+    return out.reshape(-1)

@@ -37,7 +37,7 @@ REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "min": np.minimum.re
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "float32", "float64", "complex64"])
-@pytest.mark.parametrize("algorithm", ["auto", "ring", "doubling", "tree"])
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "doubling", "direct", "tree"])
 async def test_allreduce_every_op_dtype_algorithm(groups: list[Group], dtype: str, algorithm: str) -> None:
     rng = np.random.default_rng(7)
     for size in (1, 3, 1000, 20_000):
@@ -57,13 +57,53 @@ async def test_allreduce_every_op_dtype_algorithm(groups: list[Group], dtype: st
 async def test_floats_agree_bit_for_bit_and_mean_divides(groups: list[Group]) -> None:
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal((64, 33)).astype(np.float32) for _ in groups]
-    for algorithm in ("ring", "doubling", "tree"):
+    for algorithm in ("ring", "doubling", "direct", "tree"):
         outs = await each(groups, lambda g, a=algorithm: g.allreduce(xs[g.rank], algorithm=a))
         assert all(np.array_equal(o, outs[0]) for o in outs)  # every rank the same bits
         np.testing.assert_allclose(outs[0], np.sum(xs, axis=0), rtol=1e-5, atol=1e-5)
         assert outs[0].shape == (64, 33)
     means = await each(groups, lambda g: g.allreduce(xs[g.rank], op="mean"))
     np.testing.assert_allclose(means[2], np.mean(xs, axis=0), rtol=1e-5, atol=1e-6)
+
+
+async def test_pipelined_segments_reduce_to_the_same_bits_everywhere(groups: list[Group]) -> None:
+    """2 MiB per rank: the ring's chunks and the direct exchange travel in several 256 KiB
+    segments, each reduced (or forwarded) as it arrives; the allgather starts per segment."""
+    rng = np.random.default_rng(3)
+    size = (1 << 19) + 7  # not a multiple of the segment or of the group size
+    ints = [rng.integers(-50, 50, size).astype(np.float32) for _ in groups]
+    floats = [rng.standard_normal(size).astype(np.float32) for _ in groups]
+    before = [x.copy() for x in ints + floats]
+    for algorithm in ("ring", "direct", "auto"):
+        outs = await each(groups, lambda g, a=algorithm: g.allreduce(ints[g.rank], algorithm=a))
+        assert all(np.array_equal(o, np.sum(ints, axis=0)) for o in outs), algorithm
+        outs = await each(groups, lambda g, a=algorithm: g.allreduce(floats[g.rank], op="max", algorithm=a))
+        assert all(np.array_equal(o, np.max(floats, axis=0)) for o in outs), algorithm
+        outs = await each(groups, lambda g, a=algorithm: g.allreduce(floats[g.rank], algorithm=a))
+        assert all(np.array_equal(o, outs[0]) for o in outs), algorithm  # every rank the same bits
+        np.testing.assert_allclose(outs[0], np.sum(floats, axis=0), rtol=1e-4, atol=1e-5)
+    assert all(np.array_equal(x, y) for x, y in zip(ints + floats, before, strict=True))  # inputs untouched
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "direct", "doubling"])
+async def test_out_receives_the_result_in_place_or_beside_the_input(groups: list[Group], algorithm: str) -> None:
+    """out= a separate buffer (the ring and the direct exchange build the result in it), out=
+    the input itself (in place: the input is still being sent while results land), and mean."""
+    rng = np.random.default_rng(5)
+    size = (1 << 19) + 3
+    xs = [rng.integers(-50, 50, size).astype(np.float32) for _ in groups]
+    before = [x.copy() for x in xs]
+    expect = np.sum(xs, axis=0)
+    outs = [np.full(size, np.nan, np.float32) for _ in groups]
+    got = await each(groups, lambda g: g.allreduce(xs[g.rank], out=outs[g.rank], algorithm=algorithm))
+    assert all(o is b for o, b in zip(got, outs, strict=True))
+    assert all(np.array_equal(b, expect) for b in outs)
+    got = await each(groups, lambda g: g.allreduce(outs[g.rank], op="mean", out=outs[g.rank], algorithm=algorithm))
+    assert all(np.array_equal(b, expect) for b in outs)  # the mean of equal arrays
+    inplace = [x.copy() for x in xs]
+    await each(groups, lambda g: g.allreduce(inplace[g.rank], out=inplace[g.rank], algorithm=algorithm))
+    assert all(np.array_equal(b, expect) for b in inplace)
+    assert all(np.array_equal(x, b) for x, b in zip(xs, before, strict=True))  # inputs untouched
 
 
 async def test_mean_is_right_on_every_rank_of_an_odd_group() -> None:
@@ -75,7 +115,7 @@ async def test_mean_is_right_on_every_rank_of_an_odd_group() -> None:
         groups = [n.group() for n in nodes]
         for size in (5, 92, 20_000):
             xs = [np.arange(size, dtype=np.float32) * (r + 1) for r in range(3)]
-            for algorithm in ("auto", "doubling", "tree", "ring"):
+            for algorithm in ("auto", "doubling", "direct", "tree", "ring"):
                 outs = await each(groups, lambda g, a=algorithm, xs=xs: g.allreduce(xs[g.rank], op="mean", algorithm=a))
                 for o in outs:
                     np.testing.assert_array_equal(o, xs[0] * 2, err_msg=f"{size} {algorithm}")

@@ -37,7 +37,10 @@ def test_nan_stays_nan_and_only_float32_compresses() -> None:
 
 
 @pytest.mark.parametrize("codec", ["fp16", "bf16"])
-@pytest.mark.parametrize("n,size,algorithm", [(3, 10_000, "ring"), (4, 1000, "doubling"), (3, 500, "doubling")])
+@pytest.mark.parametrize(
+    "n,size,algorithm",
+    [(3, 10_000, "ring"), (4, 1000, "doubling"), (3, 500, "doubling"), (3, 500, "direct"), (2, 300_000, "direct")],
+)
 async def test_compressed_allreduce_is_within_the_bound_and_identical_on_every_rank(codec, n, size, algorithm):
     rng = np.random.default_rng(7)
     xs = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
