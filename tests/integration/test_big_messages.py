@@ -146,3 +146,69 @@ async def test_a_send_not_copied_returns_only_once_acknowledged(size, copying):
 def test_a_negative_copy_bound_is_refused_with_the_fix_named():
     with pytest.raises(ConfigError, match="big_copy_max_bytes must be >= 0"):
         Config.from_dict({"link": {"big_copy_max_bytes": -1}}, env={})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [64 * 1024, 256 * 1024, BIG_MESSAGE - 4096], ids=["64KiB", "256KiB", "under-1MiB"])
+async def test_a_buffer_under_a_mib_reused_before_a_cut_is_replayed_as_sent(size):
+    """Below BIG_MESSAGE ``send`` returns before the ack; the caller reusing its buffer at
+    once must not change what a replay after a cut delivers."""
+    async with proxied() as (a, b, pa):
+        link = b._peers["a"].link
+        arr = np.empty(size, np.uint8)
+        pa.stall()
+        for i in (1, 2, 3):
+            arr[:] = i
+            await asyncio.wait_for(b.send("a", "mid", arr), 10)
+        arr[:] = 99
+        assert len(link.state.unacked) >= 3, "acknowledged already: the test proved nothing"
+        pa.cut(reset=True)
+        pa.stall(False)
+        got = await _recv_n(a, "mid", 3)
+        assert [bytes(np.unique(x)) for x in got] == [b"\x01", b"\x02", b"\x03"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_read_only_buffer_under_a_mib_is_not_copied():
+    """Immutable payloads (bytes, read-only arrays) stay zero-copy: nothing can change them."""
+    async with proxied() as (a, b, pa):
+        link = b._peers["a"].link
+        arr = np.full(256 * 1024, 5, np.uint8)
+        arr.flags.writeable = False
+        pa.stall()
+        await asyncio.wait_for(b.send("a", "mid", arr), 10)
+        frames = link.state.unacked[-1][1]
+        assert any(np.shares_memory(np.frombuffer(f, np.uint8), arr) for f in frames[1:])
+        pa.stall(False)
+        got = await _recv_n(a, "mid", 1)
+        assert (got[0] == 5).all()
+
+
+@pytest.mark.timeout(60)
+async def test_a_reply_buffer_changed_after_the_handler_returns_is_replayed_as_returned():
+    """A handler's reply goes out without waiting for its ack; the service changing the array
+    it returned right after must not change what the caller gets, even across a cut."""
+    async with proxied() as (a, b, pa):
+        state = np.full(256 * 1024, 1, np.uint8)
+        entered, go = asyncio.Event(), asyncio.Event()
+
+        @a.service("state")
+        async def get_state(_: object) -> np.ndarray:
+            entered.set()
+            await go.wait()
+            asyncio.get_running_loop().call_soon(state.fill, 99)  # the service moves on at once
+            return state
+
+        link = a._peers["b"].link
+        call = asyncio.ensure_future(b.request("a", "state", None, timeout=30))
+        await asyncio.wait_for(entered.wait(), 10)
+        pa.stall()
+        before = link.state.next_seq
+        go.set()
+        async with asyncio.timeout(10):
+            while link.state.next_seq == before or not (state == 99).all():
+                await asyncio.sleep(0.01)
+        pa.cut(reset=True)
+        pa.stall(False)
+        got = await asyncio.wait_for(call, 30)
+        assert (got == 1).all()
