@@ -211,10 +211,6 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._queue.extend(msgs)
             if self._on_messages is not None:
                 self._push()
-                if self._wbytes:
-                    # what answering this batch wrote (replies, acks) leaves now, in one write,
-                    # not a loop iteration later: a request's reply is on the wire on the read
-                    self._flush()
             elif self._recv_waiters:
                 self._wake(self._recv_waiters)
                 self._consumer_woken = True
