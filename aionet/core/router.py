@@ -10,11 +10,8 @@ import asyncio
 import inspect
 import time
 import traceback
-from asyncio.tasks import _enter_task, _leave_task
-from asyncio.tasks import current_task as _current_task
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator
-from contextvars import Context, copy_context
+from collections.abc import Awaitable, Callable, Coroutine
 from itertools import islice, repeat
 from types import CoroutineType
 from typing import Any
@@ -561,7 +558,7 @@ class Router:
         that is finished on a task of its own.)"""
         entry = self.services.get(service)
         if entry is None:
-            self._reply_now(reply, ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""])
+            self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
             return None
         fn, mode = entry
         if self.instruments.request_handled is not None:
@@ -571,69 +568,25 @@ class Router:
             if running >= self.max_concurrent_requests:
                 return self._slot(peer)
             if mode == ASYNC:
-                ctx = copy_context()
-                try:
-                    coro = ctx.run(fn, payload)
-                except Exception as exc:  # a plain function that returns a coroutine may raise first
-                    self._reply_now(reply, ERR, _error_fields(rid, exc))
-                    return None
-                self._eager(coro, rid, reply, peer, ctx)
+                self._start(fn, rid, payload, reply, peer, running)
                 return None
         try:
             result = fn(payload)
         except Exception as exc:
-            self._reply_now(reply, ERR, _error_fields(rid, exc))
+            self._spawn_reply(reply(ERR, _error_fields(rid, exc)))
             return None
-        if mode == INLINE and type(result) is CoroutineType:  # it must wait: run it eagerly too
-            self._eager(result, rid, reply, peer, copy_context())
+        if mode == INLINE and type(result) is CoroutineType:  # it must wait: finish on a task
+            self._start(_awaited, rid, result, reply, peer, self.running.get(peer, 0))
             return None
-        self._reply_now(reply, REP, [rid, result])
+        self._spawn_reply(reply(REP, [rid, result]))
         return None
 
-    def _eager(self, coro: Coroutine[Any, Any, Any], rid: Any, reply: Reply, peer: str, ctx: Context) -> None:
-        """Run a handler's coroutine to its first suspension now, on the reader, in ``ctx``
-        (what Python 3.12's eager task factory does): one that finishes there is answered at
-        once, in the read callback, so the reply leaves with that read's other replies and
-        not loop iterations later. Its task is created first and is the current task during
-        that step (``asyncio.timeout``, ``TaskGroup`` and ``current_task()`` work as in any
-        task); a handler that suspends goes on in it, counted against ``peer``'s running
-        handlers from then on; for one that finished, the task's step does nothing."""
-        loop = asyncio.get_running_loop()
-        st = _Eager(self, coro, rid, reply, peer)
-        task = loop.create_task(st.run(), context=ctx)
+    def _start(self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int) -> None:
+        """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers."""
+        self.running[peer] = running + 1
+        task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply, peer))
         self.tasks.add(task)
-        task.add_done_callback(st.done)
-        prev = _current_task(loop)
-        if prev is not None:  # dispatch resumed on a task after back-pressure
-            _leave_task(loop, prev)
-        _enter_task(loop, task)
-        try:
-            st.first = ctx.run(coro.send, None)
-        except StopIteration as done:
-            st.coro = None
-            self._reply_now(reply, REP, [rid, done.value])
-            return
-        except asyncio.CancelledError:
-            st.coro = None
-            self._reply_now(reply, ERR, [rid, "asyncio.CancelledError", "handler cancelled", ""])
-            return
-        except Exception as exc:
-            st.coro = None
-            self._reply_now(reply, ERR, _error_fields(rid, exc))
-            return
-        finally:
-            _leave_task(loop, task)
-            if prev is not None:
-                _enter_task(loop, prev)
-        self.running[peer] = self.running.get(peer, 0) + 1
-
-    def _reply_now(self, reply: Reply, kind: int, fields: list[Any]) -> None:
-        """Answer from the reader (the node's ``reply`` never blocks; it reports a reply it
-        cannot send as ERR itself)."""
-        try:
-            self._spawn_reply(reply(kind, fields))
-        except PeerUnavailable:
-            self.log.info("reply dropped: the caller is gone", rid=fields[0])
+        task.add_done_callback(self.tasks.discard)
 
     def _timed(self, fn: Handler, mode: int, service: str, peer: str) -> Handler:
         """``fn`` wrapped to report its duration and outcome to the ``request_handled`` hook."""
@@ -722,15 +675,15 @@ class Router:
                 if not fut.done():
                     fut.set_result(None)
 
-    async def _run_async(self, rest: Awaitable[Any], rid: int, reply: Reply, peer: str = "") -> None:
+    async def _run_async(self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str = "") -> None:
         try:
-            await self._answer(rest, rid, reply)
+            await self._answer(fn, rid, payload, reply)
         finally:
             self._handler_done(peer)
 
-    async def _answer(self, rest: Awaitable[Any], rid: int, reply: Reply) -> None:
+    async def _answer(self, fn: Handler, rid: int, payload: Any, reply: Reply) -> None:
         try:
-            result = await rest
+            result = await fn(payload)
         except asyncio.CancelledError:
             await _quiet(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
             raise
@@ -747,77 +700,9 @@ class Router:
             await _quiet(reply(ERR, _error_fields(rid, exc)))
 
 
-class _Eager:
-    """A handler coroutine started by :meth:`Router._eager`, and the task that finishes it."""
-
-    __slots__ = ("coro", "first", "peer", "reply", "rid", "router", "started")
-
-    def __init__(self, router: Router, coro: Coroutine[Any, Any, Any], rid: Any, reply: Reply, peer: str) -> None:
-        self.router = router
-        self.coro: Coroutine[Any, Any, Any] | None = coro  # None once it finished (and was answered)
-        self.first: Any = None  # what it yielded when it first suspended
-        self.rid = rid
-        self.reply = reply
-        self.peer = peer
-        self.started = False
-
-    async def run(self) -> None:
-        self.started = True
-        coro = self.coro
-        if coro is None:
-            return  # finished in its first step, and answered then
-        router = self.router
-        try:
-            await router._answer(_Continue(coro, self.first), self.rid, self.reply)
-        finally:
-            self.coro = None
-            router._handler_done(self.peer)
-
-    def done(self, task: asyncio.Task[None]) -> None:
-        """The task ended; if it was cancelled before its first step (a node shutting down),
-        the suspended handler was never resumed: close it and answer for it here."""
-        router = self.router
-        router.tasks.discard(task)
-        coro = self.coro
-        if coro is not None and not self.started:
-            self.coro = None
-            coro.close()
-            router._reply_now(self.reply, ERR, [self.rid, "asyncio.CancelledError", "handler cancelled", ""])
-            router._handler_done(self.peer)
-
-
-class _Continue:
-    """Awaiting this resumes a coroutine that has already run to its first suspension (see
-    :meth:`Router._eager`): it yields what the coroutine yielded there, then passes every
-    send, throw and close on to it, so a task running it sees the coroutine as if it had
-    started it (cancellation and ``finally`` blocks work as usual)."""
-
-    __slots__ = ("_coro", "_first")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
-        self._coro = coro
-        self._first = first
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro = self._coro
-        yielded = self._first
-        self._first = None
-        while True:
-            try:
-                value = yield yielded
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    yielded = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    yielded = coro.send(value)
-                except StopIteration as done:
-                    return done.value
+async def _awaited(coro: Coroutine[Any, Any, Any]) -> Any:
+    """What an inline handler returned, awaited (the ``fn`` that :meth:`Router._answer` runs)."""
+    return await coro
 
 
 async def _quiet(aw: Awaitable[None] | None) -> None:
