@@ -1,6 +1,9 @@
-"""Async service handlers start eagerly: their first step runs on the connection's reader
-(answered there when they do not suspend), the rest in their own task; behaviour a handler
-sees is that of a task (current_task, asyncio.timeout, contextvars, cancellation)."""
+"""What an ``async def`` service handler may rely on, whichever way the router starts it (a
+task per request today; an eager first step on the reader was tried for issue 18 and measured
+slower, BENCHMARKS.md): it runs as a task (current_task, asyncio.timeout), in a context of its
+own, answers whether or not it suspends, raises from either part, counts against
+``link.max_concurrent_requests`` only while running, and is cancelled at shutdown with its
+``finally`` run and its caller told."""
 
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ async def test_pipelined_requests_to_mixed_handlers_get_their_own_replies_and_is
 
 
 @pytest.mark.timeout(60)
-async def test_only_suspended_handlers_count_against_max_concurrent_requests():
+async def test_running_handlers_are_bounded_by_max_concurrent_requests():
     cfg = Config.from_dict({"link": {"max_concurrent_requests": 2}}, env={})
     async with (
         Node(name="a", listen="tcp://127.0.0.1:0", config=cfg) as a,
@@ -98,7 +101,7 @@ async def test_only_suspended_handlers_count_against_max_concurrent_requests():
             return x
 
         a.add_service("h", handler)
-        # many handlers that finish in their first step never hold a slot
+        # many handlers that finish at once leave no slot taken
         assert await asyncio.gather(*(b.request("a", "h", i, timeout=10) for i in range(50))) == list(range(50))
         slow = [asyncio.ensure_future(b.request("a", "h", "wait", timeout=10)) for _ in range(4)]
         await asyncio.wait_for(_until(lambda: waiting[0] == 2), 10)
