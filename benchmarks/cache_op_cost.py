@@ -9,12 +9,13 @@ so that ``server`` is their only replica (every put and get is remote), as in ca
 Counted per operation: the work of both nodes and of the event loop.
 
     python benchmarks/cache_op_cost.py --op put            # wall time per op (one caller)
-    python benchmarks/cache_op_cost.py --op get --profile  # cProfile of both ends
+    python benchmarks/cache_op_cost.py --op get --profile  # cProfile of both ends (NPROF=n: rows)
     python benchmarks/cache_op_cost.py --callgrind         # instructions per op, every --op
 
 ``--op``: ``put`` / ``get`` (remote, 16-byte values), ``local_get`` (a key this node holds),
 ``request`` (``node.request`` to a sync echo service, 64 B), ``request_t`` (the same with a
-timeout, as the cache's calls pass one). ``--concurrency 16`` runs that many callers.
+timeout, as the cache's calls pass one), ``async_t`` (the same to an ``async def`` echo, as
+``benchmarks/p2p.py`` calls it). ``--concurrency 16`` runs that many callers.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-OPS = ("put", "get", "local_get", "request", "request_t")
+OPS = ("put", "get", "local_get", "request", "request_t", "async_t")
 VALUE = b"x" * 16
 
 
@@ -52,6 +53,11 @@ async def setup(op: str, concurrency: int) -> tuple[Any, Any, Any]:
     b = aionet.Node(name="server", listen="tcp://127.0.0.1:0", config=cfg)
     await b.start()
     b.add_service("bench.echo", lambda x: x)
+
+    async def aecho(x: Any) -> Any:
+        return x
+
+    b.add_service("bench.aecho", aecho)
     a = aionet.Node(name="client", listen="tcp://127.0.0.1:0", join=[b.address], config=cfg)
     await a.start()
     cache = a.cache
@@ -69,6 +75,7 @@ async def setup(op: str, concurrency: int) -> tuple[Any, Any, Any]:
         "local_get": lambda i: cache.get(local[i % 1000]),
         "request": lambda _i: a.request("server", "bench.echo", payload),
         "request_t": lambda _i: a.request("server", "bench.echo", payload, timeout=5.0),
+        "async_t": lambda _i: a.request("server", "bench.aecho", payload, timeout=5.0),
     }
     call = calls[op]
     for i in range(2000):  # warm-up
@@ -103,7 +110,7 @@ def measure(op: str, n: int, concurrency: int, profile: bool) -> float:
             prof.disable()
         dt = time.perf_counter() - t0
         if prof is not None:
-            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(int(os.environ.get("NPROF", "30")))
         loop.run_until_complete(a.stop())
         loop.run_until_complete(b.stop())
         return dt
