@@ -32,7 +32,7 @@ import msgpack
 
 from ..codecs.batch import encode_send_batch
 from ..codecs.envelope import ACK, SEND, XFER
-from ..codecs.framing import OwnedFrame, frame_nbytes
+from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
 from ..errors import (
     ConnectionClosed,
@@ -445,7 +445,7 @@ class Link:
         elif nframes > 1 and kind != XFER:
             # returns before the ack (a smaller send, a reply): a replay after a cut must carry
             # the bytes of the call, not what the caller wrote into its buffer since
-            frames = _frozen(frames)
+            frames = self._copies.freeze(frames)
         self._bytes_owed = 0  # the ack rides on this envelope (see _seal)
         st.record(seq, frames, nbytes)
         self.sent_bytes += nbytes
@@ -861,29 +861,6 @@ async def close_conn(conn: Connection) -> None:
         await asyncio.wait_for(conn.close(), 2.0)
     except Exception:
         conn.abort()
-
-
-def _frozen(frames: list[Any]) -> list[Any]:
-    """``frames`` with every out-of-band buffer its owner could still change (writable caller
-    memory) replaced by a ``bytes`` copy; immutable ones (``bytes``, read-only arrays and
-    views, the link's own copies) stay zero-copy. Staged device chunks (XFER) never come here:
-    their pool keeps each buffer unchanged until the ack."""
-    out: list[Any] | None = None
-    for i in range(1, len(frames)):
-        f = frames[i]
-        t = type(f)
-        if t is bytes or t is OwnedFrame:
-            continue
-        try:
-            mv = f if t is memoryview else memoryview(f)
-        except TypeError:  # not host memory (a device frame): the transport's own rules apply
-            continue
-        if mv.readonly:
-            continue
-        if out is None:
-            out = list(frames)
-        out[i] = mv.tobytes()
-    return frames if out is None else out
 
 
 __all__ = ["BIG_MESSAGE", "Link", "SerializationError", "nbytes_of"]

@@ -32,12 +32,23 @@ COPY_MAX = 8 * 2**20
 COPY_BUDGET = 8 * 2**20
 #: The pool keeps at most this many bytes of buffers (in use or free).
 POOL_BYTES = COPY_BUDGET + COPY_MAX
+#: :meth:`ReplayCopies.freeze` copies buffers from this size into recycled ones (smaller: ``bytes``).
+POOLED_MIN = 64 * 1024
 
 
 class ReplayCopies:
     """Copies of large frames into recycled buffers, and the account of which messages hold them."""
 
-    __slots__ = ("_bufs", "_free_refs", "_pool_bytes", "copied_bytes", "copies", "inflight", "inflight_bytes")
+    __slots__ = (
+        "_bufs",
+        "_free_refs",
+        "_pool_bytes",
+        "copied_bytes",
+        "copies",
+        "frozen_bytes",
+        "inflight",
+        "inflight_bytes",
+    )
 
     def __init__(self) -> None:
         self._bufs: list[OwnedFrame] = [OwnedFrame()]
@@ -49,6 +60,7 @@ class ReplayCopies:
         self.inflight_bytes = 0
         self.copies = 0  # messages copied (for tests and stats)
         self.copied_bytes = 0
+        self.frozen_bytes = 0  # bytes copied by freeze()
 
     def copy(self, frames: list[Any]) -> list[Any]:
         """``frames`` with every frame that may be caller memory (anything but ``bytes``)
@@ -65,6 +77,37 @@ class ReplayCopies:
             self.copied_bytes += n
         self.copies += 1
         return out
+
+    def freeze(self, frames: list[Any]) -> list[Any]:
+        """``frames`` with every out-of-band buffer its owner could still change (writable
+        caller memory) replaced by a copy: for a message that goes out before its ack (a
+        send under BIG_MESSAGE, a reply), so a replay after a cut carries the bytes of the
+        call. Immutable frames (``bytes``, read-only arrays and views, this pool's copies)
+        stay zero-copy; so do frames that are not host memory (device frames)."""
+        out: list[Any] | None = None
+        for i in range(1, len(frames)):
+            f = frames[i]
+            t = type(f)
+            if t is bytes or t is OwnedFrame:
+                continue
+            try:
+                ro = (f if t is memoryview else memoryview(f)).readonly
+            except TypeError:  # not host memory: the transport's own rules apply
+                continue
+            if ro:
+                continue
+            if out is None:
+                out = list(frames)
+            src = as_frame(f)
+            n = len(src)
+            if n < POOLED_MIN:
+                out[i] = bytes(src)
+            else:  # recycled: a steady stream of such messages copies into warm memory
+                dst = self._buffer(n)
+                memoryview(dst)[:] = src
+                out[i] = dst
+            self.frozen_bytes += n
+        return frames if out is None else out
 
     def _buffer(self, n: int) -> OwnedFrame:
         """A buffer of exactly ``n`` bytes nobody else references, else a fresh one (pooled

@@ -89,3 +89,42 @@ def test_a_successor_takes_over_the_account_and_the_old_one_forgets_it():
     assert new.inflight_bytes == 2 * MiB
     new.acked(2)
     assert new.inflight_bytes == 0
+
+
+def test_freeze_copies_only_what_the_caller_could_still_change() -> None:
+    import numpy as np
+
+    from aionet.core.replay_copies import POOLED_MIN, ReplayCopies
+
+    rc = ReplayCopies()
+    small = np.full(1000, 1, np.uint8)
+    big = np.full(POOLED_MIN * 2, 2, np.uint8)
+    ro = np.full(POOLED_MIN * 2, 3, np.uint8)
+    ro.flags.writeable = False
+    header = b"hdr"
+    frames = [header, memoryview(small), memoryview(big), memoryview(ro), b"x" * 10]
+    out = rc.freeze(frames)
+    assert out[0] is header and out[4] is frames[4]  # bytes: already immutable
+    assert out[3] is frames[3]  # read-only: zero-copy
+    small[:] = 9
+    big[:] = 9
+    assert bytes(out[1]) == b"\x01" * 1000 and bytes(out[2]) == b"\x02" * (POOLED_MIN * 2)
+    assert rc.frozen_bytes == 1000 + POOLED_MIN * 2
+    assert frames[1] is not out[1]  # the caller's list is left alone
+
+
+def test_freeze_recycles_a_pooled_copy_once_nothing_references_it() -> None:
+    import numpy as np
+
+    from aionet.core.replay_copies import POOLED_MIN, ReplayCopies
+
+    rc = ReplayCopies()
+    arr = np.zeros(POOLED_MIN, np.uint8)
+    first = rc.freeze([b"h", memoryview(arr)])
+    held = first[1]
+    second = rc.freeze([b"h", memoryview(arr)])
+    assert second[1] is not held  # still referenced (by the replay buffer, say): a new one
+    del first, held, second
+    again = rc.freeze([b"h", memoryview(arr)])
+    assert again[1] in rc._bufs  # a remembered buffer, reused
+    assert rc.pool_bytes == 2 * POOLED_MIN
