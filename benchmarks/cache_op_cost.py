@@ -103,7 +103,7 @@ def measure(op: str, n: int, concurrency: int, profile: bool) -> float:
             prof.disable()
         dt = time.perf_counter() - t0
         if prof is not None:
-            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(int(os.environ.get("PROFILE_TOP", "30")))
         loop.run_until_complete(a.stop())
         loop.run_until_complete(b.stop())
         return dt

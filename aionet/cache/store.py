@@ -149,11 +149,7 @@ class Store:
             return False
         size = (sizeof(value) if nbytes is None else nbytes) + ENTRY_OVERHEAD
         if size > self.max_bytes - self.pinned_bytes and size > self.max_bytes - self._pinned_bytes(exclude=key):
-            raise CacheFull(
-                f"cache entry {key!r} ({size} bytes) does not fit in this node's cache budget "
-                f"(cache.max_bytes = {self.max_bytes}, {self._pinned_bytes()} bytes pinned): raise cache.max_bytes "
-                f"or unpin entries"
-            )
+            raise self._full(key, size)
         if old is not None:
             self._drop(key, old)
         expires = None if ttl is None else self.clock() + ttl
@@ -165,6 +161,19 @@ class Store:
         if self.nbytes > self.max_bytes:
             self._evict()
         return True
+
+    def update(self, key: str, e: Entry, value: Any, version: int) -> None:
+        """Write ``version`` (newer than ``e``'s) of an unpinned key whose live entry is ``e``,
+        with no TTL and its fences kept: the common put, changing the entry in place (no new
+        entry, no second lookup). Raises :class:`CacheFull` as :meth:`apply` does."""
+        size = sizeof(value) + ENTRY_OVERHEAD
+        if size > self.max_bytes - self.pinned_bytes:
+            raise self._full(key, size)
+        self.nbytes += size - e.nbytes
+        e.value, e.version, e.nbytes, e.expires = value, version, size, None
+        self._lru.move_to_end(key)
+        if self.nbytes > self.max_bytes:
+            self._evict()
 
     def remove(self, key: str, version: int) -> bool:
         """Delete ``key`` as of ``version`` (a replicated delete): later versions only."""
@@ -190,6 +199,13 @@ class Store:
         return min(len(dead), limit)
 
     # ------------------------------------------------------------------ internals
+    def _full(self, key: str, size: int) -> CacheFull:
+        return CacheFull(
+            f"cache entry {key!r} ({size} bytes) does not fit in this node's cache budget "
+            f"(cache.max_bytes = {self.max_bytes}, {self._pinned_bytes()} bytes pinned): raise cache.max_bytes "
+            f"or unpin entries"
+        )
+
     def _pinned_bytes(self, exclude: str | None = None) -> int:
         total = self.pinned_bytes
         if exclude is not None and exclude in self._pinned:
