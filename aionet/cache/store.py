@@ -80,6 +80,7 @@ class Store:
         self.nbytes = 0
         self.pinned_bytes = 0
         self.floor = 0  # every version this store forgot is <= floor
+        self.expiring = 0  # entries with a TTL: sweep scans nothing while there are none
         self.evictions = 0
         self.expirations = 0
 
@@ -154,6 +155,8 @@ class Store:
             self._drop(key, old)
         expires = None if ttl is None else self.clock() + ttl
         e = Entry(value, version, size, expires, pinned, dict(fences or {}))
+        if expires is not None:
+            self.expiring += 1
         (self._pinned if pinned else self._lru)[key] = e
         self.nbytes += size
         if pinned:
@@ -170,6 +173,8 @@ class Store:
         if size > self.max_bytes - self.pinned_bytes:
             raise self._full(key, size)
         self.nbytes += size - e.nbytes
+        if e.expires is not None:
+            self.expiring -= 1
         e.value, e.version, e.nbytes, e.expires = value, version, size, None
         self._lru.move_to_end(key)
         if self.nbytes > self.max_bytes:
@@ -191,7 +196,10 @@ class Store:
             self._forget(key, e)
 
     def sweep(self, limit: int = 1000) -> int:
-        """Remove up to ``limit`` expired entries (reads also drop them lazily)."""
+        """Remove up to ``limit`` expired entries (reads also drop them lazily); no scan
+        while no entry has a TTL (the sweep runs every second, whatever the store holds)."""
+        if not self.expiring:
+            return 0
         now = self.clock()
         dead = [k for k, e in [*self._pinned.items(), *self._lru.items()] if e.expires is not None and e.expires <= now]
         for k in dead[:limit]:
@@ -215,6 +223,8 @@ class Store:
     def _drop(self, key: str, e: Entry) -> None:
         (self._pinned if e.pinned else self._lru).pop(key, None)
         self.nbytes -= e.nbytes
+        if e.expires is not None:
+            self.expiring -= 1
         if e.pinned:
             self.pinned_bytes -= e.nbytes
 
