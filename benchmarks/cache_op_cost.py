@@ -15,6 +15,13 @@ Counted per operation: the work of both nodes and of the event loop.
 ``--op``: ``put`` / ``get`` (remote, 16-byte values), ``local_get`` (a key this node holds),
 ``request`` (``node.request`` to a sync echo service, 64 B), ``request_t`` (the same with a
 timeout, as the cache's calls pass one). ``--concurrency 16`` runs that many callers.
+Environment: ``CACHE_OP_WARMUP`` (ops before measuring, default 2000: fewer keeps a run under
+valgrind short), ``PROFILE_TOP`` (rows of ``--profile``, default 30).
+
+Under valgrind an op runs ~50x slower, so work done per second rather than per op (the
+cache's once-a-second TTL sweep, heartbeats, delayed acks) is counted in per-op figures
+about 50x too heavily; the more loaded the machine, the more so. Compare trees run side
+by side, never with a figure from another hour.
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ async def setup(op: str, concurrency: int) -> tuple[Any, Any, Any]:
         "request_t": lambda _i: a.request("server", "bench.echo", payload, timeout=5.0),
     }
     call = calls[op]
-    for i in range(2000):  # warm-up
+    for i in range(int(os.environ.get("CACHE_OP_WARMUP", "2000"))):  # warm-up
         await call(i)
 
     async def run(n: int) -> None:
