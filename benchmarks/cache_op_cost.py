@@ -16,6 +16,13 @@ Counted per operation: the work of both nodes and of the event loop.
 ``request`` (``node.request`` to a sync echo service, 64 B), ``request_t`` (the same with a
 timeout, as the cache's calls pass one), ``async_t`` (the same to an ``async def`` echo, as
 ``benchmarks/p2p.py`` calls it). ``--concurrency 16`` runs that many callers.
+Environment: ``CACHE_OP_WARMUP`` (ops before measuring, default 2000: fewer keeps a run under
+valgrind short), ``PROFILE_TOP`` (rows of ``--profile``, default 30).
+
+Under valgrind an op runs ~50x slower, so work done per second rather than per op (the
+cache's once-a-second TTL sweep, heartbeats, delayed acks) is counted in per-op figures
+about 50x too heavily; the more loaded the machine, the more so. Compare trees run side
+by side, never with a figure from another hour.
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ async def setup(op: str, concurrency: int) -> tuple[Any, Any, Any]:
         "async_t": lambda _i: a.request("server", "bench.aecho", payload, timeout=5.0),
     }
     call = calls[op]
-    for i in range(2000):  # warm-up
+    for i in range(int(os.environ.get("CACHE_OP_WARMUP", "2000"))):  # warm-up
         await call(i)
 
     async def run(n: int) -> None:
@@ -110,7 +117,7 @@ def measure(op: str, n: int, concurrency: int, profile: bool) -> float:
             prof.disable()
         dt = time.perf_counter() - t0
         if prof is not None:
-            pstats.Stats(prof).sort_stats("tottime").print_stats(int(os.environ.get("NPROF", "30")))
+            pstats.Stats(prof).sort_stats("tottime").print_stats(int(os.environ.get("PROFILE_TOP", "30")))
         loop.run_until_complete(a.stop())
         loop.run_until_complete(b.stop())
         return dt

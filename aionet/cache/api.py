@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core.ports import Clock, MemberEvents, Messaging, loop_time
-from ..errors import PeerUnavailable
-from .errors import LockLost
+from ..errors import PeerUnavailable, RemoteError
+from .errors import BY_NAME, LockLost
 from .service import CacheService
 from .store import freeze
 from .wire import (
@@ -39,6 +39,7 @@ from .wire import (
     OP_PUT,
     SVC_CLAIM,
     SVC_LOCK,
+    SVC_PUT,
     SVC_READ,
     SVC_READ_SLOW,
     SVC_UNCLAIM,
@@ -192,6 +193,8 @@ class Cache:
         messaging.register_type(CacheRef, "aionet.cache_ref")  # travels as a task argument
         self.service = CacheService(cfg, messaging=messaging, members=members, clock=clock)
         self.name = messaging.name
+        self._request = messaging.request  # the fast paths of put and get call it directly
+        self._placement = self.service.placement
         self._id = f"{messaging.name}/{messaging.node_id[:8]}"
         self._seq = itertools.count(1)
         self._watches: set[WatchStream] = set()
@@ -223,6 +226,18 @@ class Cache:
         """Store ``value``; returns its new version. ``fence=lease`` refuses the write with
         StaleFenceError unless ``lease`` is its lock's live lease. ``pin=True`` keeps it out
         of LRU eviction. A numpy array is copied once here; gets on a replica share it."""
+        if ttl is None and fence is None and not pin and type(key) is str and key and key[0] != "\x00":
+            # the common put, at a remote primary: one request of the smallest form, no
+            # frames between here and the request (any failure takes the general path)
+            primary = self._placement.owners(key)[0]
+            if primary != self.name:
+                start = loop_time()
+                try:
+                    return await self._request(primary, SVC_PUT, [key, value], self.cfg.request_timeout)  # type: ignore[no-any-return]
+                except RemoteError as exc:
+                    raise _remote(exc) from None
+                except (PeerUnavailable, TimeoutError) as exc:
+                    return await self._write_retry(OP_PUT, key, value, 0, None, False, None, start, exc)
         return await self._write(OP_PUT, key, value, 0, ttl, pin, fence)
 
     async def cas(
@@ -258,6 +273,23 @@ class Cache:
                 return await svc.call(primary, SVC_WRITE, [op, key, value, expect, ttl, pin, fence_f, MAX_HOPS])  # type: ignore[no-any-return]
             except (PeerUnavailable, TimeoutError) as exc:
                 failed = exc
+        return await self._write_retry(op, key, value, expect, ttl, pin, fence_f, start, failed)
+
+    async def _write_retry(
+        self,
+        op: int,
+        key: str,
+        value: Any,
+        expect: int,
+        ttl: float | None,
+        pin: bool,
+        fence_f: list[Any] | None,
+        start: float,
+        failed: Exception | None,
+    ) -> int:
+        """A write's retry loop (after a first try at a remote primary ``failed``, or for a
+        write this node is the primary of)."""
+        svc = self.service
 
         async def once() -> int:
             primary = svc.placement.primary(key)
@@ -271,6 +303,22 @@ class Cache:
     async def get(self, key: str, default: Any = None, *, copy: bool = False) -> Any:
         """The value, or ``default`` when absent. On a node holding a replica a numpy array
         comes back as the cached memory, read-only; ``copy=True`` returns a writable copy."""
+        if type(key) is str and key and key[0] != "\x00":
+            owners = self._placement.owners(key)
+            if self.name in owners:
+                e = self.service.store.get(key)
+                if e is not None:
+                    return _copy(e.value) if copy else e.value
+            else:  # a remote replica: one request, no frames between here and the request
+                start = loop_time()
+                try:
+                    version, value = await self._request(owners[0], SVC_READ, key, self.cfg.request_timeout)
+                except RemoteError as exc:
+                    raise _remote(exc) from None
+                except (PeerUnavailable, TimeoutError) as exc:
+                    version, value = await self._read_rest(key, copy, owners, start, exc)
+                if version >= 0:
+                    return default if version == 0 else value
         version, value = await self._read(key, copy)
         return default if version == 0 else value
 
@@ -294,13 +342,26 @@ class Cache:
             failed = exc
         return await self._retrying(lambda: self._read_from(key, copy, svc.placement.owners(key)), start, failed)
 
+    async def _read_rest(
+        self, key: str, copy: bool, owners: tuple[str, ...], start: float, failed: Exception
+    ) -> tuple[int, Any]:
+        """After ``owners[0]`` failed a read: the key's other replicas this round, then the
+        retry loop (from ``start``)."""
+        if len(owners) > 1:
+            try:
+                return await self._read_from(key, copy, owners[1:])
+            except (PeerUnavailable, TimeoutError) as exc:
+                failed = exc
+        svc = self.service
+        return await self._retrying(lambda: self._read_from(key, copy, svc.placement.owners(key)), start, failed)
+
     async def _read_from(self, key: str, copy: bool, owners: tuple[str, ...]) -> tuple[int, Any]:
         """One round: ask each replica in turn until one answers."""
         svc = self.service
         last: Exception | None = None
         for peer in owners:
             try:
-                version, value = await svc.call(peer, SVC_READ, [key])
+                version, value = await svc.call(peer, SVC_READ, key)
                 if version < 0:
                     version, value = await svc.call(peer, SVC_READ_SLOW, [key, MAX_HOPS])
                 return version, _copy(value) if copy and peer == self.name else value
@@ -566,6 +627,12 @@ def _fence(lease: Any) -> list[Any] | None:
     if isinstance(lease, Lease):
         return lease.fence
     raise TypeError(f"fence= takes the Lease of `async with node.lock(...)`, not {lease!r}")
+
+
+def _remote(exc: RemoteError) -> Exception:
+    """A cache error a peer raised, as its own type here (else the RemoteError itself)."""
+    cls = BY_NAME.get(exc.remote_type)
+    return exc if cls is None else cls(exc.remote_message)
 
 
 def _copy(value: Any) -> Any:

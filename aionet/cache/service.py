@@ -36,12 +36,15 @@ from .wire import (
     LOCK_RELEASE,
     LOCK_RENEW,
     LOCK_VALID,
+    MAX_HOPS,
     OP_CAS,
     OP_DEL,
+    OP_PUT,
     REPL_BATCH,
     SVC_CLAIM,
     SVC_LOCK,
     SVC_PEEK,
+    SVC_PUT,
     SVC_READ,
     SVC_READ_SLOW,
     SVC_REPL,
@@ -100,6 +103,7 @@ class CacheService:
         self.on_member_up: Callable[[str], None] = lambda _n: None
         self.handlers: dict[str, Callable[[Any], Any]] = {
             SVC_WRITE: self._h_write,
+            SVC_PUT: self._h_put,
             SVC_READ: self._h_read_fast,
             SVC_READ_SLOW: self._h_read,
             SVC_PEEK: self._h_peek,
@@ -218,6 +222,28 @@ class CacheService:
             return self._replicated(owners, rec, version)
         return version
 
+    @inline_handler
+    def _h_put(self, arg: list[Any]) -> int | Coroutine[Any, Any, int]:
+        """The common write, ``[key, value]``: a put with no ttl, pin or fence. At the primary
+        of a key it already holds unpinned (no pull, no etcd), the entry is updated in place
+        (its fences kept, as any put keeps them); anything else is the general write."""
+        key, value = arg
+        owners = self.placement.owners(key)
+        e = self.store.peek(key)
+        if e is None or e.pinned or owners[0] != self.name or self.coord is not None:
+            return self._h_write([OP_PUT, key, value, 0, None, False, None, MAX_HOPS])
+        floor = self.store.floor
+        version = (e.version if e.version > floor else floor) + 1
+        value = freeze(value, copy=False)
+        self.store.update(key, e, value, version)
+        if self._claims:
+            self._release_claim(key)
+        if self._subs:
+            self._notify(key, version, OP_PUT, value)
+        if len(owners) > 1:
+            return self._replicated(owners, [key, version, value, -1.0, False, e.fences, False], version)
+        return version
+
     async def _write_slow(self, arg: list[Any], owners: tuple[str, ...]) -> int:
         """The write path that may wait: forwarding to the primary, pulling a key that may be
         moving, checking a fence, or etcd as the authority."""
@@ -322,10 +348,11 @@ class CacheService:
                 f"(expired, released or superseded)"
             )
 
-    def _h_read_fast(self, arg: list[Any]) -> list[Any]:
+    def _h_read_fast(self, key: str) -> list[Any]:
         """A read answered inline when this node can: it holds the key, or it is a replica and
         no keys are moving. Else ``[-1, None]``: the caller asks SVC_READ_SLOW."""
-        key = arg[0]
+        if type(key) is not str:
+            raise TypeError(f"a cache read names a str key, not {key!r}")
         e = self.store.get(key)
         if e is not None:
             return [e.version, e.value]

@@ -80,6 +80,7 @@ class Store:
         self.nbytes = 0
         self.pinned_bytes = 0
         self.floor = 0  # every version this store forgot is <= floor
+        self.expiring = 0  # entries with a TTL: sweep scans nothing while there are none
         self.evictions = 0
         self.expirations = 0
 
@@ -149,15 +150,13 @@ class Store:
             return False
         size = (sizeof(value) if nbytes is None else nbytes) + ENTRY_OVERHEAD
         if size > self.max_bytes - self.pinned_bytes and size > self.max_bytes - self._pinned_bytes(exclude=key):
-            raise CacheFull(
-                f"cache entry {key!r} ({size} bytes) does not fit in this node's cache budget "
-                f"(cache.max_bytes = {self.max_bytes}, {self._pinned_bytes()} bytes pinned): raise cache.max_bytes "
-                f"or unpin entries"
-            )
+            raise self._full(key, size)
         if old is not None:
             self._drop(key, old)
         expires = None if ttl is None else self.clock() + ttl
         e = Entry(value, version, size, expires, pinned, dict(fences or {}))
+        if expires is not None:
+            self.expiring += 1
         (self._pinned if pinned else self._lru)[key] = e
         self.nbytes += size
         if pinned:
@@ -165,6 +164,21 @@ class Store:
         if self.nbytes > self.max_bytes:
             self._evict()
         return True
+
+    def update(self, key: str, e: Entry, value: Any, version: int) -> None:
+        """Write ``version`` (newer than ``e``'s) of an unpinned key whose live entry is ``e``,
+        with no TTL and its fences kept: the common put, changing the entry in place (no new
+        entry, no second lookup). Raises :class:`CacheFull` as :meth:`apply` does."""
+        size = sizeof(value) + ENTRY_OVERHEAD
+        if size > self.max_bytes - self.pinned_bytes:
+            raise self._full(key, size)
+        self.nbytes += size - e.nbytes
+        if e.expires is not None:
+            self.expiring -= 1
+        e.value, e.version, e.nbytes, e.expires = value, version, size, None
+        self._lru.move_to_end(key)
+        if self.nbytes > self.max_bytes:
+            self._evict()
 
     def remove(self, key: str, version: int) -> bool:
         """Delete ``key`` as of ``version`` (a replicated delete): later versions only."""
@@ -182,7 +196,10 @@ class Store:
             self._forget(key, e)
 
     def sweep(self, limit: int = 1000) -> int:
-        """Remove up to ``limit`` expired entries (reads also drop them lazily)."""
+        """Remove up to ``limit`` expired entries (reads also drop them lazily); no scan
+        while no entry has a TTL (the sweep runs every second, whatever the store holds)."""
+        if not self.expiring:
+            return 0
         now = self.clock()
         dead = [k for k, e in [*self._pinned.items(), *self._lru.items()] if e.expires is not None and e.expires <= now]
         for k in dead[:limit]:
@@ -190,6 +207,13 @@ class Store:
         return min(len(dead), limit)
 
     # ------------------------------------------------------------------ internals
+    def _full(self, key: str, size: int) -> CacheFull:
+        return CacheFull(
+            f"cache entry {key!r} ({size} bytes) does not fit in this node's cache budget "
+            f"(cache.max_bytes = {self.max_bytes}, {self._pinned_bytes()} bytes pinned): raise cache.max_bytes "
+            f"or unpin entries"
+        )
+
     def _pinned_bytes(self, exclude: str | None = None) -> int:
         total = self.pinned_bytes
         if exclude is not None and exclude in self._pinned:
@@ -199,6 +223,8 @@ class Store:
     def _drop(self, key: str, e: Entry) -> None:
         (self._pinned if e.pinned else self._lru).pop(key, None)
         self.nbytes -= e.nbytes
+        if e.expires is not None:
+            self.expiring -= 1
         if e.pinned:
             self.pinned_bytes -= e.nbytes
 

@@ -4,7 +4,9 @@ wire format.
 Requests (``Messaging.request``) to a key's primary::
 
     SVC_WRITE  [op, key, value, expect, ttl, pin, fence, hops]  -> version (0: cas lost / nothing deleted)
-    SVC_READ   [key]                                        -> [version, value] ([0, None]: absent; [-1, None]:
+    SVC_PUT    [key, value]                                 -> version  (SVC_WRITE of a put with no ttl, pin or
+                                                               fence, hops = MAX_HOPS: the common write, smaller)
+    SVC_READ   key                                          -> [version, value] ([0, None]: absent; [-1, None]:
                                                                ask SVC_READ_SLOW, which may forward or pull)
     SVC_READ_SLOW [key, hops]                               -> [version, value] ([0, None]: absent)
     SVC_PEEK   [key]                                        -> entry record | None  (no forwarding)
@@ -22,6 +24,7 @@ Watch changes go with ``Messaging.send`` on channel ``CHANNEL`` as ``[[key, vers
 from __future__ import annotations
 
 SVC_WRITE = "aionet.cache.write"
+SVC_PUT = "aionet.cache.put"  # inline handler: the common put, answered inline at the primary
 SVC_READ = "aionet.cache.read"  # sync handler: answered inline, no task per request
 SVC_READ_SLOW = "aionet.cache.read_slow"
 SVC_PEEK = "aionet.cache.peek"
@@ -60,6 +63,7 @@ __all__ = [
     "SVC_CLAIM",
     "SVC_LOCK",
     "SVC_PEEK",
+    "SVC_PUT",
     "SVC_READ",
     "SVC_READ_SLOW",
     "SVC_REPL",

@@ -11,7 +11,7 @@ import pytest
 
 import aionet.testing
 from aionet import ConfigError
-from aionet.cache import StaleFenceError
+from aionet.cache import CacheFull, StaleFenceError
 from aionet.config import Config
 from tests.conftest import wait_for
 from tests.etcd_server import etcd_server
@@ -132,6 +132,31 @@ async def test_lock_fences_writes_and_tokens_rise(backend) -> None:
         with pytest.raises(StaleFenceError):
             await a.cache.put("data", 4, fence=second)  # released: no longer live
         assert await b.cache.get("data") == 3
+
+
+async def test_plain_remote_puts_replicate_keep_fences_and_raise_typed_errors() -> None:
+    """The common put (no ttl, pin or fence) at a remote primary takes the short request and
+    updates the entry in place: every replica sees each version, a TTL or pin from an earlier
+    write is replaced as any put replaces it, the lock tokens that wrote the key are kept
+    (so a late holder is still refused), and a value too big fails as CacheFull here."""
+    cfg = {**FAST, "cache": {"max_bytes": 64 * 1024}}
+    async with aionet.testing.cluster(n=3, config=cfg) as nodes:
+        key = next(k for k in (f"p{i}" for i in range(200)) if nodes[0].name not in nodes[0].cache.owners(k))
+        a = nodes[0]
+        primary = next(n for n in nodes if n.name == a.cache.owners(key)[0])
+        async with a.lock("res", ttl=5) as lease:
+            v0 = await a.cache.put(key, "fenced", ttl=30, pin=True, fence=lease)
+        versions = [await a.cache.put(key, i) for i in range(5)]
+        assert versions == sorted(versions) and versions[0] > v0 and len(set(versions)) == 5
+        for n in nodes:
+            assert await n.cache.get_versioned(key) == (4, versions[-1])
+        e = primary.cache.store.peek(key)
+        assert e.fences == {"res": lease.token} and not e.pinned and e.expires is None
+        with pytest.raises(StaleFenceError):
+            await a.cache.put(key, "late", fence=lease)
+        with pytest.raises(CacheFull):
+            await a.cache.put(key, b"x" * (128 * 1024))
+        assert await a.cache.get(key) == 4
 
 
 async def test_lock_is_mutually_exclusive_and_renewed(backend) -> None:

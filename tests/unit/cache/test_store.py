@@ -45,6 +45,7 @@ def test_budget_holds_and_versions_rise(ops) -> None:
         assert store.nbytes <= max(store.max_bytes, store.pinned_bytes)
         held = [*store._lru.values(), *store._pinned.values()]  # expired ones included until dropped
         assert store.nbytes == sum(e.nbytes for e in held)
+        assert store.expiring == sum(e.expires is not None for e in held)  # sweep skips its scan at 0
 
 
 def test_lru_evicts_least_recently_used_unpinned() -> None:
@@ -105,3 +106,51 @@ def test_arrays_are_stored_read_only() -> None:
     store = Store(10_000, FakeClock())
     store.apply("a", kept, 1)
     assert store.peek("a").nbytes == kept.nbytes + ENTRY_OVERHEAD
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS)
+def test_in_place_update_matches_a_fresh_write(ops) -> None:
+    """The primary's common put (no TTL, unpinned) changes the entry in place (``update``);
+    any sequence of writes ends in the same state as writing every value anew with ``apply``:
+    same keys, versions, values, expiries, byte count, LRU order and evictions, fences kept."""
+    clock = FakeClock()
+    fast, ref = Store(2000, clock), Store(2000, clock)
+    for op, key, value in ops:
+        if op == "tick":
+            clock.advance(1.0)
+            continue
+        v = ref.next_version(key)
+        assert fast.next_version(key) == v
+        if op == "del":
+            fast.remove(key, v)
+            ref.remove(key, v)
+            continue
+        e = fast.peek(key)
+        ttl = 2.5 if len(value) % 2 else None  # a write with a TTL takes apply in both stores
+        outcomes = []
+        for store in (fast, ref):
+            try:
+                if store is fast and op == "put" and ttl is None and e is not None and not e.pinned:
+                    store.update(key, e, value, v)
+                else:
+                    old = store.peek(key)
+                    fences = dict(old.fences) if old is not None else {"lock": v}
+                    store.apply(key, value, v, ttl=ttl, pinned=op == "pin", fences=fences)
+                outcomes.append(None)
+            except CacheFull as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+        for attr in ("nbytes", "pinned_bytes", "floor", "evictions", "expirations"):
+            assert getattr(fast, attr) == getattr(ref, attr), attr
+        assert list(fast._lru) == list(ref._lru) and list(fast._pinned) == list(ref._pinned)
+        assert fast.expiring == sum(e.expires is not None for e in [*fast._lru.values(), *fast._pinned.values()])
+        for k, x in ref._lru.items():
+            y = fast._lru[k]
+            assert (y.value, y.version, y.nbytes, y.expires, y.fences) == (
+                x.value,
+                x.version,
+                x.nbytes,
+                x.expires,
+                x.fences,
+            )
