@@ -9,7 +9,7 @@ so that ``server`` is their only replica (every put and get is remote), as in ca
 Counted per operation: the work of both nodes and of the event loop.
 
     python benchmarks/cache_op_cost.py --op put            # wall time per op (one caller)
-    python benchmarks/cache_op_cost.py --op get --profile  # cProfile of both ends (NPROF=n: rows)
+    python benchmarks/cache_op_cost.py --op get --profile  # cProfile of both ends (PROFILE_TOP=n: rows)
     python benchmarks/cache_op_cost.py --callgrind         # instructions per op, every --op
 
 ``--op``: ``put`` / ``get`` (remote, 16-byte values), ``local_get`` (a key this node holds),
