@@ -59,6 +59,7 @@ async def serve() -> None:
     node = aionet.Node(name="server", listen=f"tcp://{HOST}:0", config=cfg)
     await node.start()
     big = np.ones(BIG // 8)
+    big.flags.writeable = False  # as the cache's own values: a writable reply would be copied (README)
     node.add_service("bench.big", lambda _x: big)
     C.emit("READY", {"address": node.address})
     C.parent_watchdog(__import__("os").getppid())
