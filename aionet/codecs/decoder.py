@@ -50,7 +50,7 @@ from .extensions import (
     Buffer,
     SerializerState,
 )
-from .framing import frame_nbytes
+from .framing import OwnedFrame, frame_nbytes
 from .pickling import unpickle_record
 
 __all__ = ["GC_PAUSE_BYTES", "Decoder", "decode_frames", "gc_paused", "meta_limits"]
@@ -363,7 +363,7 @@ def _decode_datetime(m: Any) -> Any:
 def _frame_len(f: Any, i: int) -> tuple[Buffer, int]:
     """Check one received frame's type; return it as a flat byte buffer and its size."""
     t = type(f)
-    if t is bytes or t is bytearray:
+    if t is bytes or t is bytearray or t is OwnedFrame:  # OwnedFrame: a sender's copy, shared by inproc://
         return f, len(f)
     if t is memoryview:
         if f.format != "B" or f.ndim != 1:

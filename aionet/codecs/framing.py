@@ -662,7 +662,7 @@ def frame_nbytes(f: Any) -> int:
     (CuPy arrays, or UCX's own buffer types that have a ``__cuda_array_interface__`` and no
     ``len``), so a device frame is counted as the bytes it holds, not its first dimension."""
     t = type(f)
-    if t is bytes or t is bytearray:
+    if t is bytes or t is bytearray or t is OwnedFrame:
         return len(f)
     if t is memoryview:
         return f.nbytes
