@@ -16,6 +16,7 @@ import pytest
 from aionet import Node, RemoteError
 from aionet.config import Config
 from aionet.errors import PeerUnavailable
+from tests.conftest import wait_for
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("CALLER", default="unset")
 
@@ -58,7 +59,7 @@ async def test_async_handlers_answer_whether_or_not_they_suspend_and_raise_from_
             await b.request("a", "raises_later", None, timeout=10)
         assert e2.value.remote_type == "KeyError"
         # nothing of those handlers is still running or counted
-        await asyncio.wait_for(_until(lambda: not a.router.tasks and not a.router.running), 10)
+        await wait_for(lambda: not a.router.tasks and not a.router.running, 10)
 
 
 @pytest.mark.timeout(60)
@@ -104,7 +105,7 @@ async def test_running_handlers_are_bounded_by_max_concurrent_requests():
         # many handlers that finish at once leave no slot taken
         assert await asyncio.gather(*(b.request("a", "h", i, timeout=10) for i in range(50))) == list(range(50))
         slow = [asyncio.ensure_future(b.request("a", "h", "wait", timeout=10)) for _ in range(4)]
-        await asyncio.wait_for(_until(lambda: waiting[0] == 2), 10)
+        await wait_for(lambda: waiting[0] == 2, 10)
         assert a.router.running == {"b": 2}
         release.set()
         assert await asyncio.gather(*slow) == ["wait"] * 4
@@ -138,8 +139,3 @@ async def test_a_suspended_handler_is_cancelled_at_shutdown_and_its_caller_told(
                 assert e.value.remote_type == "asyncio.CancelledError"
     finally:
         await a.stop()
-
-
-async def _until(cond: Any) -> None:
-    while not cond():
-        await asyncio.sleep(0.005)

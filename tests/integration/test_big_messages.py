@@ -18,6 +18,7 @@ from aionet.core.link import BIG_MESSAGE
 from aionet.core.replay_copies import COPY_BUDGET, COPY_MAX
 from aionet.errors import ConfigError
 from aionet.testing import FaultProxy
+from tests.conftest import wait_for
 
 MiB = 2**20
 
@@ -134,8 +135,10 @@ async def test_a_send_not_copied_returns_only_once_acknowledged(size, copying):
     async with proxied(_copying() if copying else None) as (a, b, pa):
         arr = np.full(size, 7, np.uint8)
         pa.stall()
+        link = b._peers["a"].link
+        before = link.state.next_seq
         task = asyncio.ensure_future(b.send("a", "big", arr))
-        await asyncio.sleep(0.5)
+        await wait_for(lambda: link.state.next_seq > before, 10)  # sequenced and written; a stalled peer acks nothing
         assert not task.done()  # zero-copy: the replay buffer still needs the caller's memory
         pa.stall(False)
         await asyncio.wait_for(task, 20)
@@ -205,9 +208,7 @@ async def test_a_reply_buffer_changed_after_the_handler_returns_is_replayed_as_r
         pa.stall()
         before = link.state.next_seq
         go.set()
-        async with asyncio.timeout(10):
-            while link.state.next_seq == before or not (state == 99).all():
-                await asyncio.sleep(0.01)
+        await wait_for(lambda: link.state.next_seq > before and (state == 99).all(), 10)
         pa.cut(reset=True)
         pa.stall(False)
         got = await asyncio.wait_for(call, 30)
