@@ -52,12 +52,7 @@ async def test_64_requests_in_flight_each_get_their_own_reply(pair: Pair) -> Non
 @pytest.mark.timeout(60)
 async def test_timeout_bounds_a_request_whose_handler_never_answers_and_the_link_goes_on(pair: Pair) -> None:
     a, b = pair
-    release = asyncio.Event()
-
-    @a.service("stuck")
-    async def stuck(x: int) -> int:
-        await release.wait()
-        return x
+    release = _stuck_service(a)
 
     await b.request("a", "aionet.echo", 0, timeout=5)  # the link is up: the fast path
     t0 = asyncio.get_running_loop().time()
@@ -91,12 +86,7 @@ async def test_cancelling_a_request_with_a_timeout_is_a_cancellation_not_a_timeo
 @pytest.mark.timeout(60)
 async def test_a_short_timeout_fires_on_time_behind_a_long_one_and_deadlines_do_not_pile_up(pair: Pair) -> None:
     a, b = pair
-    release = asyncio.Event()
-
-    @a.service("stuck")
-    async def stuck(x: int) -> int:
-        await release.wait()
-        return x
+    release = _stuck_service(a)
 
     await b.request("a", "aionet.echo", 0, timeout=5)
     long = asyncio.ensure_future(b.request("a", "stuck", 1, timeout=50))
@@ -113,3 +103,15 @@ async def test_a_short_timeout_fires_on_time_behind_a_long_one_and_deadlines_do_
     assert not long.done()
     release.set()
     assert await long == 1
+
+
+def _stuck_service(a: Node) -> asyncio.Event:
+    """Register ``stuck`` on ``a``: it answers (its argument) only once the event is set."""
+    release = asyncio.Event()
+
+    @a.service("stuck")
+    async def stuck(x: int) -> int:
+        await release.wait()
+        return x
+
+    return release
