@@ -318,6 +318,9 @@ class Router:
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._deadlines = _Deadlines(self.pending)
+        # the node's event loop (bind_loop): asyncio.get_running_loop() costs a getpid()
+        # system call per call on CPython 3.11, once per request
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._next_id = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         # async handlers running per requesting peer, bounded by max_concurrent_requests; a
@@ -325,6 +328,10 @@ class Router:
         self.max_concurrent_requests = max_concurrent_requests
         self.running: dict[str, int] = {}
         self._slot_waiters: dict[str, list[asyncio.Future[None]]] = {}
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """The loop the node runs on (set when it starts, cleared when it stops)."""
+        self.loop = loop
 
     # ------------------------------------------------------------------ services
     def add_service(self, name: str, fn: Handler) -> None:
@@ -452,9 +459,8 @@ class Router:
     ) -> tuple[int, asyncio.Future[Any]]:
         """A request id and the future its reply resolves. With ``timeout`` the future fails
         with TimeoutError that many seconds from now unless answered (or forgotten) first."""
-        self._next_id += 1
-        rid = self._next_id
-        loop = asyncio.get_running_loop()
+        self._next_id = rid = self._next_id + 1
+        loop = self.loop or asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self.pending[rid] = (fut, peer)
         if self.instruments.request_finished is not None:
