@@ -590,9 +590,10 @@ class Router:
     def _start(self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int) -> None:
         """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers."""
         self.running[peer] = running + 1
-        task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply, peer))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        loop = self.loop or asyncio.get_running_loop()
+        # the task takes itself out of self.tasks as it ends (_run_async): a done callback
+        # would cost one more loop iteration per request
+        self.tasks.add(loop.create_task(self._run_async(fn, rid, payload, reply, peer, loop)))
 
     def _timed(self, fn: Handler, mode: int, service: str, peer: str) -> Handler:
         """``fn`` wrapped to report its duration and outcome to the ``request_handled`` hook."""
@@ -655,6 +656,8 @@ class Router:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
+            # a task cancelled before it ever ran never reached the finally that removes it
+            self.tasks.difference_update([t for t in handlers if t.done()])
 
     def _spawn_reply(self, aw: Awaitable[None] | None) -> None:
         if aw is not None:  # not with the node's reply (it never blocks); kept for other callers
@@ -681,33 +684,34 @@ class Router:
                 if not fut.done():
                     fut.set_result(None)
 
-    async def _run_async(self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str = "") -> None:
+    async def _run_async(
+        self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Answer with ``await fn(payload)``, then count the handler done and leave self.tasks."""
         try:
-            await self._answer(fn, rid, payload, reply)
+            try:
+                result = await fn(payload)
+            except asyncio.CancelledError:
+                await _quiet(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
+                raise
+            except Exception as exc:
+                await _quiet(reply(ERR, _error_fields(rid, exc)))
+                return
+            try:
+                aw = reply(REP, [rid, result])
+                if aw is not None:
+                    await aw
+            except PeerUnavailable:
+                self.log.info("reply dropped: the caller is gone", rid=rid)
+            except AionetError as exc:
+                await _quiet(reply(ERR, _error_fields(rid, exc)))
         finally:
             self._handler_done(peer)
-
-    async def _answer(self, fn: Handler, rid: int, payload: Any, reply: Reply) -> None:
-        try:
-            result = await fn(payload)
-        except asyncio.CancelledError:
-            await _quiet(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
-            raise
-        except Exception as exc:
-            await _quiet(reply(ERR, _error_fields(rid, exc)))
-            return
-        try:
-            aw = reply(REP, [rid, result])
-            if aw is not None:
-                await aw
-        except PeerUnavailable:
-            self.log.info("reply dropped: the caller is gone", rid=rid)
-        except AionetError as exc:
-            await _quiet(reply(ERR, _error_fields(rid, exc)))
+            self.tasks.discard(asyncio.current_task(loop))
 
 
 async def _awaited(coro: Coroutine[Any, Any, Any]) -> Any:
-    """What an inline handler returned, awaited (the ``fn`` that :meth:`Router._answer` runs)."""
+    """What an inline handler returned, awaited (the ``fn`` that :meth:`Router._run_async` runs)."""
     return await coro
 
 
