@@ -324,13 +324,16 @@ class FrameDecoder:
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next received bytes must be written (never empty)."""
+        start = self._start
+        end = self._end
+        if start == end == 0 and self._target is None and self._error is None:
+            # the usual case: everything read was taken (see buffer_updated's one-message path)
+            return self._mv[:PEEK_BYTES] if self._peek else self._mv
         if self._error is not None:
             raise self._error
         target = self._target
         if target is not None:
             return target[self._target_off :]
-        start = self._start
-        end = self._end
         if start == end:
             self._start = self._end = 0
             if self._peek:
@@ -368,7 +371,7 @@ class FrameDecoder:
             if end - pos >= _ONE_PREFIX:
                 key, ln = _KEY_LEN.unpack_from(self._mv, pos)
                 if key == _ONE_KEY and pos + _ONE_PREFIX + ln == end and ln <= self._fast_max:
-                    self._start = end
+                    self._start = self._end = 0  # all taken: the next read starts at the front
                     self.delivered_bytes += ln
                     self._peek = False
                     return [[self._mv[pos + _ONE_PREFIX : end].tobytes()]]

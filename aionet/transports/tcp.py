@@ -375,18 +375,23 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 f = as_frame(f)
             ln = len(f)
             if ln < self._copy_below and ln <= self._max_header:
-                wbuf = self._wbuf
-                wbuf += _PACK1(HEAD, 1, ln)
-                wbuf += f
-                self._wbytes += ln + 16
                 if self._flush_scheduled or self._in_read:
                     # (in a read callback, buffer_updated writes the batch when the consumer returns)
+                    wbuf = self._wbuf
+                    wbuf += _PACK1(HEAD, 1, ln)
+                    wbuf += f
+                    self._wbytes += ln + 16
                     if self._wbytes >= self._flush_bytes:
                         self._flush()
-                elif self._write_through:
+                elif self._write_through and self._transport is not None:
+                    # nothing is batched (no flush scheduled, not in a read): straight to the socket
                     self._write_through = False  # what follows in this loop iteration is batched
-                    self._flush()
+                    self._transport.write(_PACK1(HEAD, 1, ln) + f)
                 else:
+                    wbuf = self._wbuf
+                    wbuf += _PACK1(HEAD, 1, ln)
+                    wbuf += f
+                    self._wbytes += ln + 16
                     self._flush_scheduled = True
                     self._loop.call_soon(self._scheduled_flush)
                 if self._write_paused:
