@@ -573,8 +573,10 @@ class Link:
             self.log.debug("ignoring ack beyond what was sent", peer=self.peer, ack=ack, sent=st.next_seq - 1)
             return
         st.on_ack(ack)
-        self._copies.acked(ack)
-        if st.inflight_bytes < st.max_inflight_bytes:
+        if self._copies.inflight:
+            self._copies.acked(ack)
+        # only a waiting sender waits on _space (and it re-checks the window before it waits)
+        if self._waiting_senders and st.inflight_bytes < st.max_inflight_bytes:
             self._space.set()
         waiters = self._ack_waiters
         while waiters and waiters[0][0] <= ack:
@@ -585,10 +587,11 @@ class Link:
     def received(self, nbytes: int) -> None:
         """After delivering a batch: ack now if much arrived, else within ack_delay (by the
         timer already armed, if any: it may fire sooner, never later)."""
-        if self.state.ack_owed == 0:
+        st = self.state
+        if st.ack_owed == 0:
             return
         self._bytes_owed += nbytes
-        if self._bytes_owed >= BIG_MESSAGE or self.state.should_ack():
+        if self._bytes_owed >= BIG_MESSAGE or st.ack_owed >= st.ack_every:  # (st.should_ack(), inlined)
             self.flush_ack()
         elif self._ack_timer is None:
             self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self.flush_ack)
