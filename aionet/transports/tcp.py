@@ -8,7 +8,10 @@ whose size (in bytes) is bounded: reading pauses above ``max_queued_bytes``.
 
 Send: messages are encoded into a per-connection batch and written with one
 ``transport.writelines`` per event-loop iteration, so a burst of small messages becomes one
-``writev`` on uvloop (the stdlib loop joins the buffers; slower, still correct). Frames below
+``writev`` on uvloop (the stdlib loop joins the buffers; slower, still correct). What a
+push-mode consumer writes while it handles a read (replies) is written when it returns, and
+after a read of exactly one message the next small write goes out at once: a request/reply
+exchange does not wait a loop iteration per message. Frames below
 ``copy_below`` are copied into the batch, so callers may reuse them at once; larger ``bytes``
 are written by reference (immutable); larger mutable buffers are written by reference too and
 ``send`` returns only once the kernel has them. ``send`` waits while the transport's write
