@@ -10,8 +10,8 @@ Send: messages are encoded into a per-connection batch and written with one
 ``transport.writelines`` per event-loop iteration, so a burst of small messages becomes one
 ``writev`` on uvloop (the stdlib loop joins the buffers; slower, still correct). What a
 push-mode consumer writes while it handles a read (replies) is written when it returns, and
-after a read of exactly one message the next small write goes out at once: a request/reply
-exchange does not wait a loop iteration per message. Frames below
+after two reads in a row of one message each the next small write goes out at once: a
+request/reply exchange does not wait a loop iteration per message. Frames below
 ``copy_below`` are copied into the batch, so callers may reuse them at once; larger ``bytes``
 are written by reference (immutable); larger mutable buffers are written by reference too and
 ``send`` returns only once the kernel has them. ``send`` waits while the transport's write
@@ -166,8 +166,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         # set while the push consumer runs inside a read callback: its writes are sent in one
         # write when it returns (no loop iteration later)
         self._in_read = False
-        # the last read brought one message: the next small write goes out at once
+        # the last two reads brought one message each: the next small write goes out at once
         self._write_through = False
+        self._last_single = False  # the last read brought one message
         self._flush_bytes: int = max(1, opts["flush_bytes"])
         self._copy_below: int = opts["copy_below"]
         self._high: int = opts["write_high_water"]
@@ -234,9 +235,14 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 self._in_read = False
                 if self._wbuf or self._wlist:
                     self._flush()
-            # one message per read: a request/reply exchange; the next write (its next request,
-            # an async handler's reply) goes out at once instead of a loop iteration later
-            self._write_through = len(msgs) == 1
+            # Two reads in a row of one message each: a request/reply exchange; the next write
+            # (its next request, an async handler's reply) goes out at once instead of a loop
+            # iteration later. Not after a single one: with many requests in flight, a lone
+            # message among batches would keep travelling alone instead of joining the next
+            # batch (measured: 64 in flight fell from 44k to 25-30k requests/s).
+            single = len(msgs) == 1
+            self._write_through = single and self._last_single
+            self._last_single = single
             if pending is not None:
                 self._pushed(pending)
         else:

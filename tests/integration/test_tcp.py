@@ -454,9 +454,9 @@ async def test_replies_written_while_a_batch_is_delivered_leave_in_one_write_per
 
 
 async def test_after_a_read_of_one_message_the_next_write_leaves_at_once_and_order_holds() -> None:
-    """A request/reply exchange: the first small write after a one-message read goes to the
-    socket at once (no loop iteration later); what follows in the same turn is batched
-    behind it, in order."""
+    """A request/reply exchange: the first small write after two one-message reads in a row
+    goes to the socket at once (no loop iteration later); what follows in the same turn is
+    batched behind it, in order. A lone message among batches does not enable it."""
     async with pair() as p:
         log = WriteLog(p.server._transport)
         p.server._transport = log  # type: ignore[assignment]
@@ -465,6 +465,12 @@ async def test_after_a_read_of_one_message_the_next_write_leaves_at_once_and_ord
         p.server.start_receiving(got.put_nowait, closed.set_result)
         await p.client.send([b"request"])
         assert await got.get() == [[b"request"]]
+        p.server.write_nowait([b"reply"])
+        assert len(log.writes) == 0  # one lone message is not yet an exchange: batched
+        assert await p.client.recv() == [b"reply"]
+        await p.client.send([b"request 2"])
+        assert await got.get() == [[b"request 2"]]
+        log.writes.clear()
         assert p.server.write_nowait([b"a"]) is None
         assert len(log.writes) == 1  # already written, before any await
         p.server.write_nowait([b"b"])
@@ -480,6 +486,13 @@ async def test_after_a_read_of_one_message_the_next_write_leaves_at_once_and_ord
         p.server.write_nowait([b"z"])
         assert len(log.writes) == before
         assert await p.client.recv() == [b"z"]
+        # nor does one lone message right after that batch
+        await p.client.send([b"lone"])
+        assert await got.get() == [[b"lone"]]
+        before = len(log.writes)
+        p.server.write_nowait([b"batched"])
+        assert len(log.writes) == before
+        assert await p.client.recv() == [b"batched"]
 
 
 # ------------------------------------------------------------------------- limits
