@@ -52,7 +52,8 @@ from .replay_copies import ReplayCopies
 # sender waits for the ack (the replay buffer holds the caller's memory), unless it has at
 # most copy_max bytes (link.big_copy_max_bytes, default 0; COPY_MAX is the largest worth
 # it): then it is copied into link-owned memory and its send returns at once, the copies
-# bounded by replay_copies.COPY_BUDGET.
+# bounded by replay_copies.COPY_BUDGET. Immutable payloads (bytes, read-only arrays) need
+# neither: their send returns at once, zero-copy (ReplayCopies.immutable).
 BIG_MESSAGE = 1 << 20
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
@@ -397,7 +398,8 @@ class Link:
     def _enqueue(self, kind: int, fields: list[Any], wait_ack: bool = True) -> tuple[Awaitable[None] | None, Any, int]:
         """Stamp, encode, record and write one envelope. Returns what to wait for: the
         transport's awaitable (or None), the connection, and a seq whose ack the sender
-        must wait for, else 0: a big message's own (above copy_max, sent zero-copy), or an
+        must wait for, else 0: a big message's own (above copy_max, sent zero-copy, unless
+        every out-of-band buffer is immutable: then nothing can change under the replay), or an
         older one's when the copies of unacknowledged big messages exceed their budget.
         ``wait_ack`` False: the caller keeps its buffers unchanged until the ack by itself
         (replies, staged chunks): sent zero-copy, nothing to wait for."""
@@ -440,8 +442,10 @@ class Link:
             if nbytes <= self._copy_max:
                 frames = self._copies.copy(frames)  # the caller may reuse its buffers at once
                 wait_seq = self._copies.sent(seq, nbytes)
-            else:
+            elif not ReplayCopies.immutable(frames):
                 wait_seq = seq  # zero-copy: the replay buffer holds the caller's memory until acked
+            # else: immutable buffers (bytes, read-only arrays) cannot change under the replay
+            # buffer, so the send returns without its ack; the window still bounds what is unacked
         elif nframes > 1 and kind != XFER:
             # returns before the ack (a smaller send, a reply): a replay after a cut must carry
             # the bytes of the call, not what the caller wrote into its buffer since

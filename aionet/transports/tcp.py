@@ -408,7 +408,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             if len(f) < copy_below:
                 wbuf += f
                 continue
-            if type(f) is not bytes and type(f) is not OwnedFrame:  # an OwnedFrame is never changed while sent
+            # bytes, an OwnedFrame (never changed while sent) and read-only views (the caller's
+            # promise, README "Delivery guarantees") need no waiting for the kernel to take them
+            if type(f) is not bytes and type(f) is not OwnedFrame and not (type(f) is memoryview and f.readonly):
                 if copy_all:
                     f = bytes(f)
                 else:
