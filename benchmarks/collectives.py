@@ -301,73 +301,6 @@ class RawRing:
         if err is not None:
             raise err
 
-    def allreduce_poll(self, x: Any, y: Any, rbuf: Any, segment: int) -> None:
-        """The same ring in one thread, gloo-style: non-blocking sockets and a poll loop that sends
-        whatever is ready and receives whatever arrived, with no thread hand-off per segment."""
-        import select
-
-        import numpy as np
-
-        n, r = self.n, self.rank
-        step = max(1, segment // x.itemsize)
-        bounds = [len(x) * i // n for i in range(n + 1)]
-        isz = x.itemsize
-        xb, yb, rb = memoryview(x).cast("B"), memoryview(y).cast("B"), memoryview(rbuf).cast("B")
-
-        def segs(c: int) -> list[tuple[int, int]]:
-            return [(a, min(a + step, bounds[c + 1])) for a in range(bounds[c], bounds[c + 1], step)]
-
-        sends = [xb[a * isz : b * isz] for a, b in segs(r)]
-        plan: list[tuple[int, int, bool, bool]] = []  # (a, b, reduce?, forward?)
-        for s in range(n - 1):
-            plan += [(a, b, True, True) for a, b in segs((r - s - 1) % n)]
-        for s in range(n - 1):
-            plan += [(a, b, False, s < n - 2) for a, b in segs((r - s) % n)]
-        left, right = self.left, self.right
-        left.setblocking(False)
-        right.setblocking(False)
-        try:
-            si, pi, got, view = 0, 0, 0, None
-            while si < len(sends) or pi < len(plan):
-                moved = False
-                if si < len(sends):
-                    try:
-                        k = right.send(sends[si])
-                    except BlockingIOError:
-                        k = 0
-                    if k:
-                        moved = True
-                        if k == len(sends[si]):
-                            si += 1
-                        else:
-                            sends[si] = sends[si][k:]
-                if pi < len(plan):
-                    a, b, red, fwd = plan[pi]
-                    if view is None:
-                        view = rb[: (b - a) * isz] if red else yb[a * isz : b * isz]
-                    try:
-                        k = left.recv_into(view[got:])
-                    except BlockingIOError:
-                        k = -1
-                    if k == 0:
-                        raise ConnectionError("left neighbour closed")
-                    if k > 0:
-                        moved = True
-                        got += k
-                        if got == len(view):
-                            if red:
-                                np.add(x[a:b], rbuf[: b - a], out=y[a:b])
-                            if fwd:
-                                sends.append(yb[a * isz : b * isz])
-                            pi, got, view = pi + 1, 0, None
-                if not moved:
-                    rd = [left] if pi < len(plan) else []
-                    wr = [right] if si < len(sends) else []
-                    select.select(rd, wr, [])
-        finally:
-            left.setblocking(True)
-            right.setblocking(True)
-
     def close(self) -> None:
         self.todo.put(False)
         self.thread.join(timeout=5)
@@ -417,10 +350,7 @@ def worker_raw(
                 ring.barrier()
                 u0 = resource.getrusage(resource.RUSAGE_SELF)
                 t = time.perf_counter()
-                if os.environ.get("RAW_ENGINE") == "poll":
-                    ring.allreduce_poll(src, dst, rbuf, v[1])
-                else:
-                    ring.allreduce(src, dst, rbuf, v[1])
+                ring.allreduce(src, dst, rbuf, v[1])
                 times[v].append(time.perf_counter() - t)
                 u1 = resource.getrusage(resource.RUSAGE_SELF)
                 cost[v] += (
