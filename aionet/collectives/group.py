@@ -14,7 +14,6 @@ survivors a new group on which the next call is correct (MPI ULFM's revoke + shr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -271,8 +270,12 @@ class Group:
         limit = self.timeout if timeout is None else timeout
         sends = self._sends[seq] = []
         try:
-            # the usual case has no limit: no timer to arm, no task bookkeeping to enter
-            async with asyncio.timeout(limit) if limit is not None else _NO_LIMIT:
+            if limit is None:  # the usual case: no timer to arm, no context to enter and leave
+                out = await fn(seq)
+                if sends:
+                    await asyncio.gather(*sends)
+                return out
+            async with asyncio.timeout(limit):
                 out = await fn(seq)
                 if sends:
                     await asyncio.gather(*sends)
@@ -362,7 +365,12 @@ class Group:
                     self._steps.pop(run.waiting, None)
             if op == "mean":
                 res = finish_mean(res, self.size)
-            return res.reshape(x.shape) if out is None else write_out(out, res)
+            if out is None:
+                return res.reshape(x.shape)
+            if type(out) is np.ndarray and out.size == res.size and out.flags.c_contiguous and out.flags.writeable:
+                np.copyto(out, res.reshape(out.shape), casting="same_kind")  # write_out's rule, fewer checks
+                return out
+            return write_out(out, res)
 
         return await self._run("allreduce", go, timeout, x.nbytes)
 
@@ -776,9 +784,6 @@ class Group:
 
 
 __all__ = ["ALGORITHMS", "Group"]
-
-
-_NO_LIMIT = contextlib.nullcontext()
 
 
 def _to_bytes(x: np.ndarray) -> bytes:
