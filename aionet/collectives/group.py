@@ -2,8 +2,9 @@
 
 Each collective call takes the group's next sequence number, so concurrent calls and calls that
 overlap in time on different ranks never mix their messages. Messages travel on the group's own
-mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`); a dispatcher task drains
-the channel into waiting futures, keeping messages for calls this rank has not reached yet.
+mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`); the channel callback hands
+each to the waiting future (or, for a small allreduce, to its step: :mod:`.small`), keeping
+messages for calls this rank has not reached yet.
 
 Failure semantics: when membership declares a member dead (or it leaves), every pending and
 later call on every group containing it raises :class:`~aionet.errors.CollectiveError` naming
