@@ -356,7 +356,8 @@ class Group:
         async def go(seq: int) -> Any:
             done: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
             plan, tags = self._doubling_plan, self._round_tags
-            run = self._runs[seq] = DoublingRun(self, seq, x.reshape(-1), fn, plan, tags, done)
+            run = DoublingRun(self._post, self._expect, self.rank, seq, x.reshape(-1), fn, plan, tags, done)
+            self._runs[seq] = run
             try:
                 run.start()
                 res = await done

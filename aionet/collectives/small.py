@@ -32,15 +32,16 @@ FOLD, ROUND, UNFOLD = tag(0, 0, 0), 1, tag(0, 2, 0)  # the generic doubling's ta
 Key = tuple[int, Tag, int]
 
 
-class StepPort(Protocol):
-    """What a run needs from its group: post a message, and take a round's message now (an early
-    one) or have it handed to ``step`` when it arrives."""
+class Post(Protocol):
+    """Send ``payload`` to rank ``dst`` as message ``(seq, t)`` of this rank, without waiting."""
 
-    rank: int
+    def __call__(self, dst: int, seq: int, t: Tag, payload: Any) -> Any: ...
 
-    def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> Any: ...
 
-    def _expect(self, key: Key, step: Callable[[Any], None]) -> Any: ...
+class Expect(Protocol):
+    """The message ``key`` if it is already here, else MISSING, and ``step`` gets it on arrival."""
+
+    def __call__(self, key: Key, step: Callable[[Any], None]) -> Any: ...
 
 
 MISSING = object()  # what _expect returns when the message is not here yet (step registered)
@@ -50,11 +51,13 @@ class DoublingRun:
     """One small allreduce on one rank: a state machine fed the payload it waits for. ``done``
     gets the flat result (a fresh writable array) or the exception that ended the call."""
 
-    __slots__ = ("_acc", "_dec", "_fn", "_grp", "_k", "_plan", "_seq", "_tags", "done", "waiting")
+    __slots__ = ("_acc", "_dec", "_expect", "_fn", "_k", "_plan", "_post", "_rank", "_seq", "_tags", "done", "waiting")
 
     def __init__(
         self,
-        grp: StepPort,
+        post: Post,
+        expect: Expect,
+        rank: int,
         seq: int,
         acc: np.ndarray,
         fn: Any,
@@ -62,7 +65,7 @@ class DoublingRun:
         tags: tuple[Tag, ...],
         done: asyncio.Future[np.ndarray],
     ) -> None:
-        self._grp = grp
+        self._post, self._expect, self._rank = post, expect, rank  # the group's, narrowed
         self._seq = seq
         self._acc = acc
         self._fn = fn
@@ -83,9 +86,9 @@ class DoublingRun:
             self._fail(exc)
 
     def _begin(self) -> Any:
-        grp, plan, seq = self._grp, self._plan, self._seq
+        plan, seq = self._plan, self._seq
         if plan.fold_to is not None:
-            grp._post(plan.fold_to, seq, FOLD, self._acc.tobytes())
+            self._post(plan.fold_to, seq, FOLD, self._acc.tobytes())
             self._k = -2
             return self._wait((seq, UNFOLD, plan.fold_to))
         self._acc = self._acc.copy()  # reduced in place by the fold, kept as the partner saw it
@@ -117,7 +120,7 @@ class DoublingRun:
             else:
                 # the same operand order on both sides: results agree bit for bit (floats too)
                 partner = plan.partners[k]
-                self._acc = self._fn(self._acc, got) if self._grp.rank < partner else self._fn(got, self._acc)
+                self._acc = self._fn(self._acc, got) if self._rank < partner else self._fn(got, self._acc)
             payload = self._next_round()
             if payload is MISSING:
                 return
@@ -129,16 +132,16 @@ class DoublingRun:
         plan, seq = self._plan, self._seq
         if k < len(plan.partners):
             partner = plan.partners[k]
-            self._grp._post(partner, seq, self._tags[k], self._acc.tobytes())
+            self._post(partner, seq, self._tags[k], self._acc.tobytes())
             return self._wait((seq, self._tags[k], partner))
         if plan.unfold_to is not None:
-            self._grp._post(plan.unfold_to, seq, UNFOLD, self._acc.tobytes())
+            self._post(plan.unfold_to, seq, UNFOLD, self._acc.tobytes())
         self._finish(self._acc)
         return MISSING
 
     def _wait(self, key: Key) -> Any:
         self.waiting = key
-        return self._grp._expect(key, self.on_message)
+        return self._expect(key, self.on_message)
 
     def _finish(self, acc: np.ndarray) -> None:
         if not self.done.done():
@@ -170,4 +173,4 @@ def round_tags(plan: DoublingPlan) -> tuple[Tag, ...]:
     return tuple(tag(0, ROUND, k) for k in range(len(plan.partners)))
 
 
-__all__ = ["MISSING", "RAW_MAX", "DoublingRun", "RawDecoder", "StepPort", "round_tags"]
+__all__ = ["MISSING", "RAW_MAX", "DoublingRun", "Expect", "Post", "RawDecoder", "round_tags"]
