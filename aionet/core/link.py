@@ -153,6 +153,7 @@ class Link:
         self._copy_max = copy_max  # big messages up to this size are copied (0: none)
         self._replaying = False
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._ack_armed_seq = 0  # recv_seq when the ack timer was armed
         self._reconnect_task: asyncio.Task[None] | None = None
         self._switch_task: asyncio.Task[None] | None = None
         self._bytes_owed = 0
@@ -588,14 +589,30 @@ class Link:
 
     def received(self, nbytes: int) -> None:
         """After delivering a batch: ack now if much arrived, else within ack_delay (by the
-        timer already armed, if any: it may fire sooner, never later)."""
+        timer already armed, if any: it may fire sooner) or, for what arrived after a send
+        carried an ack, within twice that (:meth:`_ack_due`)."""
         if self.state.ack_owed == 0:
             return
         self._bytes_owed += nbytes
         if self._bytes_owed >= BIG_MESSAGE or self.state.should_ack():
             self.flush_ack()
         elif self._ack_timer is None:
-            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self.flush_ack)
+            self._ack_armed_seq = self.state.recv_seq
+            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self._ack_due)
+
+    def _ack_due(self) -> None:
+        """The ack timer. When every message still owed arrived after it was armed (a send
+        piggybacked the ack of the older ones meanwhile: traffic both ways, as requests and
+        replies or a collective's rounds), they get a timer of their own instead of a
+        standalone ACK now: a write here, and a wake-up, a read and a parse at the peer, fewer
+        per ack_delay on a busy two-way link."""
+        self._ack_timer = None
+        st = self.state
+        if st.ack_owed and st.recv_seq - st.ack_owed >= self._ack_armed_seq and self.current is not None:
+            self._ack_armed_seq = st.recv_seq
+            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self._ack_due)
+            return
+        self.flush_ack()
 
     def flush_ack(self) -> None:
         if self._ack_timer is not None:
