@@ -569,8 +569,8 @@ class Group:
                 await asyncio.gather(*holds.pop(step.recv))
             for j, (a, b) in enumerate(segments(step.recv)):
                 got = await self._recv(seq, tag(bucket, 5, s, j), left)
-                if s + 1 < len(ag):  # forwarded before it is copied in: the received buffer is
-                    self._post(right, seq, tag(bucket, 5, s + 1, j), got)  # ours, never changed
+                if s + 1 < len(ag):  # forwarded before it is copied in
+                    self._post(right, seq, tag(bucket, 5, s + 1, j), _frozen(got))
                 np.copyto(res[a:b], dec(got))
         return res
 
@@ -748,6 +748,18 @@ def _raw_decoder(dtype: np.dtype[Any], shape: tuple[int, ...]) -> Callable[[Any]
         return np.frombuffer(b, dtype).reshape(shape)
 
     return dec
+
+
+def _frozen(got: Any) -> Any:
+    """A read-only view of a received array that the ring forwards: the buffer is the group's
+    own and never written, so the link may keep it by reference for a replay and the send need
+    not wait for the kernel or the ack (ReplayCopies.immutable); the view keeps the receive
+    buffer referenced, hence not recycled, until the ack drops it."""
+    if type(got) is not np.ndarray:
+        return got
+    view = got.view()
+    view.flags.writeable = False
+    return view
 
 
 def _same(x: np.ndarray) -> np.ndarray:
