@@ -9,7 +9,10 @@ gives CPU time, minor page faults and context switches per call, summed over the
 (``getrusage`` around each timed call, all threads): the cost of a call, which other tenants' load
 moves less than it moves wall time; and ``cpu-bound``, the busbw if that CPU were the only limit
 on this machine's cores (MPI's ranks poll while they wait, so its CPU and that bound include the
-polling). ``--algorithm ring,direct``
+polling); and ``runq``, the time the ranks' threads were runnable but waited for a CPU (Linux
+schedstat run delay, summed over ranks and threads): waiting for the machine, which a rank with
+more threads or a higher priority (``chrt -f 10``) gets less of, not for its peers.
+``--algorithm ring,direct``
 alternates aionet's algorithms call by call in the same processes, so a load change hits each
 alike. aionet writes its result into a preallocated ``out=`` as the MPI worker's
 ``Allreduce(x, y)`` does (gloo reduces in place);
@@ -68,6 +71,23 @@ def iters_for(nbytes: int, base: int) -> int:
     return max(3, min(base, int(base * (1 << 20) / max(nbytes, 1))))
 
 
+def runq_s() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (Linux
+    schedstat run delay; 0 elsewhere): a rank that waits for the machine, not for its peers."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    total = 0
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
+
+
 def check(out: Any, n: int, np: Any) -> int:
     return int(np.count_nonzero(np.asarray(out) != n))
 
@@ -111,20 +131,21 @@ def worker_aionet(
                 for alg in algs:
                     await call(alg)
                 times: dict[str, list[float]] = {a: [] for a in algs}
-                cost = {a: np.zeros(3) for a in algs}  # CPU s, page faults, context switches
+                cost = {a: np.zeros(4) for a in algs}  # CPU s, page faults, context switches, run-queue s
                 wrong = 0
                 for i in range(k * len(algs)):
                     alg = algs[i % len(algs)]
                     await grp.barrier()
-                    u0 = resource.getrusage(resource.RUSAGE_SELF)
+                    u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
                     t = time.perf_counter()
                     res = await call(alg)
                     times[alg].append(time.perf_counter() - t)
-                    u1 = resource.getrusage(resource.RUSAGE_SELF)
+                    u1, q1 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
                     cost[alg] += (
                         u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime,
                         u1.ru_minflt - u0.ru_minflt,
                         u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw,
+                        q1 - q0,
                     )
                     wrong += check(res, n, np)
                 wrong = sum(await grp.allgather(wrong))
@@ -134,7 +155,11 @@ def worker_aionet(
                     c = np.sum(await grp.allgather(cost[alg] / k), axis=0).tolist()
                     if rank == 0:
                         rec = {"bytes": x.nbytes, "times": times[alg], "wrong": wrong, "algorithm": alg}
-                        print("RESULT", json.dumps({**rec, "cpu": c[0], "minflt": c[1], "switches": c[2]}), flush=True)
+                        print(
+                            "RESULT",
+                            json.dumps({**rec, "cpu": c[0], "minflt": c[1], "switches": c[2], "runq": c[3]}),
+                            flush=True,
+                        )
             await grp.barrier()
         finally:
             await node.stop()
@@ -158,19 +183,20 @@ def worker_gloo(rank: int, n: int, port: int, sizes: list[int], iters: int) -> N
             k = iters_for(nbytes, iters)
             y = x.clone()
             dist.all_reduce(y)
-            times, wrong, cost = [], 0, np.zeros(3)
+            times, wrong, cost = [], 0, np.zeros(4)
             for _ in range(k):
                 y.copy_(x)
                 dist.barrier()
-                u0 = resource.getrusage(resource.RUSAGE_SELF)  # all threads: gloo's own included
+                u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()  # all threads: gloo's own included
                 t = time.perf_counter()
                 dist.all_reduce(y)
                 times.append(time.perf_counter() - t)
-                u1 = resource.getrusage(resource.RUSAGE_SELF)
+                u1, q1 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
                 cost += (
                     u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime,
                     u1.ru_minflt - u0.ru_minflt,
                     u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw,
+                    q1 - q0,
                 )
                 wrong += check(y.numpy(), n, np)
             w = torch.tensor([float(wrong), *(cost / k)], dtype=torch.float64)
@@ -178,7 +204,11 @@ def worker_gloo(rank: int, n: int, port: int, sizes: list[int], iters: int) -> N
             c = w.tolist()
             if rank == 0:
                 rec = {"bytes": x.numel() * 4, "times": times, "wrong": int(c[0]), "algorithm": "in place"}
-                print("RESULT", json.dumps({**rec, "cpu": c[1], "minflt": c[2], "switches": c[3]}), flush=True)
+                print(
+                    "RESULT",
+                    json.dumps({**rec, "cpu": c[1], "minflt": c[2], "switches": c[3], "runq": c[4]}),
+                    flush=True,
+                )
     finally:
         dist.destroy_process_group()
 
@@ -339,7 +369,7 @@ def worker_raw(
             for seg in segments:
                 ring.allreduce(x, y, rbuf, seg)
             times: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
-            cost = {v: np.zeros(3) for v in variants}
+            cost = {v: np.zeros(4) for v in variants}
             wrong = 0
             for i in range(k * len(variants)):
                 v = variants[i % len(variants)]
@@ -350,15 +380,16 @@ def worker_raw(
                 else:
                     src = x
                 ring.barrier()
-                u0 = resource.getrusage(resource.RUSAGE_SELF)
+                u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
                 t = time.perf_counter()
                 ring.allreduce(src, dst, rbuf, v[1])
                 times[v].append(time.perf_counter() - t)
-                u1 = resource.getrusage(resource.RUSAGE_SELF)
+                u1, q1 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
                 cost[v] += (
                     u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime,
                     u1.ru_minflt - u0.ru_minflt,
                     u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw,
+                    q1 - q0,
                 )
                 wrong += check(dst, n, np)
             wrong = int(gather(wrong))
@@ -367,15 +398,25 @@ def worker_raw(
                 if rank == 0:
                     label = f"ring+{v[0]} {v[1] >> 10}K"
                     rec = {"bytes": x.nbytes, "times": times[v], "wrong": wrong, "algorithm": label}
-                    print("RESULT", json.dumps({**rec, "cpu": c[0], "minflt": c[1], "switches": c[2]}), flush=True)
+                    print(
+                        "RESULT",
+                        json.dumps({**rec, "cpu": c[0], "minflt": c[1], "switches": c[2], "runq": c[3]}),
+                        flush=True,
+                    )
         ring.barrier()
     finally:
         ring.close()
 
 
 MPI_WORKER = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
 import numpy as np
+def runq_s():
+    try:
+        tasks = os.listdir("/proc/self/task")
+        return sum(int(open(f"/proc/self/task/{t}/schedstat").read().split()[1]) for t in tasks) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank, n = comm.Get_rank(), comm.Get_size()
@@ -385,22 +426,22 @@ for nbytes in sizes:
     y = np.empty_like(x)
     k = max(3, min(base, int(base * (1 << 20) / max(nbytes, 1))))
     comm.Allreduce(x, y)
-    times, wrong, cost = [], 0, np.zeros(3)
+    times, wrong, cost = [], 0, np.zeros(4)
     for _ in range(k):
         comm.Barrier()
-        u0 = resource.getrusage(resource.RUSAGE_SELF)
+        u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
         t = time.perf_counter()
         comm.Allreduce(x, y)
         times.append(time.perf_counter() - t)
-        u1 = resource.getrusage(resource.RUSAGE_SELF)
+        u1, q1 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
         cost += (u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime, u1.ru_minflt - u0.ru_minflt,
-                 u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw)
+                 u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw, q1 - q0)
         wrong += int(np.count_nonzero(y != n))
     wrong = comm.allreduce(wrong)
     c = comm.allreduce(cost / k)
     if rank == 0:
         rec = {"bytes": x.nbytes, "times": times, "wrong": wrong, "algorithm": "out="}
-        print("RESULT", json.dumps({**rec, "cpu": c[0], "minflt": c[1], "switches": c[2]}), flush=True)
+        print("RESULT", json.dumps({**rec, "cpu": c[0], "minflt": c[1], "switches": c[2], "runq": c[3]}), flush=True)
 """
 
 
@@ -562,7 +603,8 @@ def main() -> None:
 def table(results: dict[str, dict[str, list[dict[str, Any]]]], impls: list[str]) -> None:
     print("float32 sum-allreduce, median time over the timed calls (spread: min-max); busbw = algbw * 2(n-1)/n")
     cores = os.cpu_count() or 1
-    print("cost: CPU per call summed over the ranks, CPU s per GB of the array per rank, minor faults, switches;")
+    print("cost: CPU per call summed over the ranks, CPU s per GB of the array per rank, minor faults, switches,")
+    print("  runq: time runnable but waiting for a CPU (the machine's load, not the peers), summed over the ranks;")
     print(f"  cpu-bound: the busbw if that CPU were the only limit on this machine's {cores} cores (load-insensitive)")
     print(
         f"{'n':>2} {'size':>9} {'impl':>8} {'time us':>10} {'(min-max)':>19} {'algbw GB/s':>10} {'busbw GB/s':>10}"
@@ -588,6 +630,8 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]], impls: list[str])
                         cost += f", {r['cpu'] / nn / (r['bytes'] / 1e9):.3f} s/GB/rank"
                         cost += f", cpu-bound {bus * med * cores / max(r['cpu'], 1e-9):.2f} GB/s"
                     cost += f", {r['minflt']:.0f} minflt, {r['switches']:.1f} csw"
+                    if "runq" in r:  # waiting for a CPU (the machine's load), not for a peer
+                        cost += f", runq {r['runq'] * 1e3:.1f} ms/call"
                 print(
                     f"{n:>2} {r['bytes']:>9} {impl:>8} {med * 1e6:>10.1f} {f'({lo:.0f}-{hi:.0f})':>19} "
                     f"{alg:>10.3f} {bus:>10.3f} {r['wrong']:>6}{cost}"

@@ -28,7 +28,7 @@ from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
 from .compression import WireCodec, wire_codec
-from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, work_buffer, write_out
+from .ops import Converted, finish_mean, from_numpy, frozen, to_numpy, ufunc, work_buffer, write_out
 from .small import MISSING, RAW_MAX, DoublingRun, Key, RawDecoder, round_tags
 from .wire import CHANNEL_PREFIX, Tag, tag
 
@@ -632,8 +632,8 @@ class Group:
                 await asyncio.gather(*holds.pop(step.recv))
             for j, (a, b) in enumerate(segments(step.recv)):
                 got = await self._recv(seq, tag(bucket, 5, s, j), left)
-                if s + 1 < len(ag):  # forwarded before it is copied in: the received buffer is
-                    self._post(right, seq, tag(bucket, 5, s + 1, j), got)  # ours, never changed
+                if s + 1 < len(ag):  # forwarded before it is copied in
+                    self._post(right, seq, tag(bucket, 5, s + 1, j), frozen(got))
                 np.copyto(res[a:b], dec(got))
         return res
 

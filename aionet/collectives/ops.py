@@ -108,3 +108,15 @@ def work_buffer(out: Any, flat: np.ndarray) -> np.ndarray | None:
 
 
 __all__ = ["OPS", "Converted", "finish_mean", "from_numpy", "to_numpy", "ufunc", "work_buffer", "write_out"]
+
+
+def frozen(got: Any) -> Any:
+    """A read-only view of a received array that the ring forwards: the buffer is the group's
+    own and never written, so the link may keep it by reference for a replay and the send need
+    not wait for the kernel or the ack (ReplayCopies.immutable); the view keeps the receive
+    buffer referenced, hence not recycled, until the ack drops it."""
+    if type(got) is not np.ndarray:
+        return got
+    view = got.view()
+    view.flags.writeable = False
+    return view
