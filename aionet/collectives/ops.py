@@ -107,7 +107,7 @@ def work_buffer(out: Any, flat: np.ndarray) -> np.ndarray | None:
     return out.reshape(-1)
 
 
-__all__ = ["OPS", "Converted", "finish_mean", "from_numpy", "to_numpy", "ufunc", "work_buffer", "write_out"]
+__all__ = ["OPS", "Converted", "finish_mean", "from_numpy", "frozen", "to_numpy", "ufunc", "work_buffer", "write_out"]
 
 
 def frozen(got: Any) -> Any:
