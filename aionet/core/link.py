@@ -153,6 +153,7 @@ class Link:
         self._copy_max = copy_max  # big messages up to this size are copied (0: none)
         self._replaying = False
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._shares_frames = False  # a connection hands the peer our frame objects (inproc://)
         self._ack_armed_seq = 0  # recv_seq when the ack timer was armed
         self._reconnect_task: asyncio.Task[None] | None = None
         self._switch_task: asyncio.Task[None] | None = None
@@ -440,7 +441,11 @@ class Link:
             raise
         wait_seq = 0
         if nbytes >= BIG_MESSAGE and wait_ack:
-            if nbytes <= self._copy_max:
+            if self._shares_frames:
+                # the peer receives these very objects: after the ack the caller may change its
+                # buffers, so the peer must get copies of the writable ones (and need not be waited for)
+                frames = self._copies.freeze(frames)
+            elif nbytes <= self._copy_max:
                 frames = self._copies.copy(frames)  # the caller may reuse its buffers at once
                 wait_seq = self._copies.sent(seq, nbytes)
             elif not ReplayCopies.immutable(frames):
@@ -684,6 +689,8 @@ class Link:
             self.dialer = True
         self.compress = c.compress
         self.disconnected_since = None
+        if c.conn.shares_frames:
+            self._shares_frames = True
         if self.current is not None and not self.current.conn.closed:
             return  # keep sending on the existing connection; this one is read from
         self.current = c

@@ -290,3 +290,27 @@ async def test_immutable_big_sends_are_still_held_back_by_the_transport_bound():
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         assert all((x == 1).all() for x in got)
+
+
+@pytest.mark.timeout(60)
+async def test_over_inproc_a_reused_big_buffer_arrives_as_sent():
+    """inproc:// hands the receiver the very frame objects; a big writable array must still
+    arrive as it was at the call, although the caller refills it once ``send`` returns (the
+    messages are taken only after all the sends, so a shared buffer would show the last fill)."""
+    async with (
+        Node(name="a", listen="inproc://bigmsg-big-a") as a,
+        Node(name="b", listen="inproc://bigmsg-big-b", join=[a.address]) as b,
+    ):
+        arr = np.empty(2 * MiB, np.uint8)
+        for i in range(4):
+            arr[:] = i
+            await b.send("a", "big", arr)
+        arr[:] = 99
+        got = await _recv_n(a, "big", 4)
+        assert [bytes(np.unique(x)) for x in got] == [bytes([i]) for i in range(4)]
+        assert not any(np.shares_memory(x, arr) for x in got)
+        ro = np.full(2 * MiB, 7, np.uint8)
+        ro.flags.writeable = False  # immutable: not copied when sent; the receiver's own writable copy
+        await b.send("a", "big", ro)
+        (mine,) = await _recv_n(a, "big", 1)
+        assert (mine == 7).all() and mine.flags.writeable and not np.shares_memory(mine, ro)
