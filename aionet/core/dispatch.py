@@ -150,13 +150,22 @@ class Dispatcher:
                             return self._resume(c, link, reply, batch, i - 1, wait.wait_room(), wait)
                         return self._resume(c, link, reply, batch, i - 1, wait)
                 elif kind == REQ:
-                    aw = router.on_request(env[3], env[4], env[5], reply, peer)
+                    # one request, or a batch of them (codecs/batch.py), admitted whole
+                    if len(env) == 6:
+                        aw = router.on_request(env[3], env[4], env[5], reply, peer)
+                    else:
+                        aw = router.on_requests(env, reply, peer)
                     if aw is not None:  # too many of this peer's handlers running: stop reading
                         link.state.unreceive(env[1])
                         link.received(nbytes)
                         return self._resume(c, link, reply, batch, i - 1, aw)
-                elif kind in (REP, ERR):
-                    router.on_reply(kind, env[3], env[4:], peer)
+                elif kind == REP:
+                    if len(env) == 5:
+                        router.on_reply(REP, env[3], env[4:], peer)
+                    else:
+                        router.on_replies(env, peer)
+                elif kind == ERR:
+                    router.on_reply(ERR, env[3], env[4:], peer)
                 elif kind == PEERS:
                     self._peers.learn(env[3])
                 elif kind == BYE:

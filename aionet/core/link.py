@@ -30,8 +30,8 @@ from typing import Any
 
 import msgpack
 
-from ..codecs.batch import encode_send_batch
-from ..codecs.envelope import ACK, SEND, XFER
+from ..codecs.batch import encode_rpc_batch, encode_send_batch
+from ..codecs.envelope import ACK, REP, REQ, SEND, XFER
 from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
 from ..errors import (
@@ -62,6 +62,7 @@ _FLAT_MAX = 8  # a list payload of up to this many such items is packed inline t
 # container holding one, takes the serializer's path as its own envelope, in order)
 _BATCHABLE = frozenset({int, float, bool, type(None), list, dict})
 _SCALARS = frozenset({int, float, bool, type(None)})
+_RPC = frozenset({REQ, REP})  # requests and replies batch too, to a peer that takes them (set_rpc_batch_limit)
 BATCH_BYTES = 32 * 1024  # an open batch is sealed once its payloads reach this many bytes ...
 BATCH_MESSAGES = 4096  # ... or this many messages (or fewer: what the peer advertises)
 # The peer dropped this many connections in a row, each soon after it was attached, while
@@ -175,6 +176,11 @@ class Link:
         self._bbytes = 0
         self._bcap = BATCH_BYTES
         self._bmax = 1  # payloads per envelope (set_batch_limit)
+        # requests / replies per REQ / REP envelope (set_rpc_batch_limit; 0: one each). The open
+        # batch then holds packed requests or replies and _bch is REQ or REP (an int, so never
+        # equal to a channel name)
+        self._rpc_max = 0
+        self._rep_max = 0
         self._seal_scheduled = False
         # set while nothing more may be pushed without waiting: the transport's future (above its
         # high-water mark) or an ack waiter (a big message sent with send_nowait)
@@ -198,6 +204,8 @@ class Link:
         if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes or self._blocked is not None:
             self._waiting_senders += 1
             return self._send_when_space(kind, fields, wait_ack)
+        if kind in _RPC and self._rpc_max and self._push_rpc(kind, fields):
+            return None
         return self._post_now(kind, fields, wait_ack)
 
     def can_post(self) -> bool:
@@ -256,6 +264,52 @@ class Link:
         ok = type(limit) is int and limit > 1
         self.batching = ok
         self._bmax = min(BATCH_MESSAGES, limit) if ok else 1
+
+    def set_rpc_batch_limit(self, limit: Any) -> None:
+        """The peer's handshake feature ``"rpc_batch"``: how many requests one REQ envelope
+        may carry (its ``max_concurrent_requests``: it admits a batch whole, so a batch must
+        fit); it then takes REP envelopes with many replies too. Off for a peer without it."""
+        ok = type(limit) is int and limit > 1
+        self._rpc_max = min(BATCH_MESSAGES, limit) if ok else 0
+        self._rep_max = BATCH_MESSAGES if ok else 0
+
+    def _push_rpc(self, kind: int, fields: list[Any]) -> bool:
+        """Add a request ``[rid, service, payload]`` or reply ``[rid, payload]`` that packs
+        inline to the open batch (sealed into one REQ / REP envelope at the end of this loop
+        iteration, when full, or before any other envelope); False (nothing done) otherwise.
+        The caller (:meth:`post`) has checked that nothing needs waiting."""
+        payload = fields[-1]
+        t = type(payload)
+        if t is bytes or t is str:
+            if len(payload) >= _PLAIN_MAX:
+                return False
+        elif t not in _BATCHABLE:
+            return False
+        st = self.state
+        if st.inflight_bytes + self._bbytes >= st.max_inflight_bytes:
+            return False
+        try:
+            b = self._pack(fields)
+        except (TypeError, ValueError, OverflowError):  # not plain msgpack: the serializer's job
+            return False
+        n = len(b)
+        items = self._bitems
+        if kind != self._bch or self._bbytes + n > self._bcap:
+            if n > self._bcap:
+                return False
+            if items:
+                self._seal()
+                items = self._bitems
+            self._bch = kind
+        items.append(b[1:])  # the fields without the list's header (a fixarray: one byte)
+        self._bbytes += n
+        if len(items) == 1:
+            if not self._seal_scheduled:
+                self._seal_scheduled = True
+                asyncio.get_running_loop().call_soon(self._seal_soon)
+        elif len(items) >= (self._rpc_max if kind == REQ else self._rep_max):
+            self._seal()
+        return True
 
     def push_many(self, channel: str, objs: list[Any], start: int = 0) -> int:
         """:meth:`push` each of ``objs[start:]`` in order; returns the index of the first one
@@ -351,7 +405,17 @@ class Link:
     def _seal_soon(self) -> None:
         self._seal_scheduled = False
         if self._bitems:
+            kind = self._bch
             self._seal()
+            if kind in _RPC:
+                # a request or reply waits on its peer: write it now rather than one loop
+                # iteration later, when the transport's own flush would run (so batching
+                # costs a lone request no latency)
+                c = self.current
+                if c is not None and not self._replaying:
+                    flush = getattr(c.conn, "flush", None)
+                    if flush is not None:
+                        flush()
 
     def _seal(self, write: bool = True) -> None:
         """Turn the open batch into one sequenced envelope: recorded for replay, written
@@ -362,7 +426,12 @@ class Link:
         self._bbytes = 0
         st = self.state
         seq, ack = st.stamp()
-        frame = encode_send_batch(self._pack, seq, ack, self._bch, items)
+        kind = self._bch
+        if type(kind) is int:  # requests or replies
+            frame = encode_rpc_batch(self._pack, kind, seq, ack, items)
+            self._bch = None
+        else:
+            frame = encode_send_batch(self._pack, seq, ack, kind, items)
         nbytes = len(frame)
         # the ack rides on this envelope; an armed ack timer is left to find nothing owed
         # (cancelling and re-arming one per request cost as much as a loop iteration)

@@ -16,6 +16,7 @@ from itertools import islice, repeat
 from types import CoroutineType
 from typing import Any
 
+from ..codecs.batch import rpc_items
 from ..codecs.envelope import ERR, REP
 from ..config import LinkSection
 from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
@@ -528,6 +529,22 @@ class Router:
             rtype, msg, tb = body
             fut.set_exception(RemoteError(str(rtype), str(msg), str(tb), peer))
 
+    def on_replies(self, env: list[Any], peer: str) -> None:
+        """A REP envelope with many replies: ``[REP, seq, ack, rid, payload, rid, payload, ...]``."""
+        rpc_items(env)
+        pending = self.pending
+        for i in range(3, len(env), 2):
+            rid = env[i]
+            entry = pending.get(rid)
+            if entry is None:
+                continue  # late reply after a timeout: drop
+            if entry[1] != peer:
+                raise ProtocolError(f"{peer} sent a reply to request {rid!r}, which went to {entry[1]}")
+            del pending[rid]
+            fut = entry[0]
+            if not fut.done():
+                fut.set_result(env[i + 1])
+
     async def call_local(self, service: str, payload: Any) -> Any:
         """Run a service in this process, as a remote request would (used for requests to self)."""
         entry = self.services.get(service)
@@ -560,26 +577,52 @@ class Router:
         if entry is None:
             self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
             return None
+        if entry[1] != SYNC and self.running.get(peer, 0) >= self.max_concurrent_requests:
+            return self._slot(peer)
+        self._handle(entry, rid, service, payload, reply, peer)
+        return None
+
+    def on_requests(self, env: list[Any], reply: Reply, peer: str = "") -> Awaitable[None] | None:
+        """A REQ envelope with many requests, ``[REQ, seq, ack, rid, service, payload, ...]``
+        (codecs/batch.py): all are started, in order, or none. Like :meth:`on_request` it
+        returns an awaitable, starting none, while ``peer``'s running handlers leave no room
+        for all of them (any handler may need a slot); when none runs, a batch is admitted
+        whatever its size (a peer batches at most our advertised bound)."""
+        n = rpc_items(env)
+        running = self.running.get(peer, 0)
+        if running and running + n > self.max_concurrent_requests:
+            return self._slot(peer)
+        services = self.services
+        for i in range(3, len(env), 3):
+            rid, service = env[i], env[i + 1]
+            entry = services.get(service)
+            if entry is None:
+                self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
+            else:
+                self._handle(entry, rid, service, env[i + 2], reply, peer)
+        return None
+
+    def _handle(
+        self, entry: tuple[Handler, int], rid: Any, service: Any, payload: Any, reply: Reply, peer: str
+    ) -> None:
+        """Run (or start) the handler ``entry`` for one request; the caller checked the bound."""
         fn, mode = entry
         if self.instruments.request_handled is not None:
             fn = self._timed(fn, mode, str(service), peer)
         if mode != SYNC:
             running = self.running.get(peer, 0)
-            if running >= self.max_concurrent_requests:
-                return self._slot(peer)
             if mode == ASYNC:
                 self._start(fn, rid, payload, reply, peer, running)
-                return None
+                return
         try:
             result = fn(payload)
         except Exception as exc:
             self._spawn_reply(reply(ERR, _error_fields(rid, exc)))
-            return None
+            return
         if mode == INLINE and type(result) is CoroutineType:  # it must wait: finish on a task
             self._start(_awaited, rid, result, reply, peer, self.running.get(peer, 0))
-            return None
+            return
         self._spawn_reply(reply(REP, [rid, result]))
-        return None
 
     def _start(self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int) -> None:
         """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers."""

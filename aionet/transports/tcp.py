@@ -425,6 +425,11 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._flush_scheduled = False
         self._flush()
 
+    def flush(self) -> None:
+        """Write what is queued now instead of at the scheduled flush (the link calls this
+        when it seals a batch of requests or replies, whose peer waits for them)."""
+        self._flush()
+
     def _flush(self) -> None:
         """Hand the whole batch to the transport: one write/writelines call."""
         wbuf = self._wbuf
