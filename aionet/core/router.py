@@ -719,28 +719,27 @@ class Router:
                     fut.set_result(None)
 
     async def _run_async(self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str = "") -> None:
+        """The task of one async handler: answer with ``await fn(payload)`` (or its error),
+        then free the peer's slot. (One coroutine, not two: it runs for every request.)"""
         try:
-            await self._answer(fn, rid, payload, reply)
+            try:
+                result = await fn(payload)
+            except asyncio.CancelledError:
+                await _quiet(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
+                raise
+            except Exception as exc:
+                await _quiet(reply(ERR, _error_fields(rid, exc)))
+                return
+            try:
+                aw = reply(REP, [rid, result])
+                if aw is not None:
+                    await aw
+            except PeerUnavailable:
+                self.log.info("reply dropped: the caller is gone", rid=rid)
+            except AionetError as exc:
+                await _quiet(reply(ERR, _error_fields(rid, exc)))
         finally:
             self._handler_done(peer)
-
-    async def _answer(self, fn: Handler, rid: int, payload: Any, reply: Reply) -> None:
-        try:
-            result = await fn(payload)
-        except asyncio.CancelledError:
-            await _quiet(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
-            raise
-        except Exception as exc:
-            await _quiet(reply(ERR, _error_fields(rid, exc)))
-            return
-        try:
-            aw = reply(REP, [rid, result])
-            if aw is not None:
-                await aw
-        except PeerUnavailable:
-            self.log.info("reply dropped: the caller is gone", rid=rid)
-        except AionetError as exc:
-            await _quiet(reply(ERR, _error_fields(rid, exc)))
 
 
 async def _awaited(coro: Coroutine[Any, Any, Any]) -> Any:
