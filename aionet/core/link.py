@@ -294,6 +294,11 @@ class Link:
             return False
         n = len(b)
         items = self._bitems
+        if not items and (c := self.current) is not None and getattr(c.conn, "flush_pending", None) is False:
+            # nothing else goes out in this loop iteration (yet): this one goes alone, as
+            # it would unbatched, so a lone request waits for no seal; what follows it in
+            # this iteration joins a batch, written right after it
+            return False
         if kind != self._bch or self._bbytes + n > self._bcap:
             if n > self._bcap:
                 return False
@@ -405,21 +410,14 @@ class Link:
     def _seal_soon(self) -> None:
         self._seal_scheduled = False
         if self._bitems:
-            kind = self._bch
-            self._seal()
-            if kind in _RPC:
-                # a request or reply waits on its peer: write it now rather than one loop
-                # iteration later, when the transport's own flush would run (so batching
-                # costs a lone request no latency)
-                c = self.current
-                if c is not None and not self._replaying:
-                    flush = getattr(c.conn, "flush", None)
-                    if flush is not None:
-                        flush()
+            # requests and replies wait on their peer: written now (where the transport can)
+            # rather than one loop iteration later, when its own flush would run
+            self._seal(now=self._bch in _RPC)
 
-    def _seal(self, write: bool = True) -> None:
+    def _seal(self, write: bool = True, now: bool = False) -> None:
         """Turn the open batch into one sequenced envelope: recorded for replay, written
-        (unless ``write`` is False: a stream about to be given up)."""
+        (unless ``write`` is False: a stream about to be given up; ``now``: to the socket
+        at once, not at the transport's next flush, where it can)."""
         items = self._bitems
         self._bitems = []
         nb = self._bbytes
@@ -441,7 +439,7 @@ class Link:
         c = self.current
         if c is not None and write and not self._replaying:
             try:
-                w = c.conn.write_nowait([frame])
+                w = ((now and getattr(c.conn, "write_now", None)) or c.conn.write_nowait)([frame])
             except ConnectionClosed:
                 self.connection_lost(c)
             else:
