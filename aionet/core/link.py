@@ -278,6 +278,12 @@ class Link:
         inline to the open batch (sealed into one REQ / REP envelope at the end of this loop
         iteration, when full, or before any other envelope); False (nothing done) otherwise.
         The caller (:meth:`post`) has checked that nothing needs waiting."""
+        items = self._bitems
+        if not items and (c := self.current) is not None and getattr(c.conn, "flush_pending", None) is False:
+            # nothing else goes out in this loop iteration (yet): this one goes alone, as
+            # it would unbatched, so a lone request waits for no seal; what follows it in
+            # this iteration joins a batch, written right after it
+            return False
         payload = fields[-1]
         t = type(payload)
         if t is bytes or t is str:
@@ -293,12 +299,6 @@ class Link:
         except (TypeError, ValueError, OverflowError):  # not plain msgpack: the serializer's job
             return False
         n = len(b)
-        items = self._bitems
-        if not items and (c := self.current) is not None and getattr(c.conn, "flush_pending", None) is False:
-            # nothing else goes out in this loop iteration (yet): this one goes alone, as
-            # it would unbatched, so a lone request waits for no seal; what follows it in
-            # this iteration joins a batch, written right after it
-            return False
         if kind != self._bch or self._bbytes + n > self._bcap:
             if n > self._bcap:
                 return False
