@@ -25,7 +25,7 @@ from .envelope import REP, REQ, SEND
 #: handshake feature: the most payloads this node accepts in one SEND envelope (absent: one)
 FEATURE = "batch"
 #: handshake feature: the most requests this node accepts in one REQ envelope (its
-#: ``link.max_concurrent_requests``: a batch is admitted whole); a node advertising it also
+#: ``link.max_concurrent_requests``: more could not start at once); a node advertising it also
 #: accepts REP envelopes with many replies. Absent: one request or reply per envelope.
 RPC_FEATURE = "rpc_batch"
 #: values each request / reply adds to its envelope: rid, service, payload / rid, payload

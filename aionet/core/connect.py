@@ -406,8 +406,8 @@ class Connector:
         features["limits"] = {k: getattr(self.config.limits, k) for k in SIZE_LIMITS}  # see Link.post
         # SEND envelopes with many payloads are welcome, up to as many as a mailbox holds (codecs/batch.py)
         features[batch.FEATURE] = min(self.config.link.mailbox_size, self.config.link.peer_mailbox_size)
-        # REQ envelopes with many requests (admitted whole, so at most as many as may run at
-        # once) and REP envelopes with many replies are welcome too
+        # REQ envelopes with many requests (at most as many as may run at once) and REP
+        # envelopes with many replies are welcome too
         features[batch.RPC_FEATURE] = self.config.link.max_concurrent_requests
         return handshake.Hello(
             handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, {}, nonce, mac, {}

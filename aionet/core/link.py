@@ -267,8 +267,8 @@ class Link:
 
     def set_rpc_batch_limit(self, limit: Any) -> None:
         """The peer's handshake feature ``"rpc_batch"``: how many requests one REQ envelope
-        may carry (its ``max_concurrent_requests``: it admits a batch whole, so a batch must
-        fit); it then takes REP envelopes with many replies too. Off for a peer without it."""
+        may carry (its ``max_concurrent_requests``: more could not start at once anyway); it
+        then takes REP envelopes with many replies too. Off for a peer without it."""
         ok = type(limit) is int and limit > 1
         self._rpc_max = min(BATCH_MESSAGES, limit) if ok else 0
         self._rep_max = BATCH_MESSAGES if ok else 0

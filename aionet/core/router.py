@@ -582,24 +582,27 @@ class Router:
         self._handle(entry, rid, service, payload, reply, peer)
         return None
 
-    def on_requests(self, env: list[Any], reply: Reply, peer: str = "") -> Awaitable[None] | None:
+    def on_requests(
+        self, env: list[Any], reply: Reply, peer: str = "", start: int = 3
+    ) -> tuple[Awaitable[None], int] | None:
         """A REQ envelope with many requests, ``[REQ, seq, ack, rid, service, payload, ...]``
-        (codecs/batch.py): all are started, in order, or none. Like :meth:`on_request` it
-        returns an awaitable, starting none, while ``peer``'s running handlers leave no room
-        for all of them (any handler may need a slot); when none runs, a batch is admitted
-        whatever its size (a peer batches at most our advertised bound)."""
-        n = rpc_items(env)
-        running = self.running.get(peer, 0)
-        if running and running + n > self.max_concurrent_requests:
-            return self._slot(peer)
+        (codecs/batch.py): each is handled as :meth:`on_request` would, in order, from field
+        ``start`` on. Returns None once all are handled or started; else, when ``peer``'s
+        handlers reach ``max_concurrent_requests``, what to await and the field index of the
+        first request not started (the caller awaits it, stops reading meanwhile, then hands
+        the rest in again), as for one request at a time."""
+        rpc_items(env)
         services = self.services
-        for i in range(3, len(env), 3):
+        bound = self.max_concurrent_requests
+        for i in range(start, len(env), 3):
             rid, service = env[i], env[i + 1]
             entry = services.get(service)
             if entry is None:
                 self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
-            else:
-                self._handle(entry, rid, service, env[i + 2], reply, peer)
+                continue
+            if entry[1] != SYNC and self.running.get(peer, 0) >= bound:
+                return self._slot(peer), i
+            self._handle(entry, rid, service, env[i + 2], reply, peer)
         return None
 
     def _handle(

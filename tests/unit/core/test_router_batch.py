@@ -1,6 +1,6 @@
 """A REQ envelope carrying many requests (issue 18's pipelined requests), fed to the router
-directly: it is admitted whole or not at all, so ``link.max_concurrent_requests`` still bounds
-a peer's running handlers, and each request gets its own reply or error, in order."""
+directly: its requests start in order as ``link.max_concurrent_requests`` allows, exactly as
+one at a time would, and each gets its own reply or error."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def _batch(*reqs: tuple[int, str, Any]) -> list[Any]:
     return [REQ, 1, 0, *(x for r in reqs for x in r)]
 
 
-async def test_a_batch_that_does_not_fit_the_bound_waits_whole_then_goes_in_whole() -> None:
+async def test_a_batch_starts_what_the_bound_allows_and_the_rest_as_slots_free() -> None:
+    """As for requests one at a time: a handler waiting for a later request of the same batch
+    (a barrier) must get it started while the bound allows."""
     router, sent = _router(4)
     gate = asyncio.Event()
 
@@ -39,30 +41,44 @@ async def test_a_batch_that_does_not_fit_the_bound_waits_whole_then_goes_in_whol
         return x
 
     router.add_service("slow", slow)
+    router.add_service("sync", lambda x: x)
     reply = _reply(sent)
     assert router.on_requests(_batch((1, "slow", 1), (2, "slow", 2), (3, "slow", 3)), reply, "cli") is None
-    assert router.running["cli"] == 3
-    wait = router.on_requests(_batch((4, "slow", 4), (5, "slow", 5)), reply, "cli")
-    assert wait is not None and router.running["cli"] == 3  # none of the two started
+    env = _batch((4, "slow", 4), (5, "sync", 5), (6, "slow", 6), (7, "slow", 7))
+    rest = router.on_requests(env, reply, "cli")
+    assert rest is not None
+    wait, at = rest
+    assert at == 3 + 3 * 2 and router.running["cli"] == 4  # 4 started, 5 (sync) answered, 6 waits
+    assert [f[0] for _k, f in sent] == [5]
     gate.set()
     await asyncio.wait_for(wait, 5)
-    assert router.on_requests(_batch((4, "slow", 4), (5, "slow", 5)), reply, "cli") is None
+    assert router.on_requests(env, reply, "cli", at) is None
     await asyncio.wait_for(asyncio.gather(*router.tasks), 5)
-    assert sorted(f[0] for k, f in sent if k == REP) == [1, 2, 3, 4, 5]
+    assert sorted(f[0] for k, f in sent if k == REP) == [1, 2, 3, 4, 5, 6, 7]
     assert "cli" not in router.running
 
 
-async def test_with_nothing_running_a_batch_goes_in_whatever_its_size() -> None:
-    """A peer batches at most the bound it was told; a bigger batch must still not wedge the link."""
+async def test_a_batch_over_the_bound_never_runs_more_than_the_bound() -> None:
     router, sent = _router(2)
+    running = [0, 0]
+    release = asyncio.Event()
 
-    async def echo(x: Any) -> Any:
+    async def held(x: Any) -> Any:
+        running[0] += 1
+        running[1] = max(running[1], running[0])
+        await release.wait()
+        running[0] -= 1
         return x
 
-    router.add_service("echo", echo)
-    assert router.on_requests(_batch(*((i, "echo", i) for i in range(5))), _reply(sent), "cli") is None
+    router.add_service("held", held)
+    env = _batch(*((i, "held", i) for i in range(5)))
+    rest = router.on_requests(env, _reply(sent), "cli")
+    release.set()
+    while rest is not None:
+        await asyncio.wait_for(rest[0], 5)
+        rest = router.on_requests(env, _reply(sent), "cli", rest[1])
     await asyncio.wait_for(asyncio.gather(*router.tasks), 5)
-    assert [f for _k, f in sent] == [[i, i] for i in range(5)]  # started in order, answered in order
+    assert sorted(f[0] for _k, f in sent) == list(range(5)) and running[1] <= 2
 
 
 async def test_each_request_of_a_batch_gets_its_own_answer_or_error() -> None:
