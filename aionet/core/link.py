@@ -30,8 +30,8 @@ from typing import Any
 
 import msgpack
 
-from ..codecs.batch import encode_send_batch
-from ..codecs.envelope import ACK, SEND, XFER
+from ..codecs.batch import encode_rpc_batch, encode_send_batch
+from ..codecs.envelope import ACK, REP, REQ, SEND, XFER
 from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
 from ..errors import (
@@ -63,6 +63,7 @@ _FLAT_MAX = 8  # a list payload of up to this many such items is packed inline t
 # container holding one, takes the serializer's path as its own envelope, in order)
 _BATCHABLE = frozenset({int, float, bool, type(None), list, dict})
 _SCALARS = frozenset({int, float, bool, type(None)})
+_RPC = frozenset({REQ, REP})  # requests and replies batch too, to a peer that takes them (set_rpc_batch_limit)
 BATCH_BYTES = 32 * 1024  # an open batch is sealed once its payloads reach this many bytes ...
 BATCH_MESSAGES = 4096  # ... or this many messages (or fewer: what the peer advertises)
 # The peer dropped this many connections in a row, each soon after it was attached, while
@@ -178,6 +179,11 @@ class Link:
         self._bbytes = 0
         self._bcap = BATCH_BYTES
         self._bmax = 1  # payloads per envelope (set_batch_limit)
+        # requests / replies per REQ / REP envelope (set_rpc_batch_limit; 0: one each). The open
+        # batch then holds packed requests or replies and _bch is REQ or REP (an int, so never
+        # equal to a channel name)
+        self._rpc_max = 0
+        self._rep_max = 0
         self._seal_scheduled = False
         # set while nothing more may be pushed without waiting: the transport's future (above its
         # high-water mark) or an ack waiter (a big message sent with send_nowait)
@@ -201,6 +207,8 @@ class Link:
         if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes or self._blocked is not None:
             self._waiting_senders += 1
             return self._send_when_space(kind, fields, wait_ack)
+        if kind in _RPC and self._rpc_max and self._push_rpc(kind, fields):
+            return None
         return self._post_now(kind, fields, wait_ack)
 
     def can_post(self) -> bool:
@@ -259,6 +267,57 @@ class Link:
         ok = type(limit) is int and limit > 1
         self.batching = ok
         self._bmax = min(BATCH_MESSAGES, limit) if ok else 1
+
+    def set_rpc_batch_limit(self, limit: Any) -> None:
+        """The peer's handshake feature ``"rpc_batch"``: how many requests one REQ envelope
+        may carry (its ``max_concurrent_requests``: more could not start at once anyway); it
+        then takes REP envelopes with many replies too. Off for a peer without it."""
+        ok = type(limit) is int and limit > 1
+        self._rpc_max = min(BATCH_MESSAGES, limit) if ok else 0
+        self._rep_max = BATCH_MESSAGES if ok else 0
+
+    def _push_rpc(self, kind: int, fields: list[Any]) -> bool:
+        """Add a request ``[rid, service, payload]`` or reply ``[rid, payload]`` that packs
+        inline to the open batch (sealed into one REQ / REP envelope at the end of this loop
+        iteration, when full, or before any other envelope); False (nothing done) otherwise.
+        The caller (:meth:`post`) has checked that nothing needs waiting."""
+        items = self._bitems
+        if not items and (c := self.current) is not None and getattr(c.conn, "flush_pending", None) is False:
+            # nothing else goes out in this loop iteration (yet): this one goes alone, as
+            # it would unbatched, so a lone request waits for no seal; what follows it in
+            # this iteration joins a batch, written right after it
+            return False
+        payload = fields[-1]
+        t = type(payload)
+        if t is bytes or t is str:
+            if len(payload) >= _PLAIN_MAX:
+                return False
+        elif t not in _BATCHABLE:
+            return False
+        st = self.state
+        if st.inflight_bytes + self._bbytes >= st.max_inflight_bytes:
+            return False
+        try:
+            b = self._pack(fields)
+        except (TypeError, ValueError, OverflowError):  # not plain msgpack: the serializer's job
+            return False
+        n = len(b)
+        if kind != self._bch or self._bbytes + n > self._bcap:
+            if n > self._bcap:
+                return False
+            if items:
+                self._seal()
+                items = self._bitems
+            self._bch = kind
+        items.append(b[1:])  # the fields without the list's header (a fixarray: one byte)
+        self._bbytes += n
+        if len(items) == 1:
+            if not self._seal_scheduled:
+                self._seal_scheduled = True
+                asyncio.get_running_loop().call_soon(self._seal_soon)
+        elif len(items) >= (self._rpc_max if kind == REQ else self._rep_max):
+            self._seal()
+        return True
 
     def push_many(self, channel: str, objs: list[Any], start: int = 0) -> int:
         """:meth:`push` each of ``objs[start:]`` in order; returns the index of the first one
@@ -354,18 +413,26 @@ class Link:
     def _seal_soon(self) -> None:
         self._seal_scheduled = False
         if self._bitems:
-            self._seal()
+            # requests and replies wait on their peer: written now (where the transport can)
+            # rather than one loop iteration later, when its own flush would run
+            self._seal(now=self._bch in _RPC)
 
-    def _seal(self, write: bool = True) -> None:
+    def _seal(self, write: bool = True, now: bool = False) -> None:
         """Turn the open batch into one sequenced envelope: recorded for replay, written
-        (unless ``write`` is False: a stream about to be given up)."""
+        (unless ``write`` is False: a stream about to be given up; ``now``: to the socket
+        at once, not at the transport's next flush, where it can)."""
         items = self._bitems
         self._bitems = []
         nb = self._bbytes
         self._bbytes = 0
         st = self.state
         seq, ack = st.stamp()
-        frame = encode_send_batch(self._pack, seq, ack, self._bch, items)
+        kind = self._bch
+        if type(kind) is int:  # requests or replies
+            frame = encode_rpc_batch(self._pack, kind, seq, ack, items)
+            self._bch = None
+        else:
+            frame = encode_send_batch(self._pack, seq, ack, kind, items)
         nbytes = len(frame)
         # the ack rides on this envelope; an armed ack timer is left to find nothing owed
         # (cancelling and re-arming one per request cost as much as a loop iteration)
@@ -375,7 +442,7 @@ class Link:
         c = self.current
         if c is not None and write and not self._replaying:
             try:
-                w = c.conn.write_nowait([frame])
+                w = ((now and getattr(c.conn, "write_now", None)) or c.conn.write_nowait)([frame])
             except ConnectionClosed:
                 self.connection_lost(c)
             else:

@@ -427,6 +427,24 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._flush_scheduled = False
         self._flush()
 
+    @property
+    def flush_pending(self) -> bool:
+        """Something written in this loop iteration waits for the scheduled flush."""
+        return self._flush_scheduled
+
+    def write_now(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
+        """:meth:`write_nowait`, then write everything queued now rather than at a flush
+        scheduled for the next loop iteration: for a caller that runs at the end of an
+        iteration anyway (the link sealing a batch of requests or replies, whose peer waits)."""
+        scheduled = self._flush_scheduled
+        self._flush_scheduled = True  # no flush of its own: done below
+        try:
+            w = self.write_nowait(frames)
+        finally:
+            self._flush_scheduled = scheduled
+        self._flush()
+        return w
+
     def _flush(self) -> None:
         """Hand the whole batch to the transport: one write/writelines call."""
         wbuf = self._wbuf
