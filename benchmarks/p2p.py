@@ -59,6 +59,8 @@ METRICS: dict[str, tuple[str, str, bool]] = {
     "lat_p99_us": ("req/rep 64 B p99", "us", False),
     "tp_1mib_gbps": ("one-way 1 MiB arrays", "GB/s", True),
     "tp_64mib_gbps": ("one-way 64 MiB arrays", "GB/s", True),
+    # aionet only: the same array marked read-only, so a send returns before its ack (README)
+    "tp_1mib_ro_gbps": ("one-way 1 MiB read-only arrays", "GB/s", True),
     "rate_64b_msgs_s": ("send rate 64 B", "msgs/s", True),
     # aionet only (issue 18): timed at the receiver, first to last message of the round
     "rate_64b_rx_msgs_s": ("send rate 64 B, timed at receiver", "msgs/s", True),
@@ -109,7 +111,7 @@ class Params:
 
     def session_timeout(self) -> float:
         """Upper bound for one client session (all metrics), generous on slow machines."""
-        return 60 + self.lat_max_seconds * 2 + 2 * self.tp_max_seconds + 7 * (self.rate_seconds + 10)
+        return 60 + self.lat_max_seconds * 2 + 3 * self.tp_max_seconds + 7 * (self.rate_seconds + 10)
 
 
 def payload_small() -> bytes:
@@ -881,9 +883,10 @@ async def aionet_client_session(cli: Any, p: Params) -> dict[str, Any]:
                     break
         out.latency(samples)
 
-    async def tp(key: str) -> None:
+    async def tp(key: str, readonly: bool = False) -> None:
         size = SIZES[key]
         arr = make_array(size)
+        arr.flags.writeable = not readonly
         send = cli.send
 
         async def round_(n: int) -> float:
@@ -900,7 +903,7 @@ async def aionet_client_session(cli: Any, p: Params) -> dict[str, Any]:
         await round_(p.tp_warmup_msgs[key])
         n = max(1, p.tp_bytes[key] // size)
         dt = await round_(n)
-        out.set(f"tp_{key}_gbps", n * size / dt / 1e9)
+        out.set(f"tp_{key}{'_ro' if readonly else ''}_gbps", n * size / dt / 1e9)
 
     async def rate() -> None:
         from aionet import WouldBlock
@@ -977,6 +980,7 @@ async def aionet_client_session(cli: Any, p: Params) -> dict[str, Any]:
     await out.run("lat", lat(), p.lat_max_seconds + 30)
     for key in SIZES:
         await out.run(f"tp_{key}", tp(key), p.tp_max_seconds)
+    await out.run("tp_1mib_ro", tp("1mib", readonly=True), p.tp_max_seconds)
     await out.run("rate", rate(), 3 * p.rate_seconds + 30)
     await out.run("inflight", inflight(), p.rate_seconds + 30)
     return out.as_dict()
@@ -1202,10 +1206,12 @@ def build_bars(scheme: str, agg: dict[str, dict[str, Any]]) -> list[dict[str, An
         )
 
     bar("req/rep p50 <= 1.5x raw", ratio(med(a, "lat_p50_us"), med("raw", "lat_p50_us")), 1.5, False, "x", "raw")
+    for key, what in (("tp_1mib_gbps", "1 MiB"), ("tp_1mib_ro_gbps", "1 MiB read-only")):
+        bar(f"{what} throughput >= 0.85x raw", ratio(med(a, key), med("raw", "tp_1mib_gbps")), 0.85, True, "x", "raw")
     bar(
-        "64 MiB throughput >= 0.85x raw",
+        "64 MiB throughput >= 0.9x raw",
         ratio(med(a, "tp_64mib_gbps"), med("raw", "tp_64mib_gbps")),
-        0.85,
+        0.9,
         True,
         "x",
         "raw",

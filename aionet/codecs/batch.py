@@ -1,4 +1,4 @@
-"""Many SEND payloads in one envelope (sans-I/O).
+"""Many SEND payloads, or many requests or replies, in one envelope (sans-I/O).
 
 A SEND envelope is ``[SEND, seq, ack, channel, payload, *more payloads]``: to a peer that
 advertises the handshake feature ``"batch"``, a link coalesces the small messages queued for
@@ -7,6 +7,12 @@ number, one frame, one write and one decode. Each payload is packed once, when i
 (so errors surface at the call), and the envelope is assembled from the packed bytes: a
 msgpack array header for ``4 + n`` items, then the four packed envelope fields, then the
 payloads. The result is ordinary msgpack that the receiver decodes with one ``unpackb``.
+
+Requests and replies batch the same way, to a peer that advertises ``"rpc_batch"``: a REQ
+envelope ``[REQ, seq, ack, rid, service, payload]`` may carry more ``rid, service, payload``
+triples after the first, a REP envelope ``[REP, seq, ack, rid, payload]`` more ``rid,
+payload`` pairs. One request (or reply) is exactly the envelope an older node sends, so the
+format only extends the single one; ERR envelopes always carry one error.
 """
 
 from __future__ import annotations
@@ -14,10 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .envelope import SEND
+from .envelope import REP, REQ, SEND
 
 #: handshake feature: the most payloads this node accepts in one SEND envelope (absent: one)
 FEATURE = "batch"
+#: handshake feature: the most requests this node accepts in one REQ envelope (its
+#: ``link.max_concurrent_requests``: more could not start at once); a node advertising it also
+#: accepts REP envelopes with many replies. Absent: one request or reply per envelope.
+RPC_FEATURE = "rpc_batch"
+#: values each request / reply adds to its envelope: rid, service, payload / rid, payload
+RPC_ITEM_FIELDS = {REQ: 3, REP: 2}
 
 
 def array_header(n: int) -> bytes:
@@ -37,4 +49,30 @@ def encode_send_batch(pack: Callable[[Any], bytes], seq: int, ack: int, channel:
     return b"".join((array_header(4 + len(packed)), pack(SEND), pack(seq), pack(ack), pack(channel), *packed))
 
 
-__all__ = ["FEATURE", "array_header", "encode_send_batch"]
+def encode_rpc_batch(pack: Callable[[Any], bytes], kind: int, seq: int, ack: int, packed: Sequence[bytes]) -> bytes:
+    """``[kind, seq, ack, *items]`` (kind REQ or REP) as one msgpack array, from requests or
+    replies already packed: each of ``packed`` is the msgpack values of one item's fields
+    (``rid, service, payload`` or ``rid, payload``) back to back, without an array header."""
+    n = RPC_ITEM_FIELDS[kind] * len(packed)
+    return b"".join((array_header(3 + n), pack(kind), pack(seq), pack(ack), *packed))
+
+
+def rpc_items(env: list[Any]) -> int:
+    """How many requests (REQ) or replies (REP) a decoded envelope carries; ValueError when
+    its length fits no whole number of them."""
+    per = RPC_ITEM_FIELDS[env[0]]
+    n, rest = divmod(len(env) - 3, per)
+    if rest or n < 1:
+        raise ValueError(f"envelope kind {env[0]} with {len(env)} fields is not a whole batch")
+    return n
+
+
+__all__ = [
+    "FEATURE",
+    "RPC_FEATURE",
+    "RPC_ITEM_FIELDS",
+    "array_header",
+    "encode_rpc_batch",
+    "encode_send_batch",
+    "rpc_items",
+]

@@ -31,8 +31,8 @@ class Kind(IntEnum):
     """Envelopes on an established link."""
 
     SEND = 1  # [SEND, seq, ack, channel, payload]
-    REQ = 2  # [REQ, seq, ack, req_id, service, payload]
-    REP = 3  # [REP, seq, ack, req_id, payload]
+    REQ = 2  # [REQ, seq, ack, req_id, service, payload, *more triples to an rpc_batch peer] (codecs/batch.py)
+    REP = 3  # [REP, seq, ack, req_id, payload, *more pairs to an rpc_batch peer]
     ERR = 4  # [ERR, seq, ack, req_id, remote_type, message, traceback]
     PEERS = 5  # [PEERS, seq, ack, {name: [addresses]}]
     BYE = 6  # [BYE, seq, ack]  graceful leave

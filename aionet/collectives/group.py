@@ -2,8 +2,9 @@
 
 Each collective call takes the group's next sequence number, so concurrent calls and calls that
 overlap in time on different ranks never mix their messages. Messages travel on the group's own
-mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`); a dispatcher task drains
-the channel into waiting futures, keeping messages for calls this rank has not reached yet.
+mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`); the channel callback hands
+each to the waiting future (or, for a small allreduce, to its step: :mod:`.small`), keeping
+messages for calls this rank has not reached yet.
 
 Failure semantics: when membership declares a member dead (or it leaves), every pending and
 later call on every group containing it raises :class:`~aionet.errors.CollectiveError` naming
@@ -14,7 +15,6 @@ survivors a new group on which the next call is correct (MPI ULFM's revoke + shr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,15 +28,13 @@ from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
 from .compression import WireCodec, wire_codec
-from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, write_out
+from .ops import Converted, finish_mean, from_numpy, frozen, to_numpy, ufunc, work_buffer, write_out
+from .small import MISSING, RAW_MAX, DoublingRun, Key, RawDecoder, round_tags
 from .wire import CHANNEL_PREFIX, Tag, tag
 
 ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree")
 PIPELINE = 4  # segments per ring chunk, at least
 MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
-#: arrays below this many bytes travel as their raw bytes in the latency-bound algorithms
-#: (short ``bytes`` are packed by the link itself, inline, without the serializer)
-RAW_MAX = 1024
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
 
 
@@ -87,6 +85,7 @@ class Group:
         self._inline_bytes = inline_bytes
         self._nowait = getattr(messaging, "send_nowait", None)
         self._doubling_plan = recursive_doubling(self.size, self.rank)
+        self._round_tags = round_tags(self._doubling_plan)
         self._instruments = instruments if instruments is not None else Instruments()  # collective_finished
         self._alive = alive
         self._on_close = on_close
@@ -96,6 +95,9 @@ class Group:
         self._sends: dict[int, list[asyncio.Task[None]]] = {}
         self._waiting: dict[tuple[int, Tag, int], asyncio.Future[Any]] = {}
         self._early: dict[tuple[int, Tag, int], Any] = {}
+        # small allreduces (.small): the step each waits for, and each call's run by sequence number
+        self._steps: dict[Key, Callable[[Any], None]] = {}
+        self._runs: dict[int, DoublingRun] = {}
         # bytes held for calls this rank has not started (peers running ahead), bounded
         self._ahead: dict[tuple[int, Tag, int], int] = {}
         self._ahead_bytes = 0
@@ -130,11 +132,13 @@ class Group:
             self._broken = exc
             if self._waiting or not quiet:
                 self.log.warning("collective group broken: shrink() it to go on", error=str(exc))
-        for fut in self._waiting.values():
+        futs = [*self._waiting.values(), *(run.done for run in self._runs.values())]
+        for fut in futs:
             if not fut.done():
                 fut.set_exception(self._broken)
                 fut.exception()  # retrieved here: a waiter that is gone must not log it
         self._waiting.clear()
+        self._steps.clear()
 
     def shrink(self) -> Group:
         """A new group of the members still alive (without the lost ones), ranks renumbered in
@@ -163,6 +167,10 @@ class Group:
             return
         seq, t, src, payload = msg
         key = (seq, t, src)
+        step = self._steps.pop(key, None)
+        if step is not None:  # a small allreduce's round: it reduces and sends on from here
+            step(payload)
+            return
         fut = self._waiting.pop(key, None)
         if fut is not None:
             if not fut.done():
@@ -209,6 +217,17 @@ class Group:
             self._waiting[key] = fut
         return fut
 
+    def _expect(self, key: Key, step: Callable[[Any], None]) -> Any:
+        """:meth:`_recv` for a callback: the message if it came early, else MISSING and ``step``
+        gets it on arrival. Raises the group's failure once it broke."""
+        if key in self._early:
+            self._release_ahead(key)
+            return self._early.pop(key)
+        if self._broken is not None:
+            raise self._broken
+        self._steps[key] = step
+        return MISSING
+
     async def _send(self, dst: int, seq: int, t: Tag, payload: Any) -> None:
         peer = self.members[dst]
         try:
@@ -242,17 +261,22 @@ class Group:
         seq = self._seq
         self._seq += 1
         self._active.add(seq)
-        low = self._low_seq()
-        for k in [k for k in self._early if k[0] < low]:  # leftovers of failed calls
-            del self._early[k]
-            self._release_ahead(k)
-        for k in [k for k in self._ahead if k[0] == seq]:  # started now: no longer ahead
-            self._release_ahead(k)
+        if self._early:
+            low = self._low_seq()
+            for k in [k for k in self._early if k[0] < low]:  # leftovers of failed calls
+                del self._early[k]
+                self._release_ahead(k)
+            for k in [k for k in self._ahead if k[0] == seq]:  # started now: no longer ahead
+                self._release_ahead(k)
         limit = self.timeout if timeout is None else timeout
         sends = self._sends[seq] = []
         try:
-            # the usual case has no limit: no timer to arm, no task bookkeeping to enter
-            async with asyncio.timeout(limit) if limit is not None else _NO_LIMIT:
+            if limit is None:  # the usual case: no timer to arm, no context to enter and leave
+                out = await fn(seq)
+                if sends:
+                    await asyncio.gather(*sends)
+                return out
+            async with asyncio.timeout(limit):
                 out = await fn(seq)
                 if sends:
                     await asyncio.gather(*sends)
@@ -309,9 +333,48 @@ class Group:
         ``compression="fp16"|"bf16"``: float32 travels as 16 bits (error bound in
         aionet.collectives.compression); default ``collectives.compression``. Device (CuPy)
         arrays are reduced through host copies and come back as device arrays."""
+        if (
+            type(x) is np.ndarray
+            and x.nbytes < RAW_MAX
+            and algorithm in ("auto", "doubling")
+            and (self.compression if compression is None else compression) in (None, "none")
+            and x.dtype.kind in "biufc"
+            and x.flags.c_contiguous
+            and self.size > 1
+            and (algorithm == "doubling" or x.nbytes <= self.small_bytes or x.size < self.size)
+        ):
+            return await self._small_allreduce(x, op, out, timeout)
         hx, back = self._on_host(x, out)
         res = await self._allreduce(hx, op, out=out, algorithm=algorithm, timeout=timeout, compression=compression)
         return back(res)
+
+    async def _small_allreduce(self, x: np.ndarray, op: str, out: Any, timeout: float | None) -> Any:
+        """Recursive doubling driven from the channel callback (:mod:`.small`): what ``auto``
+        picks for arrays under RAW_MAX, with one future and one wake-up per call."""
+        fn = ufunc(op)
+
+        async def go(seq: int) -> Any:
+            done: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+            plan, tags = self._doubling_plan, self._round_tags
+            run = DoublingRun(self._post, self._expect, self.rank, seq, x.reshape(-1), fn, plan, tags, done)
+            self._runs[seq] = run
+            try:
+                run.start()
+                res = await done
+            finally:
+                del self._runs[seq]
+                if run.waiting is not None:
+                    self._steps.pop(run.waiting, None)
+            if op == "mean":
+                res = finish_mean(res, self.size)
+            if out is None:
+                return res.reshape(x.shape)
+            if type(out) is np.ndarray and out.size == res.size and out.flags.c_contiguous and out.flags.writeable:
+                np.copyto(out, res.reshape(out.shape), casting="same_kind")  # write_out's rule, fewer checks
+                return out
+            return write_out(out, res)
+
+        return await self._run("allreduce", go, timeout, x.nbytes)
 
     async def reduce(
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
@@ -362,7 +425,7 @@ class Group:
         c = to_numpy(x)
         codec = self._codec(comp, c.flat.dtype, algorithm)
 
-        dest = _work_buffer(out, c.flat)
+        dest = work_buffer(out, c.flat)
 
         async def go(seq: int) -> Any:
             res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec, dest)
@@ -497,7 +560,7 @@ class Group:
         elif acc.nbytes < RAW_MAX and acc.dtype.kind in "biufc":
             # the latency-bound case: every rank holds this dtype and shape, so the bytes alone
             # travel (short bytes take the link's own packer: no serializer, no ndarray ext)
-            enc, dec = _to_bytes, _raw_decoder(acc.dtype, acc.shape)
+            enc, dec = _to_bytes, RawDecoder(acc.dtype, acc.shape)
         else:
             enc = dec = _same
         if plan.fold_to is not None:
@@ -569,8 +632,8 @@ class Group:
                 await asyncio.gather(*holds.pop(step.recv))
             for j, (a, b) in enumerate(segments(step.recv)):
                 got = await self._recv(seq, tag(bucket, 5, s, j), left)
-                if s + 1 < len(ag):  # forwarded before it is copied in: the received buffer is
-                    self._post(right, seq, tag(bucket, 5, s + 1, j), got)  # ours, never changed
+                if s + 1 < len(ag):  # forwarded before it is copied in
+                    self._post(right, seq, tag(bucket, 5, s + 1, j), frozen(got))
                 np.copyto(res[a:b], dec(got))
         return res
 
@@ -715,7 +778,7 @@ class Group:
 
     async def barrier(self, *, timeout: float | None = None) -> None:
         """Returns once every rank has entered it."""
-        await self.allreduce(0, timeout=timeout)
+        await self.allreduce(np.zeros((), np.int64), timeout=timeout)  # what allreduce(0) sends
 
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.size:
@@ -725,45 +788,9 @@ class Group:
 __all__ = ["ALGORITHMS", "Group"]
 
 
-_NO_LIMIT = contextlib.nullcontext()
-
-
 def _to_bytes(x: np.ndarray) -> bytes:
     return x.tobytes()
 
 
-def _raw_decoder(dtype: np.dtype[Any], shape: tuple[int, ...]) -> Callable[[Any], np.ndarray]:
-    """Decode what :func:`_to_bytes` sent for an array of ``dtype`` and ``shape`` (read-only,
-    over the received bytes); anything else passes through as it came (an older peer's array)."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-
-    def dec(b: Any) -> np.ndarray:
-        if type(b) is not bytes:
-            return b  # type: ignore[no-any-return]
-        if len(b) != nbytes:
-            raise CollectiveError(
-                f"a peer sent {len(b)} bytes for a {dtype} array of shape {shape}: call the same "
-                "collective with the same shape and dtype on every rank"
-            )
-        return np.frombuffer(b, dtype).reshape(shape)
-
-    return dec
-
-
 def _same(x: np.ndarray) -> np.ndarray:
     return x
-
-
-def _work_buffer(out: Any, flat: np.ndarray) -> np.ndarray | None:
-    """``out`` as a flat array the algorithm may build the result in, or None (then the result
-    is copied into ``out`` at the end): a writable contiguous numpy array of the input's dtype
-    and size that is either the input itself (``out=x``: ``flat`` is returned, and the ring
-    holds each chunk until the sends reading it are done) or does not overlap it at all."""
-    if type(out) is not np.ndarray or out.dtype != flat.dtype or out.size != flat.size:
-        return None
-    if not (out.flags.c_contiguous and out.flags.writeable):
-        return None
-    if np.may_share_memory(out, flat):
-        same = out.__array_interface__["data"][0] == flat.__array_interface__["data"][0]
-        return flat if same and flat.flags.c_contiguous and flat.flags.writeable else None
-    return out.reshape(-1)

@@ -92,4 +92,31 @@ def finish_mean(result: np.ndarray, n: int) -> np.ndarray:
     return result / n
 
 
-__all__ = ["OPS", "Converted", "finish_mean", "from_numpy", "to_numpy", "ufunc", "write_out"]
+def work_buffer(out: Any, flat: np.ndarray) -> np.ndarray | None:
+    """``out`` as a flat array the algorithm may build the result in, or None (then the result
+    is copied into ``out`` at the end): a writable contiguous numpy array of the input's dtype
+    and size that is either the input itself (``out=x``: ``flat`` is returned, and the ring
+    holds each chunk until the sends reading it are done) or does not overlap it at all."""
+    if type(out) is not np.ndarray or out.dtype != flat.dtype or out.size != flat.size:
+        return None
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        return None
+    if np.may_share_memory(out, flat):
+        same = out.__array_interface__["data"][0] == flat.__array_interface__["data"][0]
+        return flat if same and flat.flags.c_contiguous and flat.flags.writeable else None
+    return out.reshape(-1)
+
+
+__all__ = ["OPS", "Converted", "finish_mean", "from_numpy", "frozen", "to_numpy", "ufunc", "work_buffer", "write_out"]
+
+
+def frozen(got: Any) -> Any:
+    """A read-only view of a received array that the ring forwards: the buffer is the group's
+    own and never written, so the link may keep it by reference for a replay and the send need
+    not wait for the kernel or the ack (ReplayCopies.immutable); the view keeps the receive
+    buffer referenced, hence not recycled, until the ack drops it."""
+    if type(got) is not np.ndarray:
+        return got
+    view = got.view()
+    view.flags.writeable = False
+    return view

@@ -406,6 +406,9 @@ class Connector:
         features["limits"] = {k: getattr(self.config.limits, k) for k in SIZE_LIMITS}  # see Link.post
         # SEND envelopes with many payloads are welcome, up to as many as a mailbox holds (codecs/batch.py)
         features[batch.FEATURE] = min(self.config.link.mailbox_size, self.config.link.peer_mailbox_size)
+        # REQ envelopes with many requests (at most as many as may run at once) and REP
+        # envelopes with many replies are welcome too
+        features[batch.RPC_FEATURE] = self.config.link.max_concurrent_requests
         return handshake.Hello(
             handshake.PROTOCOL_VERSION, self.name, self.node_id, self._advertised(), features, {}, nonce, mac, {}
         )
@@ -616,6 +619,7 @@ class Connector:
         self._peers.learn(peers)
         link.set_peer_limits(hello.features.get("limits"))
         link.set_batch_limit(hello.features.get(batch.FEATURE))
+        link.set_rpc_batch_limit(hello.features.get(batch.RPC_FEATURE))
         self._start_reader(c, link)
         await link.attach(c, outgoing)
         self._peers.emit(hello.name, "connected", outgoing=outgoing, node_id=hello.node_id)

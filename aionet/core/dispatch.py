@@ -150,13 +150,27 @@ class Dispatcher:
                             return self._resume(c, link, reply, batch, i - 1, wait.wait_room(), wait)
                         return self._resume(c, link, reply, batch, i - 1, wait)
                 elif kind == REQ:
-                    aw = router.on_request(env[3], env[4], env[5], reply, peer)
+                    if len(env) == 6:
+                        aw = router.on_request(env[3], env[4], env[5], reply, peer)
+                    else:  # a batch of requests (codecs/batch.py)
+                        rest = router.on_requests(env, reply, peer)
+                        aw = None
+                        if rest is not None:
+                            aw, at = rest
+                            if at > 3:  # some started: the envelope is received, the rest waits
+                                link.received(nbytes)
+                                return self._resume_requests(c, link, reply, batch, i, env, at, aw)
                     if aw is not None:  # too many of this peer's handlers running: stop reading
                         link.state.unreceive(env[1])
                         link.received(nbytes)
                         return self._resume(c, link, reply, batch, i - 1, aw)
-                elif kind in (REP, ERR):
-                    router.on_reply(kind, env[3], env[4:], peer)
+                elif kind == REP:
+                    if len(env) == 5:
+                        router.on_reply(REP, env[3], env[4:], peer)
+                    else:
+                        router.on_replies(env, peer)
+                elif kind == ERR:
+                    router.on_reply(ERR, env[3], env[4:], peer)
                 elif kind == PEERS:
                     self._peers.learn(env[3])
                 elif kind == BYE:
@@ -175,6 +189,28 @@ class Dispatcher:
             return None
         link.received(nbytes)
         return None
+
+    async def _resume_requests(
+        self, c: PeerConn, link: Link, reply: Any, batch: list[Any], nxt: int, env: list[Any], at: int, aw: Any
+    ) -> None:
+        """The rest of a batch of requests, from field ``at``, as handler slots free up
+        (reading stays paused), then the rest of ``batch`` from ``nxt``. The envelope counts as
+        received: a connection cut meanwhile does not stop this (the peer's replay of it is a
+        duplicate); a link failure does, and its callers are told PeerUnavailable."""
+        while True:
+            try:
+                await aw
+            except PeerUnavailable:
+                pass
+            if link.dead is not None:
+                return
+            rest = self.router.on_requests(env, reply, c.peer, at)
+            if rest is None:
+                break
+            aw, at = rest
+        more = self._dispatch(c, link, reply, batch, nxt)
+        if more is not None:
+            await more
 
     async def _finish_reply(self, aw: Awaitable[None], link: Link, kind: int, fields: list[Any]) -> None:
         try:

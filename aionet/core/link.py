@@ -30,8 +30,8 @@ from typing import Any
 
 import msgpack
 
-from ..codecs.batch import encode_send_batch
-from ..codecs.envelope import ACK, SEND, XFER
+from ..codecs.batch import encode_rpc_batch, encode_send_batch
+from ..codecs.envelope import ACK, REP, REQ, SEND, XFER
 from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
 from ..errors import (
@@ -52,7 +52,8 @@ from .replay_copies import ReplayCopies
 # sender waits for the ack (the replay buffer holds the caller's memory), unless it has at
 # most copy_max bytes (link.big_copy_max_bytes, default 0; COPY_MAX is the largest worth
 # it): then it is copied into link-owned memory and its send returns at once, the copies
-# bounded by replay_copies.COPY_BUDGET.
+# bounded by replay_copies.COPY_BUDGET. Immutable payloads (bytes, read-only arrays) need
+# neither: their send returns at once, zero-copy (ReplayCopies.immutable).
 BIG_MESSAGE = 1 << 20
 _PLAIN = frozenset({int, float, bool, type(None)})
 _PLAIN_MAX = 1024  # bytes/str shorter than this are packed inline by any serializer setting
@@ -62,6 +63,7 @@ _FLAT_MAX = 8  # a list payload of up to this many such items is packed inline t
 # container holding one, takes the serializer's path as its own envelope, in order)
 _BATCHABLE = frozenset({int, float, bool, type(None), list, dict})
 _SCALARS = frozenset({int, float, bool, type(None)})
+_RPC = frozenset({REQ, REP})  # requests and replies batch too, to a peer that takes them (set_rpc_batch_limit)
 BATCH_BYTES = 32 * 1024  # an open batch is sealed once its payloads reach this many bytes ...
 BATCH_MESSAGES = 4096  # ... or this many messages (or fewer: what the peer advertises)
 # The peer dropped this many connections in a row, each soon after it was attached, while
@@ -152,6 +154,8 @@ class Link:
         self._copy_max = copy_max  # big messages up to this size are copied (0: none)
         self._replaying = False
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._shares_frames = False  # a connection hands the peer our frame objects (inproc://)
+        self._ack_armed_seq = 0  # recv_seq when the ack timer was armed
         self._reconnect_task: asyncio.Task[None] | None = None
         self._switch_task: asyncio.Task[None] | None = None
         self._bytes_owed = 0
@@ -175,6 +179,11 @@ class Link:
         self._bbytes = 0
         self._bcap = BATCH_BYTES
         self._bmax = 1  # payloads per envelope (set_batch_limit)
+        # requests / replies per REQ / REP envelope (set_rpc_batch_limit; 0: one each). The open
+        # batch then holds packed requests or replies and _bch is REQ or REP (an int, so never
+        # equal to a channel name)
+        self._rpc_max = 0
+        self._rep_max = 0
         self._seal_scheduled = False
         # set while nothing more may be pushed without waiting: the transport's future (above its
         # high-water mark) or an ack waiter (a big message sent with send_nowait)
@@ -198,6 +207,8 @@ class Link:
         if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes or self._blocked is not None:
             self._waiting_senders += 1
             return self._send_when_space(kind, fields, wait_ack)
+        if kind in _RPC and self._rpc_max and self._push_rpc(kind, fields):
+            return None
         return self._post_now(kind, fields, wait_ack)
 
     def can_post(self) -> bool:
@@ -256,6 +267,57 @@ class Link:
         ok = type(limit) is int and limit > 1
         self.batching = ok
         self._bmax = min(BATCH_MESSAGES, limit) if ok else 1
+
+    def set_rpc_batch_limit(self, limit: Any) -> None:
+        """The peer's handshake feature ``"rpc_batch"``: how many requests one REQ envelope
+        may carry (its ``max_concurrent_requests``: more could not start at once anyway); it
+        then takes REP envelopes with many replies too. Off for a peer without it."""
+        ok = type(limit) is int and limit > 1
+        self._rpc_max = min(BATCH_MESSAGES, limit) if ok else 0
+        self._rep_max = BATCH_MESSAGES if ok else 0
+
+    def _push_rpc(self, kind: int, fields: list[Any]) -> bool:
+        """Add a request ``[rid, service, payload]`` or reply ``[rid, payload]`` that packs
+        inline to the open batch (sealed into one REQ / REP envelope at the end of this loop
+        iteration, when full, or before any other envelope); False (nothing done) otherwise.
+        The caller (:meth:`post`) has checked that nothing needs waiting."""
+        items = self._bitems
+        if not items and (c := self.current) is not None and getattr(c.conn, "flush_pending", None) is False:
+            # nothing else goes out in this loop iteration (yet): this one goes alone, as
+            # it would unbatched, so a lone request waits for no seal; what follows it in
+            # this iteration joins a batch, written right after it
+            return False
+        payload = fields[-1]
+        t = type(payload)
+        if t is bytes or t is str:
+            if len(payload) >= _PLAIN_MAX:
+                return False
+        elif t not in _BATCHABLE:
+            return False
+        st = self.state
+        if st.inflight_bytes + self._bbytes >= st.max_inflight_bytes:
+            return False
+        try:
+            b = self._pack(fields)
+        except (TypeError, ValueError, OverflowError):  # not plain msgpack: the serializer's job
+            return False
+        n = len(b)
+        if kind != self._bch or self._bbytes + n > self._bcap:
+            if n > self._bcap:
+                return False
+            if items:
+                self._seal()
+                items = self._bitems
+            self._bch = kind
+        items.append(b[1:])  # the fields without the list's header (a fixarray: one byte)
+        self._bbytes += n
+        if len(items) == 1:
+            if not self._seal_scheduled:
+                self._seal_scheduled = True
+                asyncio.get_running_loop().call_soon(self._seal_soon)
+        elif len(items) >= (self._rpc_max if kind == REQ else self._rep_max):
+            self._seal()
+        return True
 
     def push_many(self, channel: str, objs: list[Any], start: int = 0) -> int:
         """:meth:`push` each of ``objs[start:]`` in order; returns the index of the first one
@@ -351,18 +413,26 @@ class Link:
     def _seal_soon(self) -> None:
         self._seal_scheduled = False
         if self._bitems:
-            self._seal()
+            # requests and replies wait on their peer: written now (where the transport can)
+            # rather than one loop iteration later, when its own flush would run
+            self._seal(now=self._bch in _RPC)
 
-    def _seal(self, write: bool = True) -> None:
+    def _seal(self, write: bool = True, now: bool = False) -> None:
         """Turn the open batch into one sequenced envelope: recorded for replay, written
-        (unless ``write`` is False: a stream about to be given up)."""
+        (unless ``write`` is False: a stream about to be given up; ``now``: to the socket
+        at once, not at the transport's next flush, where it can)."""
         items = self._bitems
         self._bitems = []
         nb = self._bbytes
         self._bbytes = 0
         st = self.state
         seq, ack = st.stamp()
-        frame = encode_send_batch(self._pack, seq, ack, self._bch, items)
+        kind = self._bch
+        if type(kind) is int:  # requests or replies
+            frame = encode_rpc_batch(self._pack, kind, seq, ack, items)
+            self._bch = None
+        else:
+            frame = encode_send_batch(self._pack, seq, ack, kind, items)
         nbytes = len(frame)
         # the ack rides on this envelope; an armed ack timer is left to find nothing owed
         # (cancelling and re-arming one per request cost as much as a loop iteration)
@@ -372,7 +442,7 @@ class Link:
         c = self.current
         if c is not None and write and not self._replaying:
             try:
-                w = c.conn.write_nowait([frame])
+                w = ((now and getattr(c.conn, "write_now", None)) or c.conn.write_nowait)([frame])
             except ConnectionClosed:
                 self.connection_lost(c)
             else:
@@ -397,7 +467,8 @@ class Link:
     def _enqueue(self, kind: int, fields: list[Any], wait_ack: bool = True) -> tuple[Awaitable[None] | None, Any, int]:
         """Stamp, encode, record and write one envelope. Returns what to wait for: the
         transport's awaitable (or None), the connection, and a seq whose ack the sender
-        must wait for, else 0: a big message's own (above copy_max, sent zero-copy), or an
+        must wait for, else 0: a big message's own (above copy_max, sent zero-copy, unless
+        every out-of-band buffer is immutable: then nothing can change under the replay), or an
         older one's when the copies of unacknowledged big messages exceed their budget.
         ``wait_ack`` False: the caller keeps its buffers unchanged until the ack by itself
         (replies, staged chunks): sent zero-copy, nothing to wait for."""
@@ -437,11 +508,17 @@ class Link:
             raise
         wait_seq = 0
         if nbytes >= BIG_MESSAGE and wait_ack:
-            if nbytes <= self._copy_max:
+            if self._shares_frames:
+                # the peer receives these very objects: after the ack the caller may change its
+                # buffers, so the peer must get copies of the writable ones (and need not be waited for)
+                frames = self._copies.freeze(frames)
+            elif nbytes <= self._copy_max:
                 frames = self._copies.copy(frames)  # the caller may reuse its buffers at once
                 wait_seq = self._copies.sent(seq, nbytes)
-            else:
+            elif not ReplayCopies.immutable(frames):
                 wait_seq = seq  # zero-copy: the replay buffer holds the caller's memory until acked
+            # else: immutable buffers (bytes, read-only arrays) cannot change under the replay
+            # buffer, so the send returns without its ack; the window still bounds what is unacked
         elif nframes > 1 and kind != XFER:
             # returns before the ack (a smaller send, a reply): a replay after a cut must carry
             # the bytes of the call, not what the caller wrote into its buffer since
@@ -586,7 +663,8 @@ class Link:
 
     def received(self, nbytes: int) -> None:
         """After delivering a batch: ack now if much arrived, else within ack_delay (by the
-        timer already armed, if any: it may fire sooner, never later)."""
+        timer already armed, if any: it may fire sooner) or, for what arrived after a send
+        carried an ack, within twice that (:meth:`_ack_due`)."""
         st = self.state
         if st.ack_owed == 0:
             return
@@ -594,7 +672,22 @@ class Link:
         if self._bytes_owed >= BIG_MESSAGE or st.ack_owed >= st.ack_every:  # (st.should_ack(), inlined)
             self.flush_ack()
         elif self._ack_timer is None:
-            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self.flush_ack)
+            self._ack_armed_seq = self.state.recv_seq
+            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self._ack_due)
+
+    def _ack_due(self) -> None:
+        """The ack timer. When every message still owed arrived after it was armed (a send
+        piggybacked the ack of the older ones meanwhile: traffic both ways, as requests and
+        replies or a collective's rounds), they get a timer of their own instead of a
+        standalone ACK now: a write here, and a wake-up, a read and a parse at the peer, fewer
+        per ack_delay on a busy two-way link."""
+        self._ack_timer = None
+        st = self.state
+        if st.ack_owed and st.recv_seq - st.ack_owed >= self._ack_armed_seq and self.current is not None:
+            self._ack_armed_seq = st.recv_seq
+            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self._ack_due)
+            return
+        self.flush_ack()
 
     def flush_ack(self) -> None:
         if self._ack_timer is not None:
@@ -666,6 +759,8 @@ class Link:
             self.dialer = True
         self.compress = c.compress
         self.disconnected_since = None
+        if c.conn.shares_frames:
+            self._shares_frames = True
         if self.current is not None and not self.current.conn.closed:
             return  # keep sending on the existing connection; this one is read from
         self.current = c

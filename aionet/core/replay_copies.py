@@ -109,6 +109,24 @@ class ReplayCopies:
             self.frozen_bytes += n
         return frames if out is None else out
 
+    @staticmethod
+    def immutable(frames: list[Any]) -> bool:
+        """Whether no out-of-band frame of ``frames`` is memory its owner may still change:
+        ``bytes``, this pool's copies, read-only arrays and views (by the README's contract, a
+        caller that marks a buffer read-only does not change it). Frames that are not host
+        memory count as mutable here (their transport decides)."""
+        for i in range(1, len(frames)):
+            f = frames[i]
+            t = type(f)
+            if t is bytes or t is OwnedFrame:
+                continue
+            try:
+                if not (f if t is memoryview else memoryview(f)).readonly:
+                    return False
+            except TypeError:
+                return False
+        return True
+
     def _buffer(self, n: int) -> OwnedFrame:
         """A buffer of exactly ``n`` bytes nobody else references, else a fresh one (pooled
         while the pool stays within POOL_BYTES)."""

@@ -16,6 +16,7 @@ from itertools import islice, repeat
 from types import CoroutineType
 from typing import Any
 
+from ..codecs.batch import rpc_items
 from ..codecs.envelope import ERR, REP
 from ..config import LinkSection
 from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
@@ -534,6 +535,22 @@ class Router:
             rtype, msg, tb = body
             fut.set_exception(RemoteError(str(rtype), str(msg), str(tb), peer))
 
+    def on_replies(self, env: list[Any], peer: str) -> None:
+        """A REP envelope with many replies: ``[REP, seq, ack, rid, payload, rid, payload, ...]``."""
+        rpc_items(env)
+        pending = self.pending
+        for i in range(3, len(env), 2):
+            rid = env[i]
+            entry = pending.get(rid)
+            if entry is None:
+                continue  # late reply after a timeout: drop
+            if entry[1] != peer:
+                raise ProtocolError(f"{peer} sent a reply to request {rid!r}, which went to {entry[1]}")
+            del pending[rid]
+            fut = entry[0]
+            if not fut.done():
+                fut.set_result(env[i + 1])
+
     async def call_local(self, service: str, payload: Any) -> Any:
         """Run a service in this process, as a remote request would (used for requests to self)."""
         entry = self.services.get(service)
@@ -566,26 +583,55 @@ class Router:
         if entry is None:
             self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
             return None
+        if entry[1] != SYNC and self.running.get(peer, 0) >= self.max_concurrent_requests:
+            return self._slot(peer)
+        self._handle(entry, rid, service, payload, reply, peer)
+        return None
+
+    def on_requests(
+        self, env: list[Any], reply: Reply, peer: str = "", start: int = 3
+    ) -> tuple[Awaitable[None], int] | None:
+        """A REQ envelope with many requests, ``[REQ, seq, ack, rid, service, payload, ...]``
+        (codecs/batch.py): each is handled as :meth:`on_request` would, in order, from field
+        ``start`` on. Returns None once all are handled or started; else, when ``peer``'s
+        handlers reach ``max_concurrent_requests``, what to await and the field index of the
+        first request not started (the caller awaits it, stops reading meanwhile, then hands
+        the rest in again), as for one request at a time."""
+        rpc_items(env)
+        services = self.services
+        bound = self.max_concurrent_requests
+        for i in range(start, len(env), 3):
+            rid, service = env[i], env[i + 1]
+            entry = services.get(service)
+            if entry is None:
+                self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
+                continue
+            if entry[1] != SYNC and self.running.get(peer, 0) >= bound:
+                return self._slot(peer), i
+            self._handle(entry, rid, service, env[i + 2], reply, peer)
+        return None
+
+    def _handle(
+        self, entry: tuple[Handler, int], rid: Any, service: Any, payload: Any, reply: Reply, peer: str
+    ) -> None:
+        """Run (or start) the handler ``entry`` for one request; the caller checked the bound."""
         fn, mode = entry
         if self.instruments.request_handled is not None:
             fn = self._timed(fn, mode, str(service), peer)
         if mode != SYNC:
             running = self.running.get(peer, 0)
-            if running >= self.max_concurrent_requests:
-                return self._slot(peer)
             if mode == ASYNC:
                 self._start(fn, rid, payload, reply, peer, running)
-                return None
+                return
         try:
             result = fn(payload)
         except Exception as exc:
             self._spawn_reply(reply(ERR, _error_fields(rid, exc)))
-            return None
+            return
         if mode == INLINE and type(result) is CoroutineType:  # it must wait: finish on a task
             self._start(_awaited, rid, result, reply, peer, self.running.get(peer, 0))
-            return None
+            return
         self._spawn_reply(reply(REP, [rid, result]))
-        return None
 
     def _start(self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int) -> None:
         """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers."""
@@ -687,7 +733,9 @@ class Router:
     async def _run_async(
         self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str, loop: asyncio.AbstractEventLoop
     ) -> None:
-        """Answer with ``await fn(payload)``, then count the handler done and leave self.tasks."""
+        """The task of one async handler: answer with ``await fn(payload)`` (or its error),
+        then free the peer's slot and leave self.tasks. (One coroutine, not two: it runs for
+        every request.)"""
         try:
             try:
                 result = await fn(payload)

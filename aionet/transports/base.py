@@ -92,6 +92,9 @@ class Connection(abc.ABC):
 
     #: True when frames may be device (GPU) buffers that this transport moves natively.
     moves_device_memory: ClassVar[bool] = False
+    #: True when the receiver gets the very frame objects sent (no copy on the way), so a
+    #: sender must not hand it memory its caller may change afterwards (inproc://).
+    shares_frames: ClassVar[bool] = False
 
     local_address: str = ""
     peer_address: str = ""

@@ -181,6 +181,8 @@ class _Channel:
 class InprocConnection(Connection):
     """One end of an in-process connection. Frames are shared, not copied."""
 
+    shares_frames = True
+
     def __init__(self, rx: _Channel, tx: _Channel, local: str, peer: str) -> None:
         self._rx = rx
         self._tx = tx

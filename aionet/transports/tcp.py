@@ -463,7 +463,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             if len(f) < copy_below:
                 wbuf += f
                 continue
-            if type(f) is not bytes and type(f) is not OwnedFrame:  # an OwnedFrame is never changed while sent
+            # bytes, an OwnedFrame (never changed while sent) and read-only views (the caller's
+            # promise, README "Delivery guarantees") need no waiting for the kernel to take them
+            if type(f) is not bytes and type(f) is not OwnedFrame and not (type(f) is memoryview and f.readonly):
                 if copy_all:
                     f = bytes(f)
                 else:
@@ -479,6 +481,25 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
         self._flush()
+
+    @property
+    def flush_pending(self) -> bool:
+        """Something written in this loop iteration waits for the scheduled flush (or, in a
+        read callback, for the write at its end)."""
+        return self._flush_scheduled or (self._in_read and bool(self._wbuf))
+
+    def write_now(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
+        """:meth:`write_nowait`, then write everything queued now rather than at a flush
+        scheduled for the next loop iteration: for a caller that runs at the end of an
+        iteration anyway (the link sealing a batch of requests or replies, whose peer waits)."""
+        scheduled = self._flush_scheduled
+        self._flush_scheduled = True  # no flush of its own: done below
+        try:
+            w = self.write_nowait(frames)
+        finally:
+            self._flush_scheduled = scheduled
+        self._flush()
+        return w
 
     def _flush(self) -> None:
         """Hand the whole batch to the transport: one write/writelines call."""

@@ -230,3 +230,87 @@ async def test_over_inproc_a_reused_buffer_under_a_mib_arrives_as_sent():
         arr[:] = 99
         got = await _recv_n(a, "mid", 4)
         assert [bytes(np.unique(x)) for x in got] == [bytes([i]) for i in range(4)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["read-only array", "bytes"])
+async def test_an_immutable_big_send_returns_before_its_ack_and_survives_a_cut(kind):
+    """A big payload nobody can change (a read-only array, bytes) need not wait for its ack:
+    the replay buffer keeps it by reference. Several run ahead of the ack, and a cut before
+    any ack still delivers each exactly once, in order."""
+    async with proxied() as (a, b, pa):
+        link = b._peers["a"].link
+        payloads = []
+        for i in (1, 2, 3):
+            arr = np.full(2 * MiB, i, np.uint8)
+            arr.flags.writeable = False
+            payloads.append(arr if kind == "read-only array" else arr.tobytes())
+        pa.stall()  # nothing reaches a, so nothing is acknowledged
+        for p in payloads:
+            await asyncio.wait_for(b.send("a", "big", p), 10)  # returns although unacknowledged
+        assert len(link.state.unacked) >= 3, "acknowledged already: the test proved nothing"
+        assert link._copies.copies == 0  # and zero-copy: nothing was copied for the replay
+        pa.cut(reset=True)
+        pa.stall(False)
+        got = await _recv_n(a, "big", 3)
+        assert [bytes(np.unique(np.frombuffer(x, np.uint8))) for x in got] == [b"\x01", b"\x02", b"\x03"]
+        await b.send("a", "big", "end")
+        assert await a.recv("big", timeout=10) == "end"  # and nothing twice before it
+
+
+@pytest.mark.timeout(60)
+async def test_immutable_big_sends_are_still_held_back_by_the_transport_bound():
+    """Not waiting for acks must not mean unbounded buffering: with the peer stalled, sends of
+    a read-only array stop once the transport is above its high-water mark."""
+    async with proxied(Config.from_dict({"transport": {"tcp": {"write_high_water": 4 * MiB}}}, env={})) as (a, b, pa):
+        conn = b._peers["a"].link.current.conn
+        arr = np.ones(MiB, np.uint8)
+        arr.flags.writeable = False
+        pa.stall()
+        done = 0
+
+        async def flood() -> None:
+            nonlocal done
+            while True:
+                await b.send("a", "big", arr)
+                done += 1
+
+        task = asyncio.ensure_future(flood())
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), 1.0)
+            assert not task.done()
+            # the kernel's socket buffers (the proxy's too) take some; beyond that the sender waits
+            assert 4 <= done <= 64, done
+            assert conn.stats().queued_send_bytes <= 4 * MiB + 2 * (MiB + 4096)
+        finally:
+            pa.stall(False)
+            got = await _recv_n(a, "big", done + 1)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert all((x == 1).all() for x in got)
+
+
+@pytest.mark.timeout(60)
+async def test_over_inproc_a_reused_big_buffer_arrives_as_sent():
+    """inproc:// hands the receiver the very frame objects; a big writable array must still
+    arrive as it was at the call, although the caller refills it once ``send`` returns (the
+    messages are taken only after all the sends, so a shared buffer would show the last fill)."""
+    async with (
+        Node(name="a", listen="inproc://bigmsg-big-a") as a,
+        Node(name="b", listen="inproc://bigmsg-big-b", join=[a.address]) as b,
+    ):
+        arr = np.empty(2 * MiB, np.uint8)
+        for i in range(4):
+            arr[:] = i
+            await b.send("a", "big", arr)
+        arr[:] = 99
+        got = await _recv_n(a, "big", 4)
+        assert [bytes(np.unique(x)) for x in got] == [bytes([i]) for i in range(4)]
+        assert not any(np.shares_memory(x, arr) for x in got)
+        ro = np.full(2 * MiB, 7, np.uint8)
+        ro.flags.writeable = False  # immutable: not copied when sent; the receiver's own writable copy
+        await b.send("a", "big", ro)
+        (mine,) = await _recv_n(a, "big", 1)
+        assert (mine == 7).all() and mine.flags.writeable and not np.shares_memory(mine, ro)

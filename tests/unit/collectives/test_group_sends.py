@@ -134,3 +134,32 @@ async def test_a_full_link_falls_back_to_the_awaited_send() -> None:
     out = await allreduce_all(groups, [3, 4])
     assert out == [7, 7]
     assert sorted(api for _, api in net.used) == ["send", "send_nowait"]
+
+
+@pytest.mark.parametrize("n", [3, 4])
+async def test_the_ring_forwards_received_allgather_segments_read_only(n: int) -> None:
+    """What the allgather forwards is a received buffer nobody writes: sent read-only, the link
+    keeps it by reference and the send waits neither for the kernel nor for the ack. Everything
+    else the ring sends is the caller's memory or ``res``, which later steps or the caller
+    overwrite: those stay writable, so the link holds the send until the ack."""
+    net = FakeNet()
+    sent: list[tuple[int, int, bool]] = []  # (phase, step, read-only)
+    groups = make_groups(net, n)
+    for g in groups:
+        send = g._msg.send
+
+        async def recording(peer: str, channel: str, obj: Any, send: Any = send) -> None:
+            t, payload = obj[1], obj[3]
+            sent.append(((t >> 40) & 0xFF, (t >> 20) & 0xFFFFF, not payload.flags.writeable))
+            await send(peer, channel, obj)
+
+        g._msg.send = recording  # type: ignore[method-assign]
+    count = 3 * 4096 * n  # out of band, several segments per chunk
+    xs = [np.arange(count, dtype=np.float64) * (r + 1) for r in range(n)]
+    out = await allreduce_all(groups, xs, algorithm="ring")
+    want = np.arange(count, dtype=np.float64) * (n * (n + 1) // 2)
+    assert all(np.array_equal(o, want) for o in out)
+    forwarded = {ro for phase, step, ro in sent if phase == 5 and step >= 1}
+    others = {ro for phase, step, ro in sent if not (phase == 5 and step >= 1)}
+    assert forwarded == {True}
+    assert others == {False}

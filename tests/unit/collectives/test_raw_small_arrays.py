@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aionet.collectives.group import RAW_MAX, _raw_decoder, _to_bytes
+from aionet.collectives.group import _to_bytes
+from aionet.collectives.small import RAW_MAX, RawDecoder
 from aionet.errors import CollectiveError
 
 DTYPES = ["int8", "uint16", "int32", "int64", "float16", "float32", "float64", "complex64", "bool"]
@@ -18,20 +19,20 @@ DTYPES = ["int8", "uint16", "int32", "int64", "float16", "float32", "float64", "
 def test_round_trip_keeps_every_bit(dtype: str, n: int, data: st.DataObject) -> None:
     raw = data.draw(st.binary(min_size=n * np.dtype(dtype).itemsize, max_size=n * np.dtype(dtype).itemsize))
     x = np.frombuffer(raw, dtype) if dtype != "bool" else np.frombuffer(raw, np.uint8).astype(bool)
-    out = _raw_decoder(x.dtype, x.shape)(_to_bytes(x))
+    out = RawDecoder(x.dtype, x.shape)(_to_bytes(x))
     assert out.dtype == x.dtype and out.shape == x.shape
     assert out.tobytes() == x.tobytes()
 
 
 def test_bytes_of_another_size_raise_a_collective_error_naming_the_fix() -> None:
-    dec = _raw_decoder(np.dtype("float32"), (4,))
+    dec = RawDecoder(np.dtype("float32"), (4,))
     with pytest.raises(CollectiveError, match="same shape and dtype on every rank"):
         dec(b"\0" * 12)
 
 
 def test_an_array_from_an_older_peer_passes_through() -> None:
     x = np.arange(3, dtype=np.int32)
-    assert _raw_decoder(x.dtype, x.shape)(x) is x
+    assert RawDecoder(x.dtype, x.shape)(x) is x
 
 
 def test_the_raw_bound_keeps_messages_on_the_links_inline_path() -> None:

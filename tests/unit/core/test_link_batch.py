@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aionet.codecs.envelope import REQ, SEND
+from aionet.codecs.envelope import ERR, REP, REQ, SEND
 from aionet.core.link import Link
 from aionet.errors import PeerUnavailable, WouldBlock
 
@@ -107,3 +107,77 @@ async def test_full_window_refuses_push_and_post_nowait():
     with pytest.raises(WouldBlock, match="wait_space"):
         link.post_nowait(SEND, ["c", b"z"])
     assert len(_stream(link)) == 0 and len(link._bitems) == 2  # nothing taken after the window filled
+
+
+# ---------------------------------------------------------------- requests and replies (rpc_batch)
+def _unbatch(env: list) -> list[tuple]:
+    """An envelope as the (kind, item) messages it carries, in order."""
+    kind = env[0]
+    if kind == SEND:
+        return [(SEND, env[3], x) for x in env[4:]]
+    per = 3 if kind == REQ else 2
+    return [(kind, *env[i : i + per]) for i in range(3, len(env), per)]
+
+
+messages = st.one_of(
+    st.tuples(st.just(SEND), st.sampled_from(["c", "d"]), payloads),
+    st.tuples(st.just(REQ), st.integers(1, 2**32), st.sampled_from(["svc", "other"]), payloads),
+    st.tuples(st.just(REP), st.integers(1, 2**32), payloads),
+    st.tuples(st.just(REP), st.integers(1, 2**32), st.tuples(st.integers(0, 9))),  # not plain: its own envelope
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(messages, max_size=50))
+def test_requests_replies_and_sends_keep_call_order_each_once(msgs):
+    """Whatever joins a batch and whatever goes alone (big bytes, a tuple), the stream holds
+    every request, reply and send once, in call order, no REQ envelope over the peer's limit."""
+    link = _link(batch=5)
+    link.set_rpc_batch_limit(3)
+    link._seal_scheduled = True  # sealing driven by hand: no event loop needed
+    for kind, *fields in msgs:
+        if kind == SEND and link.push(fields[0], fields[1]):
+            continue
+        assert link.post(kind, list(fields)) is None
+    if link._bitems:
+        link._seal()
+    got = []
+    for env in _stream(link):
+        items = _unbatch(env)
+        assert len(items) <= (3 if env[0] == REQ else 4096)
+        got.extend(items)
+    want = [(m[0], *m[1:-1], list(m[-1]) if type(m[-1]) is tuple else m[-1]) for m in msgs]
+    assert got == want
+
+
+async def test_requests_share_an_envelope_only_with_a_peer_that_takes_them():
+    old = _link()
+    new = _link()
+    new.set_rpc_batch_limit(1024)
+    for link in (old, new):
+        for rid in range(3):
+            assert link.post(REQ, [rid, "svc", b"x"]) is None
+        if link._bitems:
+            link._seal()
+    assert _stream(old) == [[REQ, 1, 0, 0, "svc", b"x"], [REQ, 2, 0, 1, "svc", b"x"], [REQ, 3, 0, 2, "svc", b"x"]]
+    assert _stream(new) == [[REQ, 1, 0, 0, "svc", b"x", 1, "svc", b"x", 2, "svc", b"x"]]
+
+
+@pytest.mark.parametrize("limit", [None, 0, 1, "64", True])
+def test_a_missing_or_malformed_rpc_batch_feature_turns_batching_off(limit):
+    link = _link()
+    link.set_rpc_batch_limit(limit)
+    assert link._rpc_max == 0 and link._rep_max == 0
+
+
+async def test_a_reply_batch_is_sealed_before_an_error_reply_and_kept_for_a_successor():
+    """ERR goes alone, after what was answered before it; a death verdict keeps the open batch."""
+    reports: list = []
+    link = _link(reports)
+    link.set_rpc_batch_limit(64)
+    assert link.post(REP, [1, "a"], wait_ack=False) is None
+    assert link.post(ERR, [2, "ValueError", "bad", ""], wait_ack=False) is None
+    assert link.post(REP, [3, "c"], wait_ack=False) is None
+    link.fail(PeerUnavailable("b: declared dead"), keep=True)
+    assert _stream(link) == [[REP, 1, 0, 1, "a"], [ERR, 2, 0, 2, "ValueError", "bad", ""], [REP, 3, 0, 3, "c"]]
+    assert link.keeping == 3 and reports == []

@@ -1,0 +1,176 @@
+"""Small allreduce by recursive doubling, driven from the group's channel callback.
+
+Why a path of its own: an allreduce of a few bytes is two to four tiny messages per rank, and on a
+machine with fewer cores than ranks its time is set by the CPU each rank burns and by how often it
+sleeps and wakes, not by bytes. The generic driver makes a future per message and resumes its
+coroutine after every round (a loop iteration and a task step between receiving round ``k`` and
+sending round ``k + 1``). Here the message of each round is handed, as it arrives, to the call's
+:class:`DoublingRun`, which reduces it and posts the next round's message from inside the
+callback: one future and one coroutine wake-up per call, whatever the number of rounds.
+
+The messages are the generic recursive doubling's (same tags, raw bytes of the same dtype and
+shape, same operand order), so ranks on either path agree, bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import CollectiveError
+from .algorithms import DoublingPlan
+from .wire import Tag, tag
+
+#: arrays below this many bytes travel as their raw bytes in the latency-bound algorithms
+#: (short ``bytes`` are packed by the link itself, inline, without the serializer)
+RAW_MAX = 1024
+FOLD, ROUND, UNFOLD = tag(0, 0, 0), 1, tag(0, 2, 0)  # the generic doubling's tags (bucket 0)
+Key = tuple[int, Tag, int]
+
+
+class Post(Protocol):
+    """Send ``payload`` to rank ``dst`` as message ``(seq, t)`` of this rank, without waiting."""
+
+    def __call__(self, dst: int, seq: int, t: Tag, payload: Any) -> Any: ...
+
+
+class Expect(Protocol):
+    """The message ``key`` if it is already here, else MISSING, and ``step`` gets it on arrival."""
+
+    def __call__(self, key: Key, step: Callable[[Any], None]) -> Any: ...
+
+
+MISSING = object()  # what _expect returns when the message is not here yet (step registered)
+
+
+class DoublingRun:
+    """One small allreduce on one rank: a state machine fed the payload it waits for. ``done``
+    gets the flat result (a fresh writable array) or the exception that ended the call."""
+
+    __slots__ = ("_acc", "_dec", "_expect", "_fn", "_k", "_plan", "_post", "_rank", "_seq", "_tags", "done", "waiting")
+
+    def __init__(
+        self,
+        post: Post,
+        expect: Expect,
+        rank: int,
+        seq: int,
+        acc: np.ndarray,
+        fn: Any,
+        plan: DoublingPlan,
+        tags: tuple[Tag, ...],
+        done: asyncio.Future[np.ndarray],
+    ) -> None:
+        self._post, self._expect, self._rank = post, expect, rank  # the group's, narrowed
+        self._seq = seq
+        self._acc = acc
+        self._fn = fn
+        self._plan = plan
+        self._tags = tags  # one per round, computed once per group
+        self._dec = RawDecoder(acc.dtype, acc.shape)
+        self._k = -1  # -2: folded away, waiting for the result; -1: folding in; >= 0: round k
+        self.done = done
+        self.waiting: Key | None = None  # the message the run waits for, if any
+
+    def start(self) -> None:
+        """Post what this rank sends first; run on at once if the answer is already here."""
+        try:
+            got = self._begin()
+            if got is not MISSING:
+                self._step(got)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _begin(self) -> Any:
+        plan, seq = self._plan, self._seq
+        if plan.fold_to is not None:
+            self._post(plan.fold_to, seq, FOLD, self._acc.tobytes())
+            self._k = -2
+            return self._wait((seq, UNFOLD, plan.fold_to))
+        self._acc = self._acc.copy()  # reduced in place by the fold, kept as the partner saw it
+        if plan.fold_from is not None:
+            return self._wait((seq, FOLD, plan.fold_from))
+        return self._next_round()
+
+    def on_message(self, payload: Any) -> None:
+        """The awaited message arrived (from the channel callback, or was already here)."""
+        try:
+            self._step(payload)
+        except Exception as exc:  # never into the transport's callback: the call fails instead
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    def _step(self, payload: Any) -> None:
+        while True:
+            self.waiting = None
+            got = self._dec(payload)
+            k, plan = self._k, self._plan
+            if k == -2:
+                self._finish(np.array(got))
+                return
+            if k == -1:
+                self._fn(self._acc, got, out=self._acc)
+            else:
+                # the same operand order on both sides: results agree bit for bit (floats too)
+                partner = plan.partners[k]
+                self._acc = self._fn(self._acc, got) if self._rank < partner else self._fn(got, self._acc)
+            payload = self._next_round()
+            if payload is MISSING:
+                return
+
+    def _next_round(self) -> Any:
+        """Post the next round's message and take its answer if it is already here (MISSING
+        otherwise: then it is handed to :meth:`on_message` when it comes), or finish."""
+        k = self._k = self._k + 1
+        plan, seq = self._plan, self._seq
+        if k < len(plan.partners):
+            partner = plan.partners[k]
+            self._post(partner, seq, self._tags[k], self._acc.tobytes())
+            return self._wait((seq, self._tags[k], partner))
+        if plan.unfold_to is not None:
+            self._post(plan.unfold_to, seq, UNFOLD, self._acc.tobytes())
+        self._finish(self._acc)
+        return MISSING
+
+    def _wait(self, key: Key) -> Any:
+        self.waiting = key
+        return self._expect(key, self.on_message)
+
+    def _finish(self, acc: np.ndarray) -> None:
+        if not self.done.done():
+            self.done.set_result(acc)
+
+
+class RawDecoder:
+    """Decode the raw bytes a peer sent for an array of ``dtype`` and ``shape`` (read-only,
+    over the received bytes); anything else passes through as it came (an older peer's array)."""
+
+    __slots__ = ("dtype", "nbytes", "shape")
+
+    def __init__(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
+        self.dtype, self.shape = dtype, shape
+        self.nbytes = math.prod(shape) * dtype.itemsize
+
+    def __call__(self, b: Any) -> np.ndarray:
+        if type(b) is not bytes:
+            return b  # type: ignore[no-any-return]
+        if len(b) != self.nbytes:
+            raise CollectiveError(
+                f"a peer sent {len(b)} bytes for a {self.dtype} array of shape {self.shape}: call the same "
+                "collective with the same shape and dtype on every rank"
+            )
+        return np.frombuffer(b, self.dtype).reshape(self.shape)
+
+
+def round_tags(plan: DoublingPlan) -> tuple[Tag, ...]:
+    return tuple(tag(0, ROUND, k) for k in range(len(plan.partners)))
+
+
+__all__ = ["MISSING", "RAW_MAX", "DoublingRun", "Expect", "Post", "RawDecoder", "round_tags"]
