@@ -215,6 +215,7 @@ class Node:
             return
         self._started_at = time.time()
         self._running = True
+        self.router.bind_loop(asyncio.get_running_loop())
         if self._token is None and not all(is_local_address(u) for u in self.config.node.listen):
             self.log.warning("no cluster token configured: accepting connections from this host only")
         try:
@@ -289,6 +290,7 @@ class Node:
         await self.transports.aclose()
         self._device.close()
         self._running = False
+        self.router.bind_loop(None)
         self.log.info("stopped")
 
     # ------------------------------------------------------------------ properties

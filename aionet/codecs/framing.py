@@ -212,7 +212,6 @@ class FrameDecoder:
         "_buf",
         "_cap",
         "_custom_alloc",
-        "_delivered",
         "_end",
         "_error",
         "_fast_max",
@@ -221,7 +220,6 @@ class FrameDecoder:
         "_free_refs",
         "_hook",
         "_large",
-        "_large_allocs",
         "_lengths",
         "_max_frame",
         "_max_frames",
@@ -241,6 +239,8 @@ class FrameDecoder:
         "_target_obj",
         "_target_off",
         "_total",
+        "delivered_bytes",
+        "large_allocs",
     )
 
     def __init__(
@@ -281,10 +281,13 @@ class FrameDecoder:
         self._free_refs = self._refs(0)  # calibrated: what "only this list holds it" reads as
         self._spare_objs.clear()
         self._spare_sizes.clear()
-        self._large_allocs = 0
+        #: How many large-frame buffers were obtained so far (fresh or reused). Plain
+        #: attributes, like ``delivered_bytes``: the transport reads them on every read.
+        self.large_allocs = 0
         self._fast_max = min(self._max_header, self._max_message, self._large - 1)
         self._error: ProtocolError | None = None
-        self._delivered = 0
+        #: Total payload bytes of all messages returned so far (receive-queue accounting).
+        self.delivered_bytes = 0
         self._state = _IDLE
         self._nframes = 0
         self._lengths: list[int] = []
@@ -305,16 +308,6 @@ class FrameDecoder:
         return held
 
     @property
-    def delivered_bytes(self) -> int:
-        """Total payload bytes of all messages returned so far (for receive-queue accounting)."""
-        return self._delivered
-
-    @property
-    def large_allocs(self) -> int:
-        """How many large-frame buffers were obtained so far (fresh or reused)."""
-        return self._large_allocs
-
-    @property
     def spare_bytes(self) -> int:
         """Bytes of remembered large-frame buffers (in use by the receiver or reusable)."""
         return sum(self._spare_sizes)
@@ -331,13 +324,16 @@ class FrameDecoder:
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next received bytes must be written (never empty)."""
+        start = self._start
+        end = self._end
+        if start == end == 0 and self._target is None and self._error is None:
+            # the usual case: everything read was taken (see buffer_updated's one-message path)
+            return self._mv[:PEEK_BYTES] if self._peek else self._mv
         if self._error is not None:
             raise self._error
         target = self._target
         if target is not None:
             return target[self._target_off :]
-        start = self._start
-        end = self._end
         if start == end:
             self._start = self._end = 0
             if self._peek:
@@ -365,7 +361,20 @@ class FrameDecoder:
             except ProtocolError as exc:
                 self._fail(exc)
             return out
-        self._end += nbytes
+        end = self._end + nbytes
+        self._end = end
+        if self._state == _IDLE:
+            # The usual read of a request/reply exchange: exactly one whole small message.
+            # Taken here without the general parser's frames and without pausing the GC (one
+            # message allocates too little to matter): about 300 fewer bytecodes per read.
+            pos = self._start
+            if end - pos >= _ONE_PREFIX:
+                key, ln = _KEY_LEN.unpack_from(self._mv, pos)
+                if key == _ONE_KEY and pos + _ONE_PREFIX + ln == end and ln <= self._fast_max:
+                    self._start = self._end = 0  # all taken: the next read starts at the front
+                    self.delivered_bytes += ln
+                    self._peek = False
+                    return [[self._mv[pos + _ONE_PREFIX : end].tobytes()]]
         # One chunk can complete thousands of small messages, each a new list. Those cannot
         # form reference cycles, yet every 700 of them would trigger a cyclic-GC pass (and the
         # survivors, queued for the consumer, later full collections): pausing the collector
@@ -441,7 +450,7 @@ class FrameDecoder:
                             self._start = self._parse_small(out, pos, end)
                         else:
                             out.append([mv[pos + _ONE_PREFIX : pos + _ONE_PREFIX + ln].tobytes()])
-                            self._delivered += ln
+                            self.delivered_bytes += ln
                             self._start = pos + _ONE_PREFIX + ln
                         continue
                 if pos == end or not self._parse_preamble(out):
@@ -477,7 +486,7 @@ class FrameDecoder:
                 break
             append([b[start:stop]])
             p = stop
-        self._delivered += p - _ONE_PREFIX * (len(out) - n0)
+        self.delivered_bytes += p - _ONE_PREFIX * (len(out) - n0)
         return pos + p
 
     def _parse_preamble(self, out: list[Message]) -> bool:
@@ -582,7 +591,7 @@ class FrameDecoder:
         if fi < n:
             return False
         out.append(frames)
-        self._delivered += self._total
+        self.delivered_bytes += self._total
         self._frames = []
         self._lengths = []
         self._state = _IDLE
@@ -603,7 +612,7 @@ class FrameDecoder:
                 obj = self._alloc(n) if self._custom_alloc else self._reuse_or_alloc(n)
         except MemoryError:
             raise FrameTooLarge(f"cannot allocate {n} bytes for an incoming frame") from None
-        self._large_allocs += 1
+        self.large_allocs += 1
         view = memoryview(obj)
         if view.readonly:
             raise TypeError("FrameDecoder alloc() must return a writable buffer")

@@ -49,10 +49,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+import msgpack
+
 from ..config import LimitsSection
 from ..errors import ConfigError, DecodeError, FrameTooLarge, ProtocolError, SerializationError
 from .compression import CODECS, LZ4, LZ4_MAX_EXPANSION
-from .decoder import GC_PAUSE_BYTES, Decoder, decode_frames, gc_paused, meta_limits
+from .decoder import GC_PAUSE_BYTES, Decoder, decode_frames, gc_paused, meta_limits, short_record_max
 from .dtypes import DtypeTable
 from .encoder import Encoder
 from .extensions import Buffer, DecodeDeferred, DeviceHook, qualname
@@ -109,6 +111,8 @@ class Serializer:
         # msgpack packers are neither thread-safe nor re-entrant: one encoder per thread.
         self._tls = threading.local()
         self._root = Decoder(self, (), None, 0)
+        self._root_hook = self._root.hook
+        self._short = short_record_max(self.limits, self._max_header)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Serializer:
@@ -188,6 +192,8 @@ class Serializer:
             try:
                 header = frames[0]
                 n = len(header)
+                if n <= self._short:  # msgpack's own limits are the record's length: as strict
+                    return msgpack.unpackb(header, ext_hook=self._root_hook, strict_map_key=False)
                 if n < GC_PAUSE_BYTES and n <= self._max_header:
                     return self._root.unpack(header)
             except (ProtocolError, DecodeDeferred):

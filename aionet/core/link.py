@@ -650,8 +650,10 @@ class Link:
             self.log.debug("ignoring ack beyond what was sent", peer=self.peer, ack=ack, sent=st.next_seq - 1)
             return
         st.on_ack(ack)
-        self._copies.acked(ack)
-        if st.inflight_bytes < st.max_inflight_bytes:
+        if self._copies.inflight:
+            self._copies.acked(ack)
+        # only a waiting sender waits on _space (and it re-checks the window before it waits)
+        if self._waiting_senders and st.inflight_bytes < st.max_inflight_bytes:
             self._space.set()
         waiters = self._ack_waiters
         while waiters and waiters[0][0] <= ack:
@@ -663,10 +665,11 @@ class Link:
         """After delivering a batch: ack now if much arrived, else within ack_delay (by the
         timer already armed, if any: it may fire sooner) or, for what arrived after a send
         carried an ack, within twice that (:meth:`_ack_due`)."""
-        if self.state.ack_owed == 0:
+        st = self.state
+        if st.ack_owed == 0:
             return
         self._bytes_owed += nbytes
-        if self._bytes_owed >= BIG_MESSAGE or self.state.should_ack():
+        if self._bytes_owed >= BIG_MESSAGE or st.ack_owed >= st.ack_every:  # (st.should_ack(), inlined)
             self.flush_ack()
         elif self._ack_timer is None:
             self._ack_armed_seq = self.state.recv_seq

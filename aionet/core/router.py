@@ -319,6 +319,9 @@ class Router:
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._deadlines = _Deadlines(self.pending)
+        # the node's event loop (bind_loop): asyncio.get_running_loop() costs a getpid()
+        # system call per call on CPython 3.11, once per request
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._next_id = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         # async handlers running per requesting peer, bounded by max_concurrent_requests; a
@@ -326,6 +329,10 @@ class Router:
         self.max_concurrent_requests = max_concurrent_requests
         self.running: dict[str, int] = {}
         self._slot_waiters: dict[str, list[asyncio.Future[None]]] = {}
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """The loop the node runs on (set when it starts, cleared when it stops)."""
+        self.loop = loop
 
     # ------------------------------------------------------------------ services
     def add_service(self, name: str, fn: Handler) -> None:
@@ -453,9 +460,8 @@ class Router:
     ) -> tuple[int, asyncio.Future[Any]]:
         """A request id and the future its reply resolves. With ``timeout`` the future fails
         with TimeoutError that many seconds from now unless answered (or forgotten) first."""
-        self._next_id += 1
-        rid = self._next_id
-        loop = asyncio.get_running_loop()
+        self._next_id = rid = self._next_id + 1
+        loop = self.loop or asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self.pending[rid] = (fut, peer)
         if self.instruments.request_finished is not None:
@@ -630,9 +636,10 @@ class Router:
     def _start(self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int) -> None:
         """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers."""
         self.running[peer] = running + 1
-        task = asyncio.get_running_loop().create_task(self._run_async(fn, rid, payload, reply, peer))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        loop = self.loop or asyncio.get_running_loop()
+        # the task takes itself out of self.tasks as it ends (_run_async): a done callback
+        # would cost one more loop iteration per request
+        self.tasks.add(loop.create_task(self._run_async(fn, rid, payload, reply, peer, loop)))
 
     def _timed(self, fn: Handler, mode: int, service: str, peer: str) -> Handler:
         """``fn`` wrapped to report its duration and outcome to the ``request_handled`` hook."""
@@ -695,6 +702,8 @@ class Router:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
+            # a task cancelled before it ever ran never reached the finally that removes it
+            self.tasks.difference_update([t for t in handlers if t.done()])
 
     def _spawn_reply(self, aw: Awaitable[None] | None) -> None:
         if aw is not None:  # not with the node's reply (it never blocks); kept for other callers
@@ -721,9 +730,12 @@ class Router:
                 if not fut.done():
                     fut.set_result(None)
 
-    async def _run_async(self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str = "") -> None:
+    async def _run_async(
+        self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
         """The task of one async handler: answer with ``await fn(payload)`` (or its error),
-        then free the peer's slot. (One coroutine, not two: it runs for every request.)"""
+        then free the peer's slot and leave self.tasks. (One coroutine, not two: it runs for
+        every request.)"""
         try:
             try:
                 result = await fn(payload)
@@ -743,10 +755,11 @@ class Router:
                 await _quiet(reply(ERR, _error_fields(rid, exc)))
         finally:
             self._handler_done(peer)
+            self.tasks.discard(asyncio.current_task(loop))
 
 
 async def _awaited(coro: Coroutine[Any, Any, Any]) -> Any:
-    """What an inline handler returned, awaited (the ``fn`` that :meth:`Router._answer` runs)."""
+    """What an inline handler returned, awaited (the ``fn`` that :meth:`Router._run_async` runs)."""
     return await coro
 
 

@@ -8,7 +8,10 @@ whose size (in bytes) is bounded: reading pauses above ``max_queued_bytes``.
 
 Send: messages are encoded into a per-connection batch and written with one
 ``transport.writelines`` per event-loop iteration, so a burst of small messages becomes one
-``writev`` on uvloop (the stdlib loop joins the buffers; slower, still correct). Frames below
+``writev`` on uvloop (the stdlib loop joins the buffers; slower, still correct). What a
+push-mode consumer writes while it handles a read (replies) is written when it returns, and
+after two reads in a row of one message each the next small write goes out at once: a
+request/reply exchange does not wait a loop iteration per message. Frames below
 ``copy_below`` are copied into the batch, so callers may reuse them at once; larger ``bytes``
 are written by reference (immutable); larger mutable buffers are written by reference too and
 ``send`` returns only once the kernel has them. ``send`` waits while the transport's write
@@ -141,6 +144,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._trim_seen = 0
         # The kernel asks the decoder directly where to put bytes: no extra Python frame per read.
         self.get_buffer = self._decoder.get_buffer  # type: ignore[method-assign]
+        self._decode = self._decoder.buffer_updated
         self._queue: deque[Message] = deque()
         self._queued_bytes = 0
         self._delivered_seen = 0
@@ -159,6 +163,12 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._wlist: list[Buffer] = []
         self._wbytes = 0
         self._flush_scheduled = False
+        # set while the push consumer runs inside a read callback: its writes are sent in one
+        # write when it returns (no loop iteration later)
+        self._in_read = False
+        # the last two reads brought one message each: the next small write goes out at once
+        self._write_through = False
+        self._last_single = False  # the last read brought one message
         self._flush_bytes: int = max(1, opts["flush_bytes"])
         self._copy_below: int = opts["copy_below"]
         self._high: int = opts["write_high_water"]
@@ -202,16 +212,45 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         try:
-            msgs = self._decoder.buffer_updated(nbytes)
+            msgs = self._decode(nbytes)
         except ProtocolError as exc:
             self._protocol_violation(exc)
             return
-        if msgs:
-            delivered = self._decoder.delivered_bytes
+        if not msgs:
+            return
+        dec = self._decoder
+        on_messages = self._on_messages
+        if on_messages is not None and not self._queue and self._push_pending is None and not self._closed:
+            # Push mode with nothing queued (the usual case): the messages go to the consumer
+            # straight from here, not through the queue and _push. What the consumer writes
+            # on this connection meanwhile (replies) is sent in one write when it returns.
+            self._delivered_seen = dec.delivered_bytes
+            self._in_read = True
+            try:
+                pending = on_messages(msgs)
+            except Exception as exc:
+                self._push_failed(exc)
+                return
+            finally:
+                self._in_read = False
+                if self._wbuf or self._wlist:
+                    self._flush()
+            # Two reads in a row of one message each: a request/reply exchange; the next write
+            # (its next request, an async handler's reply) goes out at once instead of a loop
+            # iteration later. Not after a single one: with many requests in flight, a lone
+            # message among batches would keep travelling alone instead of joining the next
+            # batch (measured: 64 in flight fell from 44k to 25-30k requests/s).
+            single = len(msgs) == 1
+            self._write_through = single and self._last_single
+            self._last_single = single
+            if pending is not None:
+                self._pushed(pending)
+        else:
+            delivered = dec.delivered_bytes
             self._queued_bytes += delivered - self._delivered_seen + MESSAGE_OVERHEAD * len(msgs)
             self._delivered_seen = delivered
             self._queue.extend(msgs)
-            if self._on_messages is not None:
+            if on_messages is not None:
                 self._push()
             elif self._recv_waiters:
                 self._wake(self._recv_waiters)
@@ -224,9 +263,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 # it run now rather than after many more reads (uvloop reads up to 32 times per
                 # wake-up); smaller batches stay in cache and were ~30% cheaper per message.
                 self._pause_reading()
-            if self._trim_handle is None and self._decoder.spare_bytes:
-                self._trim_seen = self._decoder.large_allocs
-                self._trim_handle = self._loop.call_later(TRIM_AFTER, self._trim)
+        if self._trim_handle is None and dec.large_allocs != self._trim_seen and dec.spare_bytes:
+            self._trim_seen = dec.large_allocs
+            self._trim_handle = self._loop.call_later(TRIM_AFTER, self._trim)
 
     def _trim(self) -> None:
         """Free remembered large-frame buffers once large frames stopped arriving."""
@@ -345,11 +384,25 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 f = as_frame(f)
             ln = len(f)
             if ln < self._copy_below and ln <= self._max_header:
-                wbuf = self._wbuf
-                wbuf += _PACK1(HEAD, 1, ln)
-                wbuf += f
-                self._wbytes += ln + 16
-                self._schedule_flush()
+                if self._flush_scheduled or self._in_read:
+                    # (in a read callback, buffer_updated writes the batch when the consumer returns)
+                    wbuf = self._wbuf
+                    wbuf += _PACK1(HEAD, 1, ln)
+                    wbuf += f
+                    self._wbytes += ln + 16
+                    if self._wbytes >= self._flush_bytes:
+                        self._flush()
+                elif self._write_through and self._transport is not None:
+                    # nothing is batched (no flush scheduled, not in a read): straight to the socket
+                    self._write_through = False  # what follows in this loop iteration is batched
+                    self._transport.write(_PACK1(HEAD, 1, ln) + f)
+                else:
+                    wbuf = self._wbuf
+                    wbuf += _PACK1(HEAD, 1, ln)
+                    wbuf += f
+                    self._wbytes += ln + 16
+                    self._flush_scheduled = True
+                    self._loop.call_soon(self._scheduled_flush)
                 if self._write_paused:
                     fut = self._loop.create_future()
                     self._write_waiters.append(fut)
@@ -374,11 +427,13 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
+        if self._flush_scheduled or self._in_read:
+            # (in a read callback, buffer_updated writes the batch when the consumer returns)
+            if self._wbytes >= self._flush_bytes:
+                self._flush()
+        else:
             self._flush_scheduled = True
             self._loop.call_soon(self._scheduled_flush)
-        elif self._wbytes >= self._flush_bytes:
-            self._flush()
 
     def _append(self, frames: Sequence[Any], copy_all: bool) -> bool:
         """Encode one message into the batch; True if it references caller-mutable memory.
@@ -429,8 +484,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
 
     @property
     def flush_pending(self) -> bool:
-        """Something written in this loop iteration waits for the scheduled flush."""
-        return self._flush_scheduled
+        """Something written in this loop iteration waits for the scheduled flush (or, in a
+        read callback, for the write at its end)."""
+        return self._flush_scheduled or (self._in_read and bool(self._wbuf))
 
     def write_now(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
         """:meth:`write_nowait`, then write everything queued now rather than at a flush
@@ -562,17 +618,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             except Exception as exc:
                 self._push_failed(exc)
                 return
-            if pending is not None:
-                fut = asyncio.ensure_future(pending, loop=self._loop)
-                if not fut.done():
-                    self._push_pending = fut
-                    if not self._read_paused:
-                        self._pause_reading()
-                    fut.add_done_callback(self._push_done)
-                    return
-                self._check_pushed(fut)
-                if self._on_messages is None:
-                    return
+            if pending is not None and self._pushed(pending):
+                return
         if self._read_paused and self._push_pending is None:
             self._maybe_resume_reading()
         if self._closed and not q and self._push_pending is None and self._on_closed is not None:
@@ -580,6 +627,19 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 cb, self._on_closed = self._on_closed, None
                 self._on_messages = None
                 cb(self._closed_error())
+
+    def _pushed(self, pending: Awaitable[None]) -> bool:
+        """The consumer returned ``pending``: pause reading until it is done. True when
+        delivery must stop here (it is not done yet, or the consumer failed)."""
+        fut = asyncio.ensure_future(pending, loop=self._loop)
+        if not fut.done():
+            self._push_pending = fut
+            if not self._read_paused:
+                self._pause_reading()
+            fut.add_done_callback(self._push_done)
+            return True
+        self._check_pushed(fut)
+        return self._on_messages is None
 
     def _check_pushed(self, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():

@@ -399,6 +399,102 @@ async def test_push_mode() -> None:
         assert got == [str(i).encode() for i in range(50)]
 
 
+class WriteLog:
+    """Wraps a connection's asyncio transport and records each write call's bytes."""
+
+    def __init__(self, transport: Any) -> None:
+        self._t = transport
+        self.writes: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+        self._t.write(data)
+
+    def writelines(self, bufs: list[Any]) -> None:
+        self.writes.append(b"".join(bytes(b) for b in bufs))
+        self._t.writelines(bufs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
+
+
+async def test_replies_written_while_a_batch_is_delivered_leave_in_one_write_per_batch_in_order() -> None:
+    """What a push consumer writes while it handles a read (a node's replies) is sent when
+    it returns, one write per batch, without waiting for the event loop to turn."""
+    async with pair() as p:
+        log = WriteLog(p.server._transport)
+        p.server._transport = log  # type: ignore[assignment]
+        batches = 0
+        written_in_callback: list[int] = []
+        written_next_turn: list[int] = []
+        loop = asyncio.get_running_loop()
+
+        def on_messages(batch: list[Any]) -> None:
+            nonlocal batches
+            batches += 1
+            # runs before anything this callback schedules: sees whether the replies had to wait
+            loop.call_soon(lambda: written_next_turn.append(len(log.writes)))
+            for m in batch:
+                p.server.write_nowait([m[0] + b"!"])  # small: copied into the batch
+                p.server.write_nowait([b"big", bytes(1000)])  # two frames: the general path
+            written_in_callback.append(len(log.writes))
+
+        closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        p.server.start_receiving(on_messages, closed.set_result)
+        n = 40
+        for i in range(n):
+            p.client.write_nowait([str(i).encode()])
+        got = [await p.client.recv() for _ in range(2 * n)]
+        assert [m[0] for m in got[::2]] == [f"{i}!".encode() for i in range(n)]
+        assert all(m[0] == b"big" and len(m[1]) == 1000 for m in got[1::2])
+        # each batch's replies went out as it was handled: nothing was left for a later turn
+        assert len(log.writes) == batches == len(written_in_callback)
+        assert written_in_callback == list(range(batches))  # (counted before its own write)
+        assert written_next_turn == list(range(1, batches + 1))
+
+
+async def test_after_a_read_of_one_message_the_next_write_leaves_at_once_and_order_holds() -> None:
+    """A request/reply exchange: the first small write after two one-message reads in a row
+    goes to the socket at once (no loop iteration later); what follows in the same turn is
+    batched behind it, in order. A lone message among batches does not enable it."""
+    async with pair() as p:
+        log = WriteLog(p.server._transport)
+        p.server._transport = log  # type: ignore[assignment]
+        got: asyncio.Queue[list[Any]] = asyncio.Queue()
+        closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        p.server.start_receiving(got.put_nowait, closed.set_result)
+        await p.client.send([b"request"])
+        assert await got.get() == [[b"request"]]
+        p.server.write_nowait([b"reply"])
+        assert len(log.writes) == 0  # one lone message is not yet an exchange: batched
+        assert await p.client.recv() == [b"reply"]
+        await p.client.send([b"request 2"])
+        assert await got.get() == [[b"request 2"]]
+        log.writes.clear()
+        assert p.server.write_nowait([b"a"]) is None
+        assert len(log.writes) == 1  # already written, before any await
+        p.server.write_nowait([b"b"])
+        p.server.write_nowait([b"c"])
+        assert len(log.writes) == 1  # batched for the end of this loop iteration
+        assert [await p.client.recv() for _ in range(3)] == [[b"a"], [b"b"], [b"c"]]
+        assert len(log.writes) == 2
+        # a read of several messages does not enable it: those are a stream, batched
+        p.client.write_nowait([b"x"])
+        p.client.write_nowait([b"y"])  # (one write: read at once on loopback)
+        assert await got.get() == [[b"x"], [b"y"]]
+        before = len(log.writes)
+        p.server.write_nowait([b"z"])
+        assert len(log.writes) == before
+        assert await p.client.recv() == [b"z"]
+        # nor does one lone message right after that batch
+        await p.client.send([b"lone"])
+        assert await got.get() == [[b"lone"]]
+        before = len(log.writes)
+        p.server.write_nowait([b"batched"])
+        assert len(log.writes) == before
+        assert await p.client.recv() == [b"batched"]
+
+
 # ------------------------------------------------------------------------- limits
 async def test_sender_checks_limits_and_stays_usable() -> None:
     limits = LimitsSection(max_frames=4, max_header_bytes=100, max_frame_bytes=1000, max_message_bytes=1500)

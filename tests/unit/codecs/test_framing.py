@@ -142,6 +142,33 @@ def test_many_small_messages_in_one_buffer_default_sizes() -> None:
     assert dec.delivered_bytes == 64 * 20000
 
 
+def read_into(dec: FrameDecoder, data: bytes) -> list[list[Any]]:
+    """One kernel read of ``data`` (it must fit where get_buffer points)."""
+    buf = dec.get_buffer(len(data))
+    buf[: len(data)] = data
+    return dec.buffer_updated(len(data))
+
+
+def test_reads_of_one_message_each_as_in_a_request_reply_exchange() -> None:
+    """A read holding exactly one small message (the request/reply case, taken by a shorter
+    path) gives it as ``bytes``, counts its bytes, and still enforces the limits."""
+    limits = LimitsSection(max_header_bytes=2000, max_frame_bytes=10_000, max_message_bytes=20_000)
+    dec = FrameDecoder(limits, large_frame_bytes=4096, staging_bytes=16384)
+    sizes = [0, 1, 64, 1023, 1024, 2000]
+    for n in sizes:
+        payload = bytes([n % 251]) * n
+        out = read_into(dec, wire([[payload]]))
+        assert out == [[payload]] and type(out[0][0]) is bytes
+    assert dec.delivered_bytes == sum(sizes)
+    # a large message, then single small ones again: each read still one whole message
+    assert frames_of(read_into(dec, wire([[b"h", b"L" * 5000]]))) == [[b"h", b"L" * 5000]]
+    for i in range(3):
+        assert read_into(dec, wire([[b"m%d" % i]])) == [[b"m%d" % i]]
+    # over max_header_bytes in one frame: refused, not taken by the short path
+    with pytest.raises(FrameTooLarge):
+        read_into(dec, wire([[b"x" * 2001]]))
+
+
 def test_small_frames_are_bytes_and_large_frames_are_writable() -> None:
     dec = decoder()
     (msg,) = dec.feed(wire([[b"hdr", b"x" * 500]]))

@@ -692,6 +692,24 @@ def test_str_and_container_limits() -> None:
     assert ser.loads(Serializer().dumps("x" * 10)) == "x" * 10
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"\xdb\x7f\xff\xff\xffabc",  # str32 announcing 2 GiB
+        b"\xc6\x7f\xff\xff\xffabc",  # bin32 announcing 2 GiB
+        b"\xdd\xff\xff\xff\xff\x01",  # array32 announcing 4 billion items
+        b"\xdf\xff\xff\xff\xff\x01\x02",  # map32 announcing 4 billion pairs
+        b"\xc9\x7f\xff\xff\xff\x05abc",  # ext32 announcing 2 GiB
+        b"\x93\x01\x02",  # array of 3 with 2 present
+    ],
+)
+def test_short_records_announcing_more_than_they_hold_raise_decode_error(record: bytes) -> None:
+    """Short headers are unpacked with msgpack's default bounds (the record's own length),
+    which must refuse every announcement longer than the record, before allocating."""
+    with pytest.raises(DecodeError):
+        Serializer().loads([record])
+
+
 def test_ext_nesting_limit_on_decode() -> None:
     payload = msgpack.packb(1)
     for _ in range(100):
