@@ -34,6 +34,7 @@ async def silent_server() -> AsyncIterator[tuple[int, list[asyncio.StreamWriter]
         server.close()
         await server.wait_closed()
 
+
 def _cfg(**sections):
     return Config.from_dict(sections, env={})
 

@@ -33,9 +33,10 @@ def aionet_logger():
 
 
 async def _two_nodes(**kw) -> None:
-    async with aionet.Node(name="la", listen="tcp://127.0.0.1:0", **kw) as a, aionet.Node(
-        name="lb", listen="tcp://127.0.0.1:0", join=[a.address]
-    ) as b:
+    async with (
+        aionet.Node(name="la", listen="tcp://127.0.0.1:0", **kw) as a,
+        aionet.Node(name="lb", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
         assert await b.request("la", "aionet.echo", 1, timeout=5) == 1
 
 

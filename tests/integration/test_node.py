@@ -135,8 +135,11 @@ async def test_registered_dataclass(pair):
 
 async def test_three_nodes_learn_each_other(scheme):
     a = Node(name="a", listen=listen_url(scheme))
-    async with a, Node(name="b", listen=listen_url(scheme), join=[a.address]) as b, \
-                Node(name="c", listen=listen_url(scheme), join=[a.address]) as c:
+    async with (
+        a,
+        Node(name="b", listen=listen_url(scheme), join=[a.address]) as b,
+        Node(name="c", listen=listen_url(scheme), join=[a.address]) as c,
+    ):
         # b joined before c: it learns c from a's announcement, then dials c directly
         await wait_for(lambda: "c" in b.peers())
         assert await b.request("c", "aionet.echo", "via-direct", timeout=5) == "via-direct"
@@ -207,9 +210,12 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("kind", sorted(BAD_INPUTS))
 async def test_bad_input_closes_only_that_connection(kind):
-    async with Node(name="a", listen="tcp://127.0.0.1:0") as a, \
-            Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b:
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
         s = await asyncio.to_thread(_raw_send, a.address, BAD_INPUTS[kind], False)
+
         # the node closes the offending socket (recv returns b"" or a reset)
         def closed_by_peer():
             s.settimeout(10)
@@ -219,6 +225,7 @@ async def test_bad_input_closes_only_that_connection(kind):
             except ConnectionResetError:
                 pass
             return True
+
         assert await asyncio.to_thread(closed_by_peer)
         s.close()
         assert await b.request("a", "aionet.echo", kind, timeout=5) == kind
@@ -226,8 +233,10 @@ async def test_bad_input_closes_only_that_connection(kind):
 
 async def test_bad_messages_after_handshake_close_connection_not_node():
     """A handshaken peer sending a header that references missing buffers, then garbage."""
-    async with Node(name="a", listen="tcp://127.0.0.1:0") as a, \
-            Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b:
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
         transport = a.transports.get(a.address)
         conn = await transport.connect(a.address, timeout=5)
         hello = handshake.Hello(handshake.PROTOCOL_VERSION, "evil", "id", [], {}, {})

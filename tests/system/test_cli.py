@@ -10,8 +10,9 @@ import pytest
 
 
 def _aionet(*args, timeout=60, **kw):
-    return subprocess.run([sys.executable, "-m", "aionet", *args], capture_output=True, text=True,
-                          timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "aionet", *args], capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -111,8 +112,7 @@ def test_demo_runs_over_transport_and_leaves_no_files(transport, tmp_path):
     work, tmp = tmp_path / "work", tmp_path / "tmp"
     work.mkdir()
     tmp.mkdir()
-    out = _aionet(*_small_demo("--transport", transport), cwd=work, env={**os.environ, "TMPDIR": str(tmp)},
-                  timeout=110)
+    out = _aionet(*_small_demo("--transport", transport), cwd=work, env={**os.environ, "TMPDIR": str(tmp)}, timeout=110)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "intact=True" in out.stdout and "shut down cleanly: True" in out.stdout
     assert os.listdir(work) == [] and os.listdir(tmp) == []
@@ -125,8 +125,13 @@ def test_demo_stopped_by_signal_stops_its_nodes(sig, tmp_path):
     outright, its nodes are told to stop (Linux parent-death signal)."""
     import psutil
 
-    demo = subprocess.Popen([sys.executable, "-m", "aionet", *_small_demo("--messages", "100000000")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "aionet", *_small_demo("--messages", "100000000")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     children: list[psutil.Process] = []
     try:
         for line in demo.stdout:
@@ -149,7 +154,7 @@ def test_demo_stopped_by_signal_stops_its_nodes(sig, tmp_path):
         demo.wait(timeout=10)
 
 
-_SLOW_APP = '''
+_SLOW_APP = """
 import asyncio
 
 
@@ -158,7 +163,7 @@ def setup(node):
     async def nap(_arg):
         print("napping", flush=True)
         await asyncio.sleep(60)
-'''
+"""
 
 
 def _cli_outside_cwd(tmp_path):
@@ -175,12 +180,18 @@ def _cli_outside_cwd(tmp_path):
 
 def test_app_imports_from_the_working_directory_and_missing_module_names_where_it_looked(tmp_path):
     cli, app_dir = _cli_outside_cwd(tmp_path)
-    out = subprocess.run([*cli, "serve", "--app", "nosuchmod:setup"], cwd=app_dir, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [*cli, "serve", "--app", "nosuchmod:setup"], cwd=app_dir, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "nosuchmod" in out.stderr and str(app_dir) in out.stderr and "PYTHONPATH" in out.stderr
-    proc = subprocess.Popen([*cli, "serve", "--listen", "tcp://127.0.0.1:0", "--app", "slowapp:setup"],
-                            cwd=app_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*cli, "serve", "--listen", "tcp://127.0.0.1:0", "--app", "slowapp:setup"],
+        cwd=app_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("ready "), proc.stderr.read() if proc.poll() is not None else line
@@ -201,9 +212,24 @@ def test_second_sigint_skips_the_shutdown_grace(tmp_path):
     import aionet
 
     cli, app_dir = _cli_outside_cwd(tmp_path)
-    proc = subprocess.Popen([*cli, "serve", "--name", "slow", "--listen", "tcp://127.0.0.1:0", "--app",
-                             "slowapp:setup", "--log-level", "info"],
-                            cwd=app_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *cli,
+            "serve",
+            "--name",
+            "slow",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--app",
+            "slowapp:setup",
+            "--log-level",
+            "info",
+        ],
+        cwd=app_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     async def main() -> float:
         loop = asyncio.get_running_loop()
@@ -236,8 +262,22 @@ def test_second_sigint_skips_the_shutdown_grace(tmp_path):
 
 
 def test_serve_json_logs_go_to_stderr():
-    p = subprocess.Popen([sys.executable, "-m", "aionet", "serve", "--listen", "tcp://127.0.0.1:0", "--log-level",
-                          "info", "--json-logs"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aionet",
+            "serve",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--log-level",
+            "info",
+            "--json-logs",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout.readline().startswith("ready ")
         os.kill(p.pid, signal.SIGTERM)

@@ -19,9 +19,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.parametrize("extra", [[], ["--simulate"]], ids=["numpy", "simulated-device"])
 def test_gpu_pingpong_runs_and_arrays_arrive_equal(extra):
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "gpu_pingpong.py"), "--mib", "8", "--chunk-mib", "1",
-         "--rounds", "2", *extra],
-        capture_output=True, text=True, timeout=100, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "gpu_pingpong.py"),
+            "--mib",
+            "8",
+            "--chunk-mib",
+            "1",
+            "--rounds",
+            "2",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "never retrieved" not in out.stderr, out.stderr[-3000:]
@@ -43,8 +55,9 @@ def test_readme_first_snippet_prints_only_its_own_output(tmp_path):
     script = tmp_path / "snippet.py"
     script.write_text(_readme_first_python_block())
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIONET_")}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path, env=env
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "42\n[0 1 2 3 4 5 6 7 8 9]\n"
     assert out.stderr == ""
@@ -116,15 +129,28 @@ def test_shipped_tls_config_works_after_aionet_keys(tmp_path):
     env |= {"AIONET_NODE_LISTEN": "tls://127.0.0.1:0"}  # the file's 0.0.0.0:7700, made safe for a test
 
     def aionet_cmd(*args, **kw):
-        return subprocess.run([sys.executable, "-m", "aionet", *args], capture_output=True, text=True, timeout=60,
-                              cwd=elsewhere, env=env, **kw)
+        return subprocess.run(
+            [sys.executable, "-m", "aionet", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=elsewhere,
+            env=env,
+            **kw,
+        )
 
     out = aionet_cmd("serve", "-c", str(conf / "tls.toml"))
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert str(conf / "keys" / "token") in out.stderr and "aionet keys" in out.stderr
     assert aionet_cmd("keys", str(conf / "keys")).returncode == 0
-    node = subprocess.Popen([sys.executable, "-m", "aionet", "serve", "-c", str(conf / "tls.toml")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=elsewhere, env=env)
+    node = subprocess.Popen(
+        [sys.executable, "-m", "aionet", "serve", "-c", str(conf / "tls.toml")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+    )
     try:
         line = node.stdout.readline()
         assert line.startswith("ready "), node.stderr.read() if node.poll() is not None else line
@@ -142,8 +168,13 @@ def test_shipped_tls_config_works_after_aionet_keys(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_tasks_example_runs_without_stray_tracebacks():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "tasks.py")],
-                         capture_output=True, text=True, timeout=100, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "tasks.py")],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     for stray in ("Traceback", "never retrieved", "Exception in callback"):
         assert stray not in out.stdout + out.stderr, out.stderr[-3000:]
@@ -156,7 +187,10 @@ def test_data_parallel_weights_equal_a_single_process_run(extra):
         pytest.importorskip("torch", reason="torch not installed (CI: pip install torch==2.13.0, CPU wheel)")
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "data_parallel.py"), "--ranks", "4", "--steps", "30", *extra],
-        capture_output=True, text=True, timeout=100, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "weights equal single-process run: True" in out.stdout, out.stdout

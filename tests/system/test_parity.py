@@ -76,8 +76,10 @@ async def test_node_listening_on_two_transports_serves_both(tmp_path):
         assert tcp_url.startswith("tcp://") and zmq_url.startswith("zmq+tcp://")
         info = await hub.request("hub", "aionet.info")
         assert info["transports"] == ["tcp", "zmq+tcp"]
-        async with Node(name="z", listen="zmq+tcp://127.0.0.1:0", join=[zmq_url]) as z, \
-                Node(name="t", listen="tcp://127.0.0.1:0", join=[tcp_url]) as t:
+        async with (
+            Node(name="z", listen="zmq+tcp://127.0.0.1:0", join=[zmq_url]) as z,
+            Node(name="t", listen="tcp://127.0.0.1:0", join=[tcp_url]) as t,
+        ):
             assert await z.request("hub", "aionet.echo", "z", timeout=10) == "z"
             assert await t.request("hub", "aionet.echo", "t", timeout=10) == "t"
             # z and t learn each other through the hub and talk directly

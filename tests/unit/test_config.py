@@ -18,8 +18,15 @@ def test_toml_file_and_env_override(tmp_path):
         '[node]\nname = "a"\nlisten = "tcp://127.0.0.1:0"\njoin = ["tcp://127.0.0.1:1"]\n'
         '[codec]\ncompression = "lz4"\n[transport]\ntcp = { nodelay = false }\n'
     )
-    cfg = Config.from_file(p, env={"AIONET_NODE_NAME": "b", "AIONET_HEARTBEAT_INTERVAL": "0.5",
-                                   "AIONET_TRANSPORT_ZMQ": '{"hwm": 10}', "UNRELATED": "x"})
+    cfg = Config.from_file(
+        p,
+        env={
+            "AIONET_NODE_NAME": "b",
+            "AIONET_HEARTBEAT_INTERVAL": "0.5",
+            "AIONET_TRANSPORT_ZMQ": '{"hwm": 10}',
+            "UNRELATED": "x",
+        },
+    )
     assert cfg.node.name == "b"
     assert cfg.node.listen == ["tcp://127.0.0.1:0"]
     assert cfg.node.join == ["tcp://127.0.0.1:1"]

@@ -8,8 +8,14 @@ from aionet.errors import DecodeError, HandshakeError, ProtocolError, Unsupporte
 
 
 def _hello(**kw):
-    base = dict(version=handshake.PROTOCOL_VERSION, name="a", node_id="x", addresses=["tcp://h:1"],
-                features={"compression": ["lz4"]}, peers={})
+    base = dict(
+        version=handshake.PROTOCOL_VERSION,
+        name="a",
+        node_id="x",
+        addresses=["tcp://h:1"],
+        features={"compression": ["lz4"]},
+        peers={},
+    )
     base.update(kw)
     return handshake.Hello(**base)
 
