@@ -36,15 +36,14 @@ from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
 from ..errors import (
     ConnectionClosed,
-    FrameTooLarge,
     PeerUnavailable,
     ProtocolError,
     SerializationError,
-    TooManyFrames,
     WouldBlock,
 )
 from ..stats import LinkStats
 from ..transports.base import Connection
+from .link_limits import SIZE_LIMITS, SizeLimits
 from .link_state import LinkState, plan_resume
 from .replay_copies import ReplayCopies
 
@@ -75,9 +74,6 @@ BATCH_MESSAGES = 4096  # ... or this many messages (or fewer: what the peer adve
 MAX_REPLAY_FAILURES = 6
 REJECT_WINDOW = 5.0
 REJECT_RATE = 50e6
-# [limits] keys that bound what a receiver accepts; a peer advertises its values in its
-# handshake (features["limits"]) so a sender fails such a message at once (see Link.post)
-SIZE_LIMITS = ("max_message_bytes", "max_frame_bytes", "max_header_bytes", "max_frames")
 
 
 def _flat(items: list[Any]) -> bool:
@@ -124,11 +120,9 @@ class Link:
     ):
         self.peer = peer
         lim = limits or LimitsSection()
-        self._own_limits = {k: int(getattr(lim, k)) for k in SIZE_LIMITS}
-        self._peer_limits: dict[str, int] = {}
-        self._size_ok = 0  # single-frame messages up to this size pass every limit (one compare)
-        self._max_frames = 0
-        self._update_limits()
+        self._limits = SizeLimits({k: int(getattr(lim, k)) for k in SIZE_LIMITS}, peer)
+        # single-frame messages up to _size_ok pass every limit (one compare on the hot path)
+        self._size_ok, self._max_frames = self._limits.size_ok, self._limits.max_frames
         self.dumps = dumps
         self._dumps_sized = dumps_sized  # with compression: limits count inflated bytes
         self._pack = msgpack.Packer(use_bin_type=True, strict_types=True, datetime=False).pack
@@ -501,7 +495,7 @@ class Link:
             if nbytes + extra > self._size_ok or nframes > self._max_frames or raw_max > self._size_ok:
                 # before the message takes its place in the stream: one that can never be
                 # delivered fails its own send, and nothing else (no replay of it, no gap)
-                self._check_size(frames, nbytes + extra, raw_max)
+                self._limits.check(frames, nbytes + extra, raw_max)
         except BaseException:
             st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
             st.ack_owed = owed  # nothing went out, so no ack was piggybacked either
@@ -538,48 +532,8 @@ class Link:
     # ------------------------------------------------------------------ size limits
     def set_peer_limits(self, limits: Any) -> None:
         """The peer's advertised [limits] (handshake feature "limits"); malformed values are ignored."""
-        if not isinstance(limits, dict):
-            return
-        for k in SIZE_LIMITS:
-            v = limits.get(k)
-            if type(v) is int and v > 0:
-                self._peer_limits[k] = v
-        self._update_limits()
-
-    def _update_limits(self) -> None:
-        own, peer = self._own_limits, self._peer_limits
-        lim = {k: min(own[k], peer.get(k, own[k])) for k in SIZE_LIMITS}
-        self._size_ok = min(lim["max_message_bytes"], lim["max_header_bytes"], lim["max_frame_bytes"])
-        self._max_frames = lim["max_frames"]
-
-    def _limit(self, key: str) -> tuple[int, str]:
-        """The binding value of ``[limits] key`` and whose it is, for the error text."""
-        own = self._own_limits[key]
-        theirs = self._peer_limits.get(key, own)
-        if theirs < own:
-            return theirs, f"limits.{key} = {theirs} of peer {self.peer!r} (raise it in that node's [limits])"
-        return own, f"limits.{key} = {own} of this node (raise it in [limits] here and on the peer)"
-
-    def _check_size(self, frames: list[Any], nbytes: int, raw_max: int = 0) -> None:
-        """Raise for the first limit the message breaks. ``nbytes`` and ``raw_max`` (largest
-        compressed frame, inflated) are the sizes the receiver will see."""
-        limit, what = self._limit("max_frames")
-        if len(frames) > limit:
-            raise TooManyFrames(f"message to {self.peer!r} has {len(frames)} buffers, over {what}")
-        limit, what = self._limit("max_message_bytes")
-        if nbytes > limit:
-            raise FrameTooLarge(
-                f"message to {self.peer!r} has {nbytes} bytes, over {what}; or send the data in smaller pieces"
-            )
-        for i, f in enumerate(frames):
-            n = frame_nbytes(f)
-            limit, what = self._limit("max_header_bytes" if i == 0 else "max_frame_bytes")
-            if n > limit:
-                which = "its header" if i == 0 else f"buffer {i}"
-                raise FrameTooLarge(f"message to {self.peer!r}: {which} has {n} bytes, over {what}")
-        limit, what = self._limit("max_frame_bytes")
-        if raw_max > limit:
-            raise FrameTooLarge(f"message to {self.peer!r}: a buffer has {raw_max} bytes uncompressed, over {what}")
+        self._limits.set_peer(limits)
+        self._size_ok, self._max_frames = self._limits.size_ok, self._limits.max_frames
 
     async def _finish(self, w: Awaitable[None] | None, c: Any, seq: int) -> None:
         if w is not None:
