@@ -87,14 +87,7 @@ class ReplayCopies:
         out: list[Any] | None = None
         for i in range(1, len(frames)):
             f = frames[i]
-            t = type(f)
-            if t is bytes or t is OwnedFrame:
-                continue
-            try:
-                ro = (f if t is memoryview else memoryview(f)).readonly
-            except TypeError:  # not host memory: the transport's own rules apply
-                continue
-            if ro:
+            if _writable(f) is not True:  # immutable, or not host memory (its transport's rules apply)
                 continue
             if out is None:
                 out = list(frames)
@@ -115,17 +108,7 @@ class ReplayCopies:
         ``bytes``, this pool's copies, read-only arrays and views (by the README's contract, a
         caller that marks a buffer read-only does not change it). Frames that are not host
         memory count as mutable here (their transport decides)."""
-        for i in range(1, len(frames)):
-            f = frames[i]
-            t = type(f)
-            if t is bytes or t is OwnedFrame:
-                continue
-            try:
-                if not (f if t is memoryview else memoryview(f)).readonly:
-                    return False
-            except TypeError:
-                return False
-        return True
+        return all(_writable(frames[i]) is False for i in range(1, len(frames)))
 
     def _buffer(self, n: int) -> OwnedFrame:
         """A buffer of exactly ``n`` bytes nobody else references, else a fresh one (pooled
@@ -184,3 +167,15 @@ class ReplayCopies:
         """The stream was reset or given up: nothing copied is in flight any more."""
         self.inflight.clear()
         self.inflight_bytes = 0
+
+
+def _writable(f: Any) -> bool | None:
+    """Whether its owner may still change frame ``f``: False for ``bytes``, this pool's copies
+    and read-only buffers, True for writable host memory, None for what is not host memory."""
+    t = type(f)
+    if t is bytes or t is OwnedFrame:
+        return False
+    try:
+        return not (f if t is memoryview else memoryview(f)).readonly
+    except TypeError:
+        return None

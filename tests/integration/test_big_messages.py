@@ -59,6 +59,29 @@ async def _recv_n(node: Node, channel: str, n: int, timeout: float = 30) -> list
     return got
 
 
+@contextlib.asynccontextmanager
+async def flooding(b: Node, arr: np.ndarray, seconds: float = 1.0) -> AsyncIterator[list[int]]:
+    """``b`` sends ``arr`` to ``a`` in a loop; yields ``[sends returned]`` once ``seconds`` passed
+    with the loop still running (held back), and stops it on exit."""
+    done = [0]
+
+    async def flood() -> None:
+        while True:
+            await b.send("a", "big", arr)
+            done[0] += 1
+
+    task = asyncio.ensure_future(flood())
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), seconds)
+        assert not task.done()
+        yield done
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", [BIG_MESSAGE, 3 * MiB, COPY_MAX + MiB], ids=["1MiB", "3MiB", "over-copy-max"])
 @pytest.mark.parametrize("copying", [False, True], ids=["ack-paced", "copying"])
@@ -105,27 +128,12 @@ async def test_sends_run_ahead_of_acks_by_at_most_the_copy_budget():
         link = b._peers["a"].link
         arr = np.ones(MiB, np.uint8)
         pa.stall()
-        done = 0
-
-        async def flood() -> None:
-            nonlocal done
-            while True:
-                await b.send("a", "big", arr)
-                done += 1
-
-        task = asyncio.ensure_future(flood())
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), 1.0)
+        async with flooding(b, arr) as done:
             # ran ahead by the budget (envelope headers make 8 x 1 MiB just exceed it), then waited
-            assert COPY_BUDGET // MiB <= done <= COPY_BUDGET // MiB + 1
+            assert COPY_BUDGET // MiB <= done[0] <= COPY_BUDGET // MiB + 1
             assert link._copies.inflight_bytes <= COPY_BUDGET + 2 * (MiB + 4096)  # + the newest two
-        finally:
             pa.stall(False)
-            got = await _recv_n(a, "big", done + 4)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            got = await _recv_n(a, "big", done[0] + 4)
         assert all((x == 1).all() for x in got)
 
 
@@ -267,28 +275,12 @@ async def test_immutable_big_sends_are_still_held_back_by_the_transport_bound():
         arr = np.ones(MiB, np.uint8)
         arr.flags.writeable = False
         pa.stall()
-        done = 0
-
-        async def flood() -> None:
-            nonlocal done
-            while True:
-                await b.send("a", "big", arr)
-                done += 1
-
-        task = asyncio.ensure_future(flood())
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), 1.0)
-            assert not task.done()
+        async with flooding(b, arr) as done:
             # the kernel's socket buffers (the proxy's too) take some; beyond that the sender waits
-            assert 4 <= done <= 64, done
+            assert 4 <= done[0] <= 64, done
             assert conn.stats().queued_send_bytes <= 4 * MiB + 2 * (MiB + 4096)
-        finally:
             pa.stall(False)
-            got = await _recv_n(a, "big", done + 1)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            got = await _recv_n(a, "big", done[0] + 1)
         assert all((x == 1).all() for x in got)
 
 
