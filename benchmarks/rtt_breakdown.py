@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -71,12 +72,9 @@ class Stamps:
             cls._drain = drain  # type: ignore[method-assign]
         real_service = pump.Pump._service
 
-        def service(self: Any) -> None:
+        def service(self: Any, *args: Any) -> None:
             add("wake")
-            real_getopt = self._sock.getsockopt
-            ev = real_getopt(pump.EVENTS)
-            add(f"ev{ev}")
-            real_service(self)
+            real_service(self, *args)
 
         pump.Pump._service = service  # type: ignore[method-assign]
 
@@ -261,7 +259,8 @@ def session(args: argparse.Namespace, n: int, strace_out: str | None, stamps_dir
         assert srv.stdout is not None
         info = json.loads(srv.stdout.readline())
         extra = ["--stamps", cli_stamps] if cli_stamps else []
-        cmd = [*prefix("client"), *base, "--role", "client", "--url", info["url"], "-n", str(n), "--warmup", str(args.warmup)]
+        cmd = [*prefix("client"), *base, "--role", "client", "--url", info["url"], "-n", str(n)]
+        cmd += ["--warmup", str(args.warmup)]
         out = subprocess.run([*cmd, *extra], stdout=subprocess.PIPE, text=True, timeout=300, check=True).stdout
         samples = json.loads(out.strip().splitlines()[-1])["samples"]
     finally:
@@ -283,6 +282,11 @@ def report(samples: list[int]) -> str:
 STRACE_LINE = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
 
 
+def read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
 def strace_counts(path: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for line in Path(path).read_text().splitlines():
@@ -300,7 +304,7 @@ def count_mode(args: argparse.Namespace) -> None:
         for k, n in enumerate((args.n, 2 * args.n)):
             out = os.path.join(d, f"strace{k}")
             session(args, n, out, None)
-            load = (lambda f: json.load(open(f))) if args.callbacks else strace_counts
+            load = read_json if args.callbacks else strace_counts
             runs.append({role: load(f"{out}.{role}") for role in ("client", "server")})
     what = "loop callbacks scheduled" if args.callbacks else "syscalls, all threads,"
     print(f"{what} per round trip ({args.impl} {args.transport}):")
@@ -309,7 +313,7 @@ def count_mode(args: argparse.Namespace) -> None:
         role: {k: (runs[1][role].get(k, 0) - runs[0][role].get(k, 0)) / args.n for k in runs[1][role]}
         for role in ("client", "server")
     }
-    names = sorted(set(per["client"]) | set(per["server"]), key=lambda k: -per["client"].get(k, 0) - per["server"].get(k, 0))
+    names = sorted(set(per["client"]) | set(per["server"]), key=lambda k: -per["client"].get(k, 0))
     for name in names:
         c, s = per["client"].get(name, 0.0), per["server"].get(name, 0.0)
         if c >= 0.05 or s >= 0.05:
@@ -320,8 +324,8 @@ def count_mode(args: argparse.Namespace) -> None:
 def stamps_mode(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as d:
         samples = session(args, args.n, None, d)
-        srv = json.load(open(os.path.join(d, "srv.json")))
-        cli = json.load(open(os.path.join(d, "cli.json")))
+        srv = read_json(os.path.join(d, "srv.json"))
+        cli = read_json(os.path.join(d, "cli.json"))
     print(report(samples))
     # Merge both processes' stamps on the shared monotonic clock, then walk each round trip
     # from "request" to "resumed", naming each event by process.
@@ -334,7 +338,7 @@ def stamps_mode(args: argparse.Namespace) -> None:
         elif trip:
             trip.append((t, lab))
             if lab == "cli.resumed":
-                for (t0, a), (t1, b) in zip(trip, trip[1:]):
+                for (t0, a), (t1, b) in itertools.pairwise(trip):
                     hops.setdefault(f"{a} -> {b}", []).append(t1 - t0)
                 trip = []
     print("median per hop (us) and how many round trips had it:")

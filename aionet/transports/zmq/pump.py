@@ -145,7 +145,7 @@ class Pump:
         self._queued_bytes = 0
         self._queued_msgs = 0
         self._paused = False
-        loop.add_reader(self._fd, self._service)
+        loop.add_reader(self._fd, self._woken)
         self.kick()  # arm the edge-triggered FD: it only fires after EVENTS saw nothing to do
 
     # --- flow control of the receive side -------------------------------------------------
@@ -184,7 +184,15 @@ class Pump:
         self._kick_pending = False
         self._service()
 
-    def _service(self) -> None:
+    def _woken(self) -> None:
+        self._service(True)
+
+    def _service(self, signalled: bool = False) -> None:
+        """Read, deliver and flush until the socket has nothing more to do right now.
+
+        ``signalled``: ZMQ_FD fired, so a message most likely waits. Then the first step is a
+        receive rather than an EVENTS read: a receive that finds its pipe asleep processes the
+        pending commands itself and tries again, so one call does what both would."""
         if self._stopped:
             return
         self._gen += 1
@@ -195,7 +203,11 @@ class Pump:
             while True:
                 if self._marked:
                     self._push_marked()
-                ev = getopt(EVENTS)
+                if signalled and not self._paused:
+                    signalled = False
+                    ev = POLLIN
+                else:
+                    ev = getopt(EVENTS)
                 if ev & POLLIN and not self._paused:
                     self._wrote = self._again = False
                     more = self._drain(self._opts.drain_batch)
