@@ -118,6 +118,8 @@ async def aionet_client(transport: str, server_url: str, n: int, warmup: int, st
         request = cli.request
         for _ in range(warmup):
             await request("srv", "echo", PAYLOAD, timeout=5)
+        if INFLIGHT:
+            return await inflight(request, n)
         add = st.add if stamps_path else None
         clock = time.perf_counter_ns
         samples = []
@@ -132,6 +134,25 @@ async def aionet_client(transport: str, server_url: str, n: int, warmup: int, st
         if stamps_path:
             st.dump(stamps_path)
     return samples
+
+
+INFLIGHT = int(os.environ.get("RTT_INFLIGHT", "0"))
+
+
+async def inflight(request: Any, n: int) -> list[int]:
+    """``INFLIGHT`` tasks each looping on request until ``n`` are answered; one "sample":
+    the nanoseconds per request."""
+    left = n
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await request("srv", "echo", PAYLOAD, timeout=10)
+
+    t0 = time.perf_counter_ns()
+    await asyncio.gather(*(worker() for _ in range(INFLIGHT)))
+    return [(time.perf_counter_ns() - t0) // n]
 
 
 # --------------------------------------------------------------------------- pyzmq
@@ -355,6 +376,7 @@ def main() -> None:
     ap.add_argument("--count", action="store_true", help="syscalls per round trip (strace -f -c)")
     ap.add_argument("--callbacks", action="store_true", help="with --count: loop callbacks instead of syscalls")
     ap.add_argument("--stamps", nargs="?", const="", default=None, help="per-hop medians (aionet, zmq)")
+    ap.add_argument("--inflight", type=int, default=0, help="plain mode: this many concurrent callers (req/s)")
     ap.add_argument("--repeat", type=int, default=1, help="sessions (fresh process pairs) for the plain mode")
     ap.add_argument("--role", choices=["server", "client"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -365,6 +387,11 @@ def main() -> None:
         count_mode(args)
     elif args.stamps is not None:
         stamps_mode(args)
+    elif args.inflight:
+        os.environ["RTT_INFLIGHT"] = str(args.inflight)
+        for _ in range(args.repeat):
+            per = session(args, args.n, None, None)[0]
+            print(f"{args.impl} {args.transport}: {1e9 / per / 1000:.1f}k req/s with {args.inflight} in flight", flush=True)
     else:
         for _ in range(args.repeat):
             print(f"{args.impl} {args.transport}: {report(session(args, args.n, None, None))}", flush=True)
