@@ -181,15 +181,19 @@ async def test_messages_queued_before_push_mode_starts_are_delivered_first(trans
 
 async def test_flush_pending_is_set_by_a_send_until_the_socket_is_serviced(transport: ZMQTransport) -> None:
     """The link batches what follows a message sent in this loop iteration and sends a lone
-    one at once; the zmq connection tells it which is which."""
+    one at once; the zmq connection tells it which is which. (The first send reads the
+    socket's EVENTS itself, which counts as servicing it.)"""
     client, server = await _pair(transport)
     assert client.flush_pending is False
-    assert client.write_nowait([b"a"]) is None
-    assert client.flush_pending is True  # a second message now would join a batch
+    assert client.write_nowait([b"a"]) is None  # a lone message: sent, the socket checked at once
+    assert client.flush_pending is False
+    assert client.write_nowait([b"b"]) is None  # a second one in this iteration: checked later
+    assert client.flush_pending is True  # so a third would join a batch
     for _ in range(3):
         await asyncio.sleep(0)  # the post-send check of the socket runs
     assert client.flush_pending is False
     assert await asyncio.wait_for(server.recv(), T) == [b"a"]
+    assert await asyncio.wait_for(server.recv(), T) == [b"b"]
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

@@ -137,6 +137,7 @@ class Pump:
         self._fd = sock.getsockopt(zmq.FD)
         self._kick_pending = False
         self._gen = 0  # counts services: a connection's send in this one marks its batch open
+        self._checked_gen = -1  # the service count when a send last read EVENTS itself
         self._in_service = False
         self._wrote = False  # a send during this service pass: EVENTS must be read again
         self._again = False  # the last drain ended on a receive that found nothing
@@ -177,7 +178,24 @@ class Pump:
         kick does, once per loop iteration however many messages go out."""
         if self._in_service:
             self._wrote = True
-        elif not self._kick_pending:
+        elif self._kick_pending:
+            pass
+        elif self._checked_gen != self._gen:
+            # The first message since the socket was serviced (a lone request or reply): read
+            # EVENTS now rather than a loop iteration later. With nothing to read or flush,
+            # that read left ZMQ_FD armed, as a service pass would, and it counts as one (so a
+            # later lone message goes straight out too: see ZConnection.flush_pending); the
+            # next send before a service pass kicks.
+            self._gen += 1
+            self._checked_gen = self._gen
+            try:
+                ev = self._sock.getsockopt(EVENTS)
+            except zmq.ZMQError:
+                self.kick()  # the service pass reports it
+                return
+            if (ev & POLLIN and not self._paused) or (ev & POLLOUT and self._has_pending()):
+                self.kick()
+        else:
             self.kick()
 
     def _kicked(self) -> None:
