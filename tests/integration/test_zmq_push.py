@@ -149,6 +149,44 @@ async def test_sends_during_delivery_with_traffic_in_flight_never_strand_a_messa
     assert got == total
 
 
+async def test_sends_from_tasks_with_traffic_in_flight_never_strand_a_message(transport: ZMQTransport) -> None:
+    """The same with sends made outside a service pass (tasks reading with ``recv_many``):
+    the first send of a loop iteration reads EVENTS itself, and must have the socket read when
+    that shows a message waiting, or the message (and the rest of its stream) is stranded."""
+    client, server = await _pair(transport)
+    total, window = 20000, 32
+    room = asyncio.Semaphore(window)
+    got = 0
+
+    async def echo() -> None:
+        while True:
+            for m in await server.recv_many():
+                server.write_nowait([m[0]])
+
+    async def send_all() -> None:
+        for i in range(total):
+            await room.acquire()
+            client.write_nowait([b"%d" % i])
+
+    async def receive_all() -> None:
+        nonlocal got
+        while got < total:
+            batch = await client.recv_many()
+            got += len(batch)
+            for _ in batch:
+                room.release()
+
+    tasks = [asyncio.ensure_future(echo()), asyncio.ensure_future(send_all())]
+    try:
+        async with asyncio.timeout(T * 3):
+            await receive_all()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert got == total
+
+
 async def test_a_consumer_that_raises_closes_the_connection_and_is_told_why(transport: ZMQTransport) -> None:
     client, server = await _pair(transport)
     closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
