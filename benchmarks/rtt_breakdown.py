@@ -391,7 +391,8 @@ def main() -> None:
         os.environ["RTT_INFLIGHT"] = str(args.inflight)
         for _ in range(args.repeat):
             per = session(args, args.n, None, None)[0]
-            print(f"{args.impl} {args.transport}: {1e9 / per / 1000:.1f}k req/s with {args.inflight} in flight", flush=True)
+            rate = f"{1e9 / per / 1000:.1f}k req/s with {args.inflight} in flight"
+            print(f"{args.impl} {args.transport}: {rate}", flush=True)
     else:
         for _ in range(args.repeat):
             print(f"{args.impl} {args.transport}: {report(session(args, args.n, None, None))}", flush=True)
