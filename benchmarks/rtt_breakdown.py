@@ -1,8 +1,10 @@
 """Where a 64 B request/reply round trip goes: latency, syscalls and loop wake-ups per round trip.
 
 Runs one server process and one client process (like ``p2p.py``'s latency row) doing
-``node.request(peer, "echo", 64 B)`` in a loop (``aionet``), or pyzmq's synchronous REQ/REP
-(``pyzmq``), and prints the p50/p90 round trip. Two extra modes explain the number:
+``node.request(peer, "echo", 64 B)`` in a loop (``aionet``), pyzmq's synchronous REQ/REP
+(``pyzmq``), or a DEALER/ROUTER echo driven from uvloop through ``ZMQ_FD`` with no aionet at
+all (``zmqloop``: the floor for any asyncio zmq transport), and prints the p50/p90 round
+trip. Two extra modes explain the number:
 
 * ``--stamps``: both processes record ``perf_counter_ns`` (CLOCK_MONOTONIC, comparable across
   processes) at request start, each zmq send, each zmq receive and when the caller resumes, and
@@ -202,6 +204,74 @@ def pyzmq_client(server_url: str, n: int, warmup: int) -> list[int]:
     return samples
 
 
+# --------------------------------------------------------------------------- zmq on the loop, no aionet
+def _zmq_pump(sock: Any, on_message: Any) -> Any:
+    """Drive ``sock`` from the running loop through ZMQ_FD (edge-triggered): drain on wake-up;
+    returns the check to run after a send (EVENTS, then drain if something waits)."""
+    import zmq
+
+    loop = asyncio.get_running_loop()
+
+    def drain() -> None:
+        while True:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return  # the failed receive left ZMQ_FD armed
+            on_message(parts)
+
+    def after_send() -> None:
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            loop.call_soon(drain)
+
+    loop.add_reader(sock.getsockopt(zmq.FD), drain)
+    loop.call_soon(drain)
+    return after_send
+
+
+async def zmqloop_server() -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    print(json.dumps({"url": f"tcp://127.0.0.1:{port}"}), flush=True)
+
+    def echo(parts: list[bytes]) -> None:
+        s.send_multipart(parts, zmq.NOBLOCK)
+        after()
+
+    after = _zmq_pump(s, echo)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    s.close(0)
+    ctx.term()
+
+
+async def zmqloop_client(server_url: str, n: int, warmup: int) -> list[int]:
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.connect(server_url)
+    loop = asyncio.get_running_loop()
+    box: list[asyncio.Future[None]] = []
+    after = _zmq_pump(s, lambda parts: box.pop().set_result(None))
+    clock = time.perf_counter_ns
+    samples = []
+    for i in range(warmup + n):
+        fut = loop.create_future()
+        box.append(fut)
+        t0 = clock()
+        s.send(PAYLOAD, zmq.NOBLOCK)
+        after()
+        await fut
+        if i >= warmup:
+            samples.append(clock() - t0)
+    s.close(0)
+    ctx.term()
+    return samples
+
+
 # --------------------------------------------------------------------------- orchestration
 CALLBACKS_OUT = os.environ.get("RTT_CALLBACKS_OUT")
 
@@ -250,11 +320,15 @@ def child(args: argparse.Namespace) -> None:
     if args.role == "server":
         if args.impl == "pyzmq":
             pyzmq_server()
+        elif args.impl == "zmqloop":
+            run_async(zmqloop_server())
         else:
             run_async(aionet_server(args.transport, args.stamps))
         return
     if args.impl == "pyzmq":
         samples = pyzmq_client(args.url, args.n, args.warmup)
+    elif args.impl == "zmqloop":
+        samples = run_async(zmqloop_client(args.url, args.n, args.warmup))
     else:
         samples = run_async(aionet_client(args.transport, args.url, args.n, args.warmup, args.stamps))
     print(json.dumps({"samples": samples}), flush=True)
@@ -369,7 +443,7 @@ def stamps_mode(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impl", choices=["aionet", "pyzmq"], default="aionet")
+    ap.add_argument("--impl", choices=["aionet", "pyzmq", "zmqloop"], default="aionet")
     ap.add_argument("--transport", default="zmq+tcp", help="aionet transport scheme (zmq+tcp, tcp)")
     ap.add_argument("-n", type=int, default=3000, help="round trips measured")
     ap.add_argument("--warmup", type=int, default=300)
