@@ -1,7 +1,7 @@
 """Python bytecodes and calls per request round trip, per function: both nodes in one process.
 
 Counts every bytecode the interpreter runs (``sys.settrace`` with opcode events) while one
-caller makes ``-n`` requests of 64 B with a timeout to an echo service over tcp:// on
+caller (or ``--concurrency`` callers) makes ``-n`` requests of 64 B with a timeout to an echo service over tcp:// on
 127.0.0.1, as ``p2p.py``'s latency row does. Work started by timers (delayed acks, request
 deadlines firing, heartbeats, membership) is left out: how often timers fire depends on the
 machine's speed, the request path's bytecodes do not. Unlike wall clock, the totals repeat
@@ -36,7 +36,7 @@ def _from_timer(frame: FrameType | None) -> bool:
     return False
 
 
-async def run(handler: str, n: int, top: int) -> None:
+async def run(handler: str, n: int, top: int, concurrency: int = 1) -> None:
     import aionet
     from aionet.config import Config
 
@@ -73,16 +73,24 @@ async def run(handler: str, n: int, top: int) -> None:
 
             return local
 
+        left = iter(range(n))
+
+        async def caller() -> None:
+            for _ in left:
+                await client.request("server", "echo", msg, timeout=30.0)
+
         sys.settrace(trace)
         try:
-            for _ in range(n):
-                await client.request("server", "echo", msg, timeout=5.0)
+            await asyncio.gather(*(caller() for _ in range(concurrency)))
         finally:
             sys.settrace(None)
     finally:
         await client.stop()
         await server.stop()
-    print(f"{handler} echo: {sum(ops.values()) / n:.0f} bytecodes, {sum(calls.values()) / n:.1f} calls per round trip")
+    print(
+        f"{handler} echo, {concurrency} in flight: {sum(ops.values()) / n:.0f} bytecodes, "
+        f"{sum(calls.values()) / n:.1f} calls per request"
+    )
     print("(a coroutine's every resumption counts as a call)")
     for key, v in ops.most_common(top):
         print(f"{v / n:8.1f} {calls[key] / n:6.2f}  {key}")
@@ -93,11 +101,12 @@ def main() -> None:
     ap.add_argument("--handler", choices=("async", "sync"), default="async", help="the echo service's kind")
     ap.add_argument("-n", type=int, default=1000, help="measured round trips")
     ap.add_argument("--top", type=int, default=30, help="functions listed")
+    ap.add_argument("--concurrency", type=int, default=1, help="callers, each looping on request")
     args = ap.parse_args()
     from aionet.runner import loop_factory
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(run(args.handler, args.n, args.top))
+        runner.run(run(args.handler, args.n, args.top, args.concurrency))
 
 
 if __name__ == "__main__":

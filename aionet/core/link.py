@@ -205,7 +205,8 @@ class Link:
             if self._rpc_max and (
                 self._bitems or (c := self.current) is None or getattr(c.conn, "flush_pending", None) is not False
             ):
-                # something else goes out in this loop iteration: join (or open) a batch
+                # something else goes out in this loop iteration (or may: no connection now, or
+                # one that cannot tell): join (or open) a batch
                 if self._push_rpc(kind, fields):
                     return None
             elif not self._bitems:
@@ -317,13 +318,10 @@ class Link:
         """Add a request ``[rid, service, payload]`` or reply ``[rid, payload]`` that packs
         inline to the open batch (sealed into one REQ / REP envelope at the end of this loop
         iteration, when full, or before any other envelope); False (nothing done) otherwise.
-        The caller (:meth:`post`) has checked that nothing needs waiting."""
+        The caller (:meth:`post`) has checked that nothing needs waiting, and that this is not
+        a lone message (those go alone, as they would unbatched, so a lone request waits for
+        no seal; what follows one in the same loop iteration joins a batch, written right after it)."""
         items = self._bitems
-        if not items and (c := self.current) is not None and getattr(c.conn, "flush_pending", None) is False:
-            # nothing else goes out in this loop iteration (yet): this one goes alone, as
-            # it would unbatched, so a lone request waits for no seal; what follows it in
-            # this iteration joins a batch, written right after it
-            return False
         payload = fields[-1]
         t = type(payload)
         if t is bytes or t is str:
