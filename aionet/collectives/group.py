@@ -627,11 +627,20 @@ class Group:
                 # came before its send. The `holds` awaited below guard the copying path only.
                 for c in into.chunks:
                     into.open_chunk(c, segments(c), res)
+                if res is not flat:
+                    # Out of place, the reduce-scatter's segments too: a received partial sum
+                    # lands where its reduction goes and is reduced there in place (nothing else
+                    # has written those places yet in this call). In place they cannot: the
+                    # places hold this rank's own input until reduced.
+                    for s, step in enumerate(rs):
+                        for j, (a, b) in enumerate(segments(step.recv)):
+                            into.offer(4, s, j, res[a:b])
             last = len(rs) - 1
             for s, step in enumerate(rs):
                 for j, (a, b) in enumerate(segments(step.recv)):
                     got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
-                    fn(flat[a:b], got, out=res[a:b])  # one chain per chunk: every rank gets the same bits
+                    # one chain per chunk: every rank gets the same bits (landed in place or not)
+                    fn(flat[a:b], got, out=res[a:b])
                     if s < last:
                         sent = self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
                         if sent is not None:
@@ -812,8 +821,9 @@ __all__ = ["ALGORITHMS", "Group"]
 
 class _Into:
     """One ring allreduce's receive-into registrations: each allgather segment's place in the
-    result is offered to the transport, and every registration is withdrawn when the call ends
-    (so a failed call's array is written no more)."""
+    result (and, out of place, each reduce-scatter segment's) is offered to the transport, and
+    every registration is withdrawn when the call ends (so a failed call's array is written no
+    more)."""
 
     __slots__ = ("_bucket", "_channel", "_closed", "_keys", "_peer", "_ports", "_seq", "_src", "chunks")
 
@@ -837,9 +847,13 @@ class _Into:
             self._expect(s, j, res[a:b])
 
     def _expect(self, s: int, j: int, place: np.ndarray) -> None:
+        self.offer(5, s, j, place)
+
+    def offer(self, phase: int, s: int, j: int, place: np.ndarray) -> None:
+        """Segment ``j`` of ring step ``s`` of ``phase`` (4: reduce-scatter, 5: allgather)."""
         if self._closed or not place.size:
             return
-        key = (self._seq, tag(self._bucket, 5, s, j), self._src)
+        key = (self._seq, tag(self._bucket, phase, s, j), self._src)
         self._keys.append(key)
         self._ports.expect(self._peer, self._channel, key, place)
 
