@@ -9,7 +9,8 @@ A message is a list of 0..N frames. On the wire (all integers little-endian)::
 This module does no I/O and never imports asyncio or socket: bytes go in, messages come out,
 so it is tested by feeding bytes split at every point. :class:`FrameDecoder` is shaped for
 ``asyncio.BufferedProtocol``: small data is parsed out of one reusable staging buffer while a
-large frame is allocated once at its final size and received straight into by the kernel.
+large frame is allocated once at its final size and received straight into by the kernel, or
+received into a place its consumer already holds (:meth:`FrameDecoder.set_frame_target`).
 Limits are checked as soon as a preamble or length is seen, before anything is allocated.
 """
 
@@ -189,13 +190,13 @@ def encode_prefix(frames: Sequence[Buffer]) -> bytes:
     return _HEAD_N.pack(_HEAD, n) + struct.pack(f"<{n}Q", *map(len, frames))
 
 
-# decoder states
-_IDLE = 0  # between messages (expecting a preamble)
-_TABLE = 1  # reading the length table
 #: ``fn(header, index, n)``: where frame ``index`` (``n`` bytes) of the message with header frame
 #: ``header`` should land, or None (see :meth:`FrameDecoder.set_frame_target`).
 FrameTarget = Callable[[Buffer, int, int], Any]
 
+# decoder states
+_IDLE = 0  # between messages (expecting a preamble)
+_TABLE = 1  # reading the length table
 _FRAMES = 2  # reading payload frames out of staging
 _LARGE = 3  # the kernel writes straight into an allocated frame
 

@@ -3,8 +3,9 @@ floods of small messages and multi-GiB buffers.
 
 Receive: an ``asyncio.BufferedProtocol`` lets the kernel write straight into
 :class:`~aionet.codecs.framing.FrameDecoder`'s buffers -- small messages into a reused staging
-buffer, large frames directly into their final allocation. Completed messages wait in a queue
-whose size (in bytes) is bounded: reading pauses above ``max_queued_bytes``.
+buffer, large frames directly into their final allocation (or, receive-into, into the place a
+consumer registered for that very frame: :meth:`TCPConnection.set_frame_target`). Completed
+messages wait in a queue whose size (in bytes) is bounded: reading pauses above ``max_queued_bytes``.
 
 Send: messages are encoded into a per-connection batch and written with one
 ``transport.writelines`` per event-loop iteration, so a burst of small messages becomes one
