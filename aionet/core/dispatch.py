@@ -18,6 +18,7 @@ from ..errors import AionetError, ConnectionClosed, PeerUnavailable, ProtocolErr
 from .device_transfer import DeviceTransfers, StagingRequired
 from .link import Link, nbytes_of
 from .peers import PeerConn, PeerDirectory, Spawn
+from .receive_targets import ReceiveTargets
 from .router import Mailbox, Router
 
 ControlHandler = Callable[[str, list[Any]], None]
@@ -39,8 +40,10 @@ class Dispatcher:
         log: Any,
         spawn: Spawn,
         closing: Callable[[], bool],
+        receive_targets: ReceiveTargets | None = None,
     ) -> None:
         self.serializer = serializer
+        self._targets = receive_targets
         self.router = router
         self._device = device
         self._peers = peers
@@ -78,6 +81,8 @@ class Dispatcher:
         def on_closed(exc: BaseException) -> None:
             self._conn_closed(c, link, exc)
 
+        if self._targets is not None:
+            self._targets.attach(c.peer, c.conn)  # large frames a collective holds the place for
         c.conn.start_receiving(on_messages, on_closed)
 
     def _dispatch(self, c: PeerConn, link: Link, reply: Any, batch: list[Any], start: int) -> Awaitable[None] | None:
