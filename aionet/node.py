@@ -578,9 +578,12 @@ class Node:
             # the usual case: nothing to wait for but the reply, whose future the router fails
             # with TimeoutError at the deadline (no timer per request, no asyncio.timeout)
             router = self.router
-            rid, fut = router.new_request(peer, service, timeout)
+            rid, fut = router.new_request(peer, service)
             try:
                 aw = link.post(REQ, [rid, service, obj])
+                # the deadline is set once the request is written: its bookkeeping is then
+                # done while the peer works, not before the request leaves
+                router.expire_after(rid, service, timeout)
                 if aw is None:
                     return await fut
             except StagingRequired:

@@ -101,6 +101,7 @@ class Dispatcher:
         deliver = router.deliver
         deliver_many = router.deliver_many
         peer = c.peer
+        st = link.state
         nbytes = 0
         i = start
         n = len(batch)
@@ -108,19 +109,17 @@ class Dispatcher:
             while i < n:
                 frames = batch[i]
                 i += 1
-                if len(frames) > 1:
-                    size = nbytes_of(frames)
-                    nbytes += size
-                else:
-                    size = len(frames[0])
                 try:
                     if len(frames) > 1:
+                        size = nbytes_of(frames)
+                        nbytes += size
                         # compressed frames only where negotiated; mailboxes and acks count the
                         # decompressed size (a compressed wire size says nothing about memory)
                         env, raw = loads_sized(frames, decompress=c.compress)
                         nbytes += raw - size
                         size = raw
                     else:
+                        size = len(frames[0])
                         env = loads(frames)
                 except DecodeDeferred as exc:  # a device array still arriving, or not deliverable here
                     wait = self._device.settle(exc, peer, link, reply, frames, router.on_reply)
@@ -140,16 +139,17 @@ class Dispatcher:
                             raise ProtocolError(f"unknown control kind {kind!r}")
                         handler(peer, env)
                     continue
-                if not link.state.on_receive(env[1]):
+                if not st.on_receive(env[1]):
                     continue  # duplicate from a replay
                 link.recv_bytes += size  # for metrics (a parked message is counted again on retry: rare)
-                if env[2] > link.state.acked:
-                    link.on_ack(env[2])
+                ack = env[2]
+                if ack > st.acked:
+                    link.on_ack(ack)
                 if kind == SEND:
                     # one payload, or a batch of them (codecs/batch.py), delivered whole
                     wait = deliver(peer, env[3], env[4], size) if len(env) == 5 else deliver_many(peer, env, size)
                     if wait is not None:  # full mailbox, or this peer's share: stop reading until room
-                        link.state.unreceive(env[1])
+                        st.unreceive(env[1])
                         link.received(nbytes)
                         if type(wait) is Mailbox:
                             return self._resume(c, link, reply, batch, i - 1, wait.wait_room(), wait)
@@ -166,7 +166,7 @@ class Dispatcher:
                                 link.received(nbytes)
                                 return self._resume_requests(c, link, reply, batch, i, env, at, aw)
                     if aw is not None:  # too many of this peer's handlers running: stop reading
-                        link.state.unreceive(env[1])
+                        st.unreceive(env[1])
                         link.received(nbytes)
                         return self._resume(c, link, reply, batch, i - 1, aw)
                 elif kind == REP:
