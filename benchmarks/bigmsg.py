@@ -12,7 +12,8 @@ shared machine. Rounds alternate raw and aionet (interleaved), each a fresh proc
 
 ``BIGMSG_CHILD_PREFIX="perf record -o rx.data --"`` runs the receiver under a profiler;
 ``BIGMSG_HOLD_PREVIOUS=1`` makes the receiver keep each batch until the next one arrives
-(as ``p2p.py``'s consumer does).
+(as ``p2p.py``'s consumer does). ``--readonly`` sends a read-only array (its ``send`` returns
+before the ack, so back-to-back sends overlap).
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def _size(s: str) -> int:
     return int(s)
 
 
-def one_round(impl: str, size: int, warm: int, count: int) -> dict[str, float]:
+def one_round(impl: str, size: int, warm: int, count: int, readonly: bool = False) -> dict[str, float]:
     prefix = os.environ.get("BIGMSG_CHILD_PREFIX", "").split()  # e.g. "perf record -o rx.data --"
     child = subprocess.Popen(
         [
@@ -227,6 +228,7 @@ def one_round(impl: str, size: int, warm: int, count: int) -> dict[str, float]:
         assert child.stdout is not None and child.stdin is not None
         info = json.loads(child.stdout.readline())
         arr = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+        arr.flags.writeable = not readonly
         if impl == "raw":
             dt, tx = run_loop(raw_parent(info, arr, warm, count))
             rx = json.loads(child.stdout.readline())
@@ -259,6 +261,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--impls", default="raw,aionet")
+    ap.add_argument("--readonly", action="store_true", help="send a read-only array (returns before its ack)")
     ap.add_argument("--_child")
     a = ap.parse_args()
     size = _size(str(a.size))
@@ -269,7 +272,7 @@ def main() -> None:
     res: dict[str, list[dict[str, float]]] = {i: [] for i in impls}
     ratios = []
     for _ in range(a.rounds):
-        row = {i: one_round(i, size, a.warm, a.count) for i in impls}
+        row = {i: one_round(i, size, a.warm, a.count, a.readonly) for i in impls}
         for i in impls:
             res[i].append(row[i])
         if "raw" in row and "aionet" in row:
