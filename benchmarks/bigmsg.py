@@ -6,7 +6,7 @@ back to back (``await node.send`` / raw ``writelines``), a child receives them (
 dropping each array at once / a raw ``BufferedProtocol`` reading into one reused buffer). Each
 side's ``getrusage`` is taken over the measured messages only (after a warm-up), so the
 figures are CPU seconds per GB and minor page faults per message, steadier than the rate on a
-shared machine. Rounds alternate raw and aionet (interleaved), each a fresh process pair.
+shared machine; and how often each side slept (voluntary context switches) per message. Rounds alternate raw and aionet (interleaved), each a fresh process pair.
 
     PYTHONPATH=$PWD python benchmarks/bigmsg.py --size 1MiB --count 256 --rounds 3
 
@@ -38,7 +38,7 @@ _ACK = b"A"
 
 def _usage() -> dict[str, float]:
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return {"user": r.ru_utime, "sys": r.ru_stime, "minflt": float(r.ru_minflt)}
+    return {"user": r.ru_utime, "sys": r.ru_stime, "minflt": float(r.ru_minflt), "vcsw": float(r.ru_nvcsw)}
 
 
 def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
@@ -251,6 +251,9 @@ def one_round(impl: str, size: int, warm: int, count: int, readonly: bool = Fals
         "tx_minflt_per_msg": tx["minflt"] / count,
         "rx_minflt_per_msg": rx["minflt"] / count,
         "rx_fresh_frames_per_msg": rx.get("fresh", 0.0) / count,
+        # voluntary context switches: how often a side slept waiting for the other
+        "tx_sleeps_per_msg": tx["vcsw"] / count,
+        "rx_sleeps_per_msg": rx["vcsw"] / count,
     }
 
 
