@@ -6,7 +6,9 @@ back to back (``await node.send`` / raw ``writelines``), a child receives them (
 dropping each array at once / a raw ``BufferedProtocol`` reading into one reused buffer). Each
 side's ``getrusage`` is taken over the measured messages only (after a warm-up), so the
 figures are CPU seconds per GB and minor page faults per message, steadier than the rate on a
-shared machine; and how often each side slept (voluntary context switches) per message. Rounds alternate raw and aionet (interleaved), each a fresh process pair.
+shared machine, plus how often each side slept (voluntary context switches: it waited for the
+other) and how many standalone ACKs the receiver wrote, per message. Rounds alternate raw and
+aionet (interleaved), each a fresh process pair.
 
     PYTHONPATH=$PWD python benchmarks/bigmsg.py --size 1MiB --count 256 --rounds 3
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import resource
 import statistics
@@ -153,10 +156,12 @@ async def aionet_child(size: int, warm: int, count: int) -> None:
             if got[0] < n:
                 marks[n] = asyncio.get_running_loop().create_future()
                 await marks[n]
+            # (nan on a tree without LinkStats.acks_sent)
+            acks = float(sum(getattr(p.link, "acks_sent", math.nan) for p in rx.stats().peers.values() if p.link))
             if n == warm:
-                u0.update(_usage(), fresh=fresh[0])
+                u0.update(_usage(), fresh=fresh[0], acks=acks)
                 return {}
-            return _delta(u0, {**_usage(), "fresh": fresh[0]})
+            return _delta(u0, {**_usage(), "fresh": fresh[0], "acks": acks})
 
         hold = os.environ.get("BIGMSG_HOLD_PREVIOUS") == "1"
 
@@ -251,6 +256,7 @@ def one_round(impl: str, size: int, warm: int, count: int, readonly: bool = Fals
         "tx_minflt_per_msg": tx["minflt"] / count,
         "rx_minflt_per_msg": rx["minflt"] / count,
         "rx_fresh_frames_per_msg": rx.get("fresh", 0.0) / count,
+        "rx_acks_per_msg": rx.get("acks", 0.0) / count,  # standalone ACKs the receiver wrote
         # voluntary context switches: how often a side slept waiting for the other
         "tx_sleeps_per_msg": tx["vcsw"] / count,
         "rx_sleeps_per_msg": rx["vcsw"] / count,

@@ -161,6 +161,7 @@ class Link:
         self.sent_bytes = 0  # sequenced payload bytes posted / delivered (for metrics)
         self.recv_bytes = 0
         self.replayed = 0  # messages written again after a reconnect
+        self.acks_sent = 0  # standalone ACK frames (for stats)
         self._waiting_senders = 0
         self.disconnected_since: float | None = None
         self._stuck_seq = 0  # oldest unacked seq when the last connection was lost ...
@@ -666,6 +667,7 @@ class Link:
             self._ack_timer = None
         self._bytes_owed = 0
         if self.state.ack_owed and self.current is not None:
+            self.acks_sent += 1
             self.send_control(self.dumps([ACK, self.state.acked_now()]))
 
     # ------------------------------------------------------------------ connections
@@ -916,6 +918,7 @@ class Link:
             sent_bytes=self.sent_bytes,
             recv_bytes=self.recv_bytes,
             replayed=self.replayed,
+            acks_sent=self.acks_sent,
         )
 
 

@@ -100,6 +100,7 @@ async def test_a_stream_of_big_messages_is_acked_once_per_few() -> None:
     more[0] = False  # the stream paused: what is owed is acked with the next delivery
     _receive(link, 1, 64)
     assert sent == [[ACK, per], [ACK, per + 2]]
+    assert link.acks_sent == 2  # what node.stats() reports (LinkStats.acks_sent)
 
 
 async def test_a_deferred_ack_of_a_big_message_goes_out_when_the_timer_fires() -> None:
