@@ -131,7 +131,7 @@ class CollectivesSection:
     """``node.group()`` collectives (aionet/collectives/)."""
 
     small_bytes: int = 65536  # allreduce at or below this: recursive doubling; above: the ring
-    segment_bytes: int = 4 * 2**20  # ring chunks travel in pieces this large (pipelined)
+    segment_bytes: int = 8 * 2**20  # ring chunks travel in pieces this large (pipelined)
     timeout: float = 0.0  # s a collective may take before it raises CollectiveError (0: no limit)
     # bytes a rank holds for calls it has not started yet (a root broadcasting ahead); beyond
     # it the group breaks with CollectiveError rather than the node's memory growing unbounded

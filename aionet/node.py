@@ -24,6 +24,7 @@ from .core.connect import Connector
 from .core.device_transfer import DeviceTransfers, StagingRequired
 from .core.dispatch import Dispatcher
 from .core.peers import Peer, PeerDirectory
+from .core.receive_targets import ReceiveTargets
 from .core.router import Router
 from .devices import Devices
 from .errors import AionetError, PeerUnavailable, SerializationError, WouldBlock
@@ -101,6 +102,7 @@ class Node:
         # the core, each part given the collaborators it needs (never the Node)
         self._directory = PeerDirectory(self.name, self.log, cfg.heartbeat.forget_after, self._spawn, self.instruments)
         self._peers: dict[str, Peer] = self._directory.table
+        self._receive_targets = ReceiveTargets()  # receive-into for collectives' large segments
         self._dispatcher = Dispatcher(
             serializer=self.serializer,
             router=self.router,
@@ -110,6 +112,7 @@ class Node:
             log=self.log,
             spawn=self._spawn,
             closing=lambda: self._closing,
+            receive_targets=self._receive_targets,
         )
         self._connector = Connector(
             name=self.name,
@@ -167,6 +170,7 @@ class Node:
             instruments=self.instruments,
             device=self._device,
             inline_bytes=cfg.codec.oob_min_bytes,
+            receive_into=self._receive_targets,
         )
         self.observer: Any = None  # aionet.observe.Observer while [http] port is set
         self._self_full: Any = None  # the own mailbox that last refused a send_nowait to this node
@@ -574,9 +578,12 @@ class Node:
             # the usual case: nothing to wait for but the reply, whose future the router fails
             # with TimeoutError at the deadline (no timer per request, no asyncio.timeout)
             router = self.router
-            rid, fut = router.new_request(peer, service, timeout)
+            rid, fut = router.new_request(peer, service)
             try:
                 aw = link.post(REQ, [rid, service, obj])
+                # the deadline is set once the request is written: its bookkeeping is then
+                # done while the peer works, not before the request leaves
+                router.expire_after(rid, service, timeout)
                 if aw is None:
                     return await fut
             except StagingRequired:

@@ -9,7 +9,8 @@ A message is a list of 0..N frames. On the wire (all integers little-endian)::
 This module does no I/O and never imports asyncio or socket: bytes go in, messages come out,
 so it is tested by feeding bytes split at every point. :class:`FrameDecoder` is shaped for
 ``asyncio.BufferedProtocol``: small data is parsed out of one reusable staging buffer while a
-large frame is allocated once at its final size and received straight into by the kernel.
+large frame is allocated once at its final size and received straight into by the kernel, or
+received into a place its consumer already holds (:meth:`FrameDecoder.set_frame_target`).
 Limits are checked as soon as a preamble or length is seen, before anything is allocated.
 """
 
@@ -189,6 +190,10 @@ def encode_prefix(frames: Sequence[Buffer]) -> bytes:
     return _HEAD_N.pack(_HEAD, n) + struct.pack(f"<{n}Q", *map(len, frames))
 
 
+#: ``fn(header, index, n)``: where frame ``index`` (``n`` bytes) of the message with header frame
+#: ``header`` should land, or None (see :meth:`FrameDecoder.set_frame_target`).
+FrameTarget = Callable[[Buffer, int, int], Any]
+
 # decoder states
 _IDLE = 0  # between messages (expecting a preamble)
 _TABLE = 1  # reading the length table
@@ -219,6 +224,7 @@ class FrameDecoder:
         "_frames",
         "_free_refs",
         "_hook",
+        "_into",
         "_large",
         "_lengths",
         "_max_frame",
@@ -238,6 +244,7 @@ class FrameDecoder:
         "_target",
         "_target_obj",
         "_target_off",
+        "_target_src",
         "_total",
         "delivered_bytes",
         "large_allocs",
@@ -271,6 +278,7 @@ class FrameDecoder:
         self._alloc = alloc or default_alloc
         self._custom_alloc = alloc is not None
         self._hook: Callable[[int], Any] | None = None
+        self._into: FrameTarget | None = None
         # Recycling (default alloc only): the last ``reuse_frames`` large-frame buffers are
         # remembered; one the receiver has dropped (we hold the only reference) is reused for
         # the next frame of the same size instead of faulting in fresh pages.
@@ -297,6 +305,7 @@ class FrameDecoder:
         self._target: memoryview | None = None
         self._target_obj: Any = None
         self._target_off = 0
+        self._target_src: Any = None  # the buffer a FrameTarget gave for the frame in progress
 
     # ----------------------------------------------------------------- public API
     @property
@@ -432,6 +441,7 @@ class FrameDecoder:
         self._target = None
         self._target_obj = None
         self._target_off = 0
+        self._target_src = None
 
     def _parse(self) -> list[Message]:
         out: list[Message] = []
@@ -604,8 +614,63 @@ class FrameDecoder:
         ``None`` removes the hook."""
         self._hook = alloc
 
+    def set_frame_target(self, fn: FrameTarget | None) -> None:
+        """Receive-into: ``fn(header, index, n)`` is asked, for every large frame, whether the
+        consumer already holds that frame's final place (frame ``index`` of ``n`` bytes of the
+        message whose header frame is ``header``). It returns a writable, contiguous buffer of
+        exactly ``n`` bytes, or None for the usual buffer; anything else is ignored (the usual
+        buffer again), so nothing is ever written outside what ``fn`` gave. None removes it."""
+        self._into = fn
+
+    def release_frame_target(self, buf: Any) -> bool:
+        """If the frame in progress is being received into ``buf`` (a FrameTarget's answer),
+        continue it in a private buffer (the bytes so far copied over) and return True: its
+        owner gave up waiting, and not one more byte may land in its memory."""
+        src = self._target_src
+        if src is None or src is not buf or self._target is None:
+            return False
+        n = len(self._target)
+        own = memoryview(self._reuse_or_alloc(n) if not self._custom_alloc else self._alloc(n)).cast("B")
+        own[: self._target_off] = self._target[: self._target_off]
+        self._target = own
+        self._target_obj = own
+        self._target_src = None
+        return True
+
+    def _frame_target(self, n: int) -> Any:
+        """The FrameTarget's buffer for the large frame about to start, checked; or None."""
+        assert self._into is not None
+        header = self._frames[0] if self._fi > 0 and self._frames else None
+        if header is None:
+            return None
+        buf = self._into(header, self._fi, n)
+        if buf is None:
+            return None
+        try:
+            view = memoryview(buf)
+        except TypeError:
+            return None
+        if view.readonly or not view.c_contiguous or view.nbytes != n:
+            return None  # not a place this frame fits exactly: the usual buffer
+        self._target_src = buf
+        return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
     def _start_large(self, n: int, initial: memoryview) -> None:
         """Allocate a frame's final buffer and copy in the part already staged."""
+        if self._into is not None:
+            view = self._frame_target(n)
+            if view is not None:
+                have = len(initial)
+                if have:
+                    view[:have] = initial
+                self.large_allocs += 1
+                self._target = view
+                self._target_obj = view
+                self._target_off = have
+                self._state = _LARGE
+                if have == n:
+                    self._finish_large()
+                return
         try:
             obj = self._hook(n) if self._hook is not None else None
             if obj is None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import CollectivesSection
-from ..core.ports import DeviceArrays, MemberEventInfo, MemberEvents, Messaging
+from ..core.ports import DeviceArrays, MemberEventInfo, MemberEvents, Messaging, ReceiveInto
 from ..instrument import Instruments
 from .bench import BENCH_SERVICE
 from .group import Group
@@ -28,8 +28,10 @@ class Collectives:
         instruments: Instruments | None = None,
         device: DeviceArrays | None = None,
         inline_bytes: int = 0,
+        receive_into: ReceiveInto | None = None,
     ) -> None:
         self.cfg = cfg
+        self._receive_into = receive_into  # large ring segments land straight in the result
         self.inline_bytes = inline_bytes  # arrays smaller than this are packed inline (codec.oob_min_bytes)
         self._device = device  # device (GPU) inputs are reduced through host copies
         self.instruments = instruments if instruments is not None else Instruments()
@@ -63,6 +65,7 @@ class Collectives:
             compression=cfg.compression,
             device=self._device,
             inline_bytes=self.inline_bytes,
+            receive_into=self._receive_into,
         )
         self._groups.add(g)
         for m in members:  # a member already gone: the group cannot work, say so at once

@@ -18,6 +18,7 @@ from ..errors import AionetError, ConnectionClosed, PeerUnavailable, ProtocolErr
 from .device_transfer import DeviceTransfers, StagingRequired
 from .link import Link, nbytes_of
 from .peers import PeerConn, PeerDirectory, Spawn
+from .receive_targets import ReceiveTargets
 from .router import Mailbox, Router
 
 ControlHandler = Callable[[str, list[Any]], None]
@@ -39,8 +40,10 @@ class Dispatcher:
         log: Any,
         spawn: Spawn,
         closing: Callable[[], bool],
+        receive_targets: ReceiveTargets | None = None,
     ) -> None:
         self.serializer = serializer
+        self._targets = receive_targets
         self.router = router
         self._device = device
         self._peers = peers
@@ -78,6 +81,8 @@ class Dispatcher:
         def on_closed(exc: BaseException) -> None:
             self._conn_closed(c, link, exc)
 
+        if self._targets is not None:
+            self._targets.attach(c.peer, c.conn)  # large frames a collective holds the place for
         c.conn.start_receiving(on_messages, on_closed)
 
     def _dispatch(self, c: PeerConn, link: Link, reply: Any, batch: list[Any], start: int) -> Awaitable[None] | None:
@@ -96,6 +101,7 @@ class Dispatcher:
         deliver = router.deliver
         deliver_many = router.deliver_many
         peer = c.peer
+        st = link.state
         nbytes = 0
         i = start
         n = len(batch)
@@ -103,19 +109,17 @@ class Dispatcher:
             while i < n:
                 frames = batch[i]
                 i += 1
-                if len(frames) > 1:
-                    size = nbytes_of(frames)
-                    nbytes += size
-                else:
-                    size = len(frames[0])
                 try:
                     if len(frames) > 1:
+                        size = nbytes_of(frames)
+                        nbytes += size
                         # compressed frames only where negotiated; mailboxes and acks count the
                         # decompressed size (a compressed wire size says nothing about memory)
                         env, raw = loads_sized(frames, decompress=c.compress)
                         nbytes += raw - size
                         size = raw
                     else:
+                        size = len(frames[0])
                         env = loads(frames)
                 except DecodeDeferred as exc:  # a device array still arriving, or not deliverable here
                     wait = self._device.settle(exc, peer, link, reply, frames, router.on_reply)
@@ -135,16 +139,17 @@ class Dispatcher:
                             raise ProtocolError(f"unknown control kind {kind!r}")
                         handler(peer, env)
                     continue
-                if not link.state.on_receive(env[1]):
+                if not st.on_receive(env[1]):
                     continue  # duplicate from a replay
                 link.recv_bytes += size  # for metrics (a parked message is counted again on retry: rare)
-                if env[2] > link.state.acked:
-                    link.on_ack(env[2])
+                ack = env[2]
+                if ack > st.acked:
+                    link.on_ack(ack)
                 if kind == SEND:
                     # one payload, or a batch of them (codecs/batch.py), delivered whole
                     wait = deliver(peer, env[3], env[4], size) if len(env) == 5 else deliver_many(peer, env, size)
                     if wait is not None:  # full mailbox, or this peer's share: stop reading until room
-                        link.state.unreceive(env[1])
+                        st.unreceive(env[1])
                         link.received(nbytes)
                         if type(wait) is Mailbox:
                             return self._resume(c, link, reply, batch, i - 1, wait.wait_room(), wait)
@@ -161,7 +166,7 @@ class Dispatcher:
                                 link.received(nbytes)
                                 return self._resume_requests(c, link, reply, batch, i, env, at, aw)
                     if aw is not None:  # too many of this peer's handlers running: stop reading
-                        link.state.unreceive(env[1])
+                        st.unreceive(env[1])
                         link.received(nbytes)
                         return self._resume(c, link, reply, batch, i - 1, aw)
                 elif kind == REP:

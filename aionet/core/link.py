@@ -207,9 +207,53 @@ class Link:
         if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes or self._blocked is not None:
             self._waiting_senders += 1
             return self._send_when_space(kind, fields, wait_ack)
-        if kind in _RPC and self._rpc_max and self._push_rpc(kind, fields):
-            return None
+        if kind in _RPC:
+            if self._rpc_max and (
+                self._bitems or (c := self.current) is None or getattr(c.conn, "flush_pending", None) is not False
+            ):
+                # something else goes out in this loop iteration (or may: no connection now, or
+                # one that cannot tell): join (or open) a batch
+                if self._push_rpc(kind, fields):
+                    return None
+            elif not self._bitems:
+                # a lone request or reply (or no batching), nothing pushed before it
+                payload = fields[-1]
+                t = type(payload)
+                if ((t is bytes or t is str) and len(payload) < _PLAIN_MAX) or t in _PLAIN:
+                    return self._post_small(kind, fields, wait_ack)
         return self._post_now(kind, fields, wait_ack)
+
+    def _post_small(self, kind: int, fields: list[Any], wait_ack: bool) -> Awaitable[None] | None:
+        """:meth:`_post_now` of an envelope whose payload packs inline (a scalar, short bytes
+        or str) with no open batch: the request/reply round trip's path. What :meth:`_enqueue`
+        does for it, without the checks that only bigger or structured messages need (those,
+        and anything over the size limits, go through :meth:`_enqueue` after all)."""
+        st = self.state
+        owed = st.ack_owed
+        seq, ack = st.stamp()
+        try:
+            frame = self._pack([kind, seq, ack, *fields])
+            nbytes = len(frame)
+        except (TypeError, ValueError, OverflowError):  # e.g. an int beyond 64 bits: _enqueue decides
+            nbytes = BIG_MESSAGE
+        if nbytes > self._size_ok or nbytes >= BIG_MESSAGE:
+            st.next_seq -= 1  # nothing awaited since stamp(): nobody else took a number
+            st.ack_owed = owed  # nothing went out, so no ack was piggybacked either
+            return self._post_now(kind, fields, wait_ack)
+        self._bytes_owed = 0  # the ack rides on this envelope (see _seal)
+        frames = [frame]
+        st.record(seq, frames, nbytes)
+        self.sent_bytes += nbytes
+        c = self.current
+        if c is not None and not self._replaying:
+            try:
+                w = c.conn.write_nowait(frames)
+            except ConnectionClosed:
+                self.connection_lost(c)
+                return None
+            if w is not None:
+                return self._finish(w, c, 0)
+        return None
 
     def can_post(self) -> bool:
         """Whether :meth:`post` would take a message now without waiting for window space."""
@@ -280,13 +324,10 @@ class Link:
         """Add a request ``[rid, service, payload]`` or reply ``[rid, payload]`` that packs
         inline to the open batch (sealed into one REQ / REP envelope at the end of this loop
         iteration, when full, or before any other envelope); False (nothing done) otherwise.
-        The caller (:meth:`post`) has checked that nothing needs waiting."""
+        The caller (:meth:`post`) has checked that nothing needs waiting, and that this is not
+        a lone message (those go alone, as they would unbatched, so a lone request waits for
+        no seal; what follows one in the same loop iteration joins a batch, written right after it)."""
         items = self._bitems
-        if not items and (c := self.current) is not None and getattr(c.conn, "flush_pending", None) is False:
-            # nothing else goes out in this loop iteration (yet): this one goes alone, as
-            # it would unbatched, so a lone request waits for no seal; what follows it in
-            # this iteration joins a batch, written right after it
-            return False
         payload = fields[-1]
         t = type(payload)
         if t is bytes or t is str:

@@ -130,6 +130,18 @@ class DeviceArrays(Protocol):
         """``arr`` (numpy) as a device array of this node (numpy when it has no GPU)."""
 
 
+class ReceiveInto(Protocol):
+    """Receive-into for large array segments (``core/receive_targets.py``): a consumer that
+    knows where an expected segment belongs registers that place, and a stream transport
+    writes the segment there instead of into a fresh buffer. Consumers must still check what
+    arrives (an array aliasing the place means it landed; anything else is copied as usual)."""
+
+    def expect(self, peer: str, channel: str, key: tuple[Any, ...], buf: Any) -> None: ...
+
+    def forget(self, peer: str, channel: str, keys: Any) -> None:
+        """Drop registrations; after it returns nothing more is written into their buffers."""
+
+
 class Spawner(Protocol):
     """Start a task someone owns and awaits."""
 

@@ -470,6 +470,12 @@ class Router:
             self._deadlines.add(loop, rid, service, timeout)
         return rid, fut
 
+    def expire_after(self, rid: int, service: str, timeout: float) -> None:
+        """Fail request ``rid``'s future with TimeoutError ``timeout`` seconds from now unless
+        it is answered (or forgotten) first: :meth:`new_request`'s ``timeout``, set later
+        (once the request is written)."""
+        self._deadlines.add(self.loop or asyncio.get_running_loop(), rid, service, timeout)
+
     def forget(self, rid: int) -> None:
         """The caller is done with request ``rid`` (answered, failed or abandoned)."""
         self.pending.pop(rid, None)
@@ -583,8 +589,17 @@ class Router:
         if entry is None:
             self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
             return None
-        if entry[1] != SYNC and self.running.get(peer, 0) >= self.max_concurrent_requests:
-            return self._slot(peer)
+        mode = entry[1]
+        if mode != SYNC:
+            running = self.running.get(peer, 0)
+            if running >= self.max_concurrent_requests:
+                return self._slot(peer)
+            if mode == ASYNC and self.instruments.request_handled is None:
+                # the usual async handler, untimed: what _handle and _start do for it, inline
+                self.running[peer] = running + 1
+                loop = self.loop or asyncio.get_running_loop()
+                self.tasks.add(loop.create_task(self._run_async(entry[0], rid, payload, reply, peer, loop)))
+                return None
         self._handle(entry, rid, service, payload, reply, peer)
         return None
 

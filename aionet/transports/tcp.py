@@ -3,8 +3,9 @@ floods of small messages and multi-GiB buffers.
 
 Receive: an ``asyncio.BufferedProtocol`` lets the kernel write straight into
 :class:`~aionet.codecs.framing.FrameDecoder`'s buffers -- small messages into a reused staging
-buffer, large frames directly into their final allocation. Completed messages wait in a queue
-whose size (in bytes) is bounded: reading pauses above ``max_queued_bytes``.
+buffer, large frames directly into their final allocation (or, receive-into, into the place a
+consumer registered for that very frame: :meth:`TCPConnection.set_frame_target`). Completed
+messages wait in a queue whose size (in bytes) is bounded: reading pauses above ``max_queued_bytes``.
 
 Send: messages are encoded into a per-connection batch and written with one
 ``transport.writelines`` per event-loop iteration, so a burst of small messages becomes one
@@ -44,7 +45,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, OwnedFrame, as_frame, encode_prefix
+from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, FrameTarget, OwnedFrame, as_frame, encode_prefix
 from ..errors import (
     ConnectionClosed,
     ConnectTimeout,
@@ -702,6 +703,15 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         """Where incoming large frames land from now on (see FrameDecoder.set_frame_allocator):
         the staging receiver uses it to receive chunks into pool buffers or final memory."""
         self._decoder.set_frame_allocator(alloc)
+
+    def set_frame_target(self, fn: FrameTarget | None) -> None:
+        """Receive-into (see FrameDecoder.set_frame_target): the core asks, per large frame,
+        whether a consumer (a collective) already holds its final place."""
+        self._decoder.set_frame_target(fn)
+
+    def release_frame_target(self, buf: Any) -> bool:
+        """Stop receiving into ``buf`` if the frame in progress still is (its owner gave up)."""
+        return self._decoder.release_frame_target(buf)
 
     def stats(self) -> ConnectionStats:
         t = self._transport

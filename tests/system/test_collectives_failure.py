@@ -60,6 +60,10 @@ async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shri
             print("collective error delays after SIGKILL (s):", delays)
             assert max(delays.values()) < 1.0, delays
             assert all(exc.member == "v" and "'v'" in str(exc) for _t, exc in failed.values())
+            # the allgather's segments were received straight into the results (a's left is v,
+            # killed mid-receive), and the failed calls left no place registered for more
+            assert all(n._receive_targets.hits > 0 for n in nodes)
+            assert all(n._receive_targets.pending() == 0 for n in nodes)
             with contextlib.suppress(PeerUnavailable, RemoteError):
                 await loop_call
             victim.wait(timeout=10)

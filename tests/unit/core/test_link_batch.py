@@ -3,6 +3,7 @@ place in the stream before any other envelope, is kept across a death verdict li
 unacknowledged message, and never carries more payloads than the peer advertised."""
 
 import logging
+from types import SimpleNamespace
 
 import msgpack
 import pytest
@@ -181,3 +182,51 @@ async def test_a_reply_batch_is_sealed_before_an_error_reply_and_kept_for_a_succ
     link.fail(PeerUnavailable("b: declared dead"), keep=True)
     assert _stream(link) == [[REP, 1, 0, 1, "a"], [ERR, 2, 0, 2, "ValueError", "bad", ""], [REP, 3, 0, 3, "c"]]
     assert link.keeping == 3 and reports == []
+
+
+class _Wire:
+    """A connection stand-in that takes writes at once (nothing else goes out in this loop
+    iteration: flush_pending False), so lone requests and replies take the link's small path."""
+
+    flush_pending = False
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write_nowait(self, frames: list) -> None:
+        assert len(frames) == 1
+        self.written.append(bytes(frames[0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([REQ, REP]), st.one_of(payloads, st.integers(2**64, 2**80)), st.booleans()),
+        max_size=30,
+    )
+)
+def test_lone_requests_and_replies_are_stamped_recorded_and_written_in_order(calls):
+    """The one-envelope path of a lone request or reply: each is written as it is recorded
+    for replay, carries the ack owed, and one that cannot be packed here (an int beyond 64
+    bits, which this link's stand-in serializer refuses too) fails alone, leaving no gap."""
+    link = _link()
+    link.set_rpc_batch_limit(64)
+    wire = _Wire()
+    link.current = SimpleNamespace(conn=wire)
+    want = []
+    for rid, (kind, payload, owe) in enumerate(calls):
+        if owe:
+            link.state.on_receive(link.state.recv_seq + 1)  # a message of the peer's is owed an ack
+        fields = [rid, "svc", payload] if kind == REQ else [rid, payload]
+        packable = not isinstance(payload, int) or -(2**63) <= payload < 2**64
+        if not packable:
+            owed = link.state.ack_owed
+            with pytest.raises(OverflowError):
+                link.post(kind, fields, wait_ack=kind == REQ)
+            assert link.state.ack_owed == owed  # nothing went out: the ack is still owed
+            continue
+        assert link.post(kind, fields, wait_ack=kind == REQ) is None
+        assert link.state.ack_owed == 0  # the ack rode on it
+        want.append([kind, len(want) + 1, link.state.recv_seq, *fields])
+    assert _stream(link) == want
+    assert [msgpack.unpackb(w) for w in wire.written] == want
