@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -55,6 +56,13 @@ from ..errors import (
     TransportUnavailable,
 )
 from ..log import get_logger
+
+try:  # FIONREAD: bytes waiting in the socket's receive queue (POSIX)
+    from fcntl import ioctl
+    from termios import FIONREAD
+except ImportError:  # pragma: no cover - not on this platform: more_inbound() says False
+    ioctl = None  # type: ignore[assignment]
+    FIONREAD = 0
 from ..stats import ConnectionStats
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
 from .options import Option, boolean, integer, non_negative, number, parse_options
@@ -141,6 +149,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             staging_bytes=opts["staging_bytes"],
             reuse_frames=opts["reuse_frames"],
         )
+        self._fd = -1  # the socket's descriptor, for more_inbound()
+        self._fionread = bytearray(4)
         self._trim_handle: asyncio.TimerHandle | None = None
         self._trim_seen = 0
         # The kernel asks the decoder directly where to put bytes: no extra Python frame per read.
@@ -200,6 +210,10 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1 if self._nodelay else 0)
             except (OSError, AttributeError):  # not a TCP socket (e.g. a test double)
                 pass
+            try:
+                self._fd = sock.fileno()
+            except (OSError, AttributeError):
+                self._fd = -1
         # Low water 0: resume_writing means everything written before reached the kernel, which
         # is what a zero-copy send of a mutable buffer waits for.
         transport.set_write_buffer_limits(high=self._high, low=0)  # type: ignore[attr-defined]
@@ -558,6 +572,21 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         raise self._closed_error()
 
     # ================================================================= receiving
+    def more_inbound(self) -> bool:
+        """Whether bytes of a further message are already here: part of one in the decoder,
+        or unread in the socket's receive queue (one FIONREAD ioctl, about a microsecond)."""
+        if self._decoder.pending_bytes:
+            return True
+        fd = self._fd
+        if fd < 0 or ioctl is None or self._lost:
+            return False
+        buf = self._fionread
+        try:
+            ioctl(fd, FIONREAD, buf, True)
+        except OSError:
+            return False
+        return int.from_bytes(buf, sys.byteorder) > 0
+
     async def _wait_readable(self) -> None:
         while not self._queue:
             if self._closed:
