@@ -71,6 +71,7 @@ class LinkStats(Stats):
     sent_bytes: int = 0  # sequenced payload bytes posted on this link (this link's lifetime)
     recv_bytes: int = 0  # bytes of the sequenced messages received on it
     replayed: int = 0  # messages written again after a reconnect
+    acks_sent: int = 0  # standalone ACK frames sent (acks not carried by our own traffic)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,16 @@ back to back (``await node.send`` / raw ``writelines``), a child receives them (
 dropping each array at once / a raw ``BufferedProtocol`` reading into one reused buffer). Each
 side's ``getrusage`` is taken over the measured messages only (after a warm-up), so the
 figures are CPU seconds per GB and minor page faults per message, steadier than the rate on a
-shared machine. Rounds alternate raw and aionet (interleaved), each a fresh process pair.
+shared machine, plus how often each side slept (voluntary context switches: it waited for the
+other) and how many standalone ACKs the receiver wrote, per message. Rounds alternate raw and
+aionet (interleaved), each a fresh process pair.
 
     PYTHONPATH=$PWD python benchmarks/bigmsg.py --size 1MiB --count 256 --rounds 3
 
 ``BIGMSG_CHILD_PREFIX="perf record -o rx.data --"`` runs the receiver under a profiler;
 ``BIGMSG_HOLD_PREVIOUS=1`` makes the receiver keep each batch until the next one arrives
-(as ``p2p.py``'s consumer does).
+(as ``p2p.py``'s consumer does). ``--readonly`` sends a read-only array (its ``send`` returns
+before the ack, so back-to-back sends overlap).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import resource
 import statistics
@@ -37,7 +41,7 @@ _ACK = b"A"
 
 def _usage() -> dict[str, float]:
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return {"user": r.ru_utime, "sys": r.ru_stime, "minflt": float(r.ru_minflt)}
+    return {"user": r.ru_utime, "sys": r.ru_stime, "minflt": float(r.ru_minflt), "vcsw": float(r.ru_nvcsw)}
 
 
 def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
@@ -152,10 +156,12 @@ async def aionet_child(size: int, warm: int, count: int) -> None:
             if got[0] < n:
                 marks[n] = asyncio.get_running_loop().create_future()
                 await marks[n]
+            # (nan on a tree without LinkStats.acks_sent)
+            acks = float(sum(getattr(p.link, "acks_sent", math.nan) for p in rx.stats().peers.values() if p.link))
             if n == warm:
-                u0.update(_usage(), fresh=fresh[0])
+                u0.update(_usage(), fresh=fresh[0], acks=acks)
                 return {}
-            return _delta(u0, {**_usage(), "fresh": fresh[0]})
+            return _delta(u0, {**_usage(), "fresh": fresh[0], "acks": acks})
 
         hold = os.environ.get("BIGMSG_HOLD_PREVIOUS") == "1"
 
@@ -203,7 +209,7 @@ def _size(s: str) -> int:
     return int(s)
 
 
-def one_round(impl: str, size: int, warm: int, count: int) -> dict[str, float]:
+def one_round(impl: str, size: int, warm: int, count: int, readonly: bool = False) -> dict[str, float]:
     prefix = os.environ.get("BIGMSG_CHILD_PREFIX", "").split()  # e.g. "perf record -o rx.data --"
     child = subprocess.Popen(
         [
@@ -227,6 +233,7 @@ def one_round(impl: str, size: int, warm: int, count: int) -> dict[str, float]:
         assert child.stdout is not None and child.stdin is not None
         info = json.loads(child.stdout.readline())
         arr = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+        arr.flags.writeable = not readonly
         if impl == "raw":
             dt, tx = run_loop(raw_parent(info, arr, warm, count))
             rx = json.loads(child.stdout.readline())
@@ -249,6 +256,10 @@ def one_round(impl: str, size: int, warm: int, count: int) -> dict[str, float]:
         "tx_minflt_per_msg": tx["minflt"] / count,
         "rx_minflt_per_msg": rx["minflt"] / count,
         "rx_fresh_frames_per_msg": rx.get("fresh", 0.0) / count,
+        "rx_acks_per_msg": rx.get("acks", 0.0) / count,  # standalone ACKs the receiver wrote
+        # voluntary context switches: how often a side slept waiting for the other
+        "tx_sleeps_per_msg": tx["vcsw"] / count,
+        "rx_sleeps_per_msg": rx["vcsw"] / count,
     }
 
 
@@ -259,6 +270,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--impls", default="raw,aionet")
+    ap.add_argument("--readonly", action="store_true", help="send a read-only array (returns before its ack)")
     ap.add_argument("--_child")
     a = ap.parse_args()
     size = _size(str(a.size))
@@ -269,7 +281,7 @@ def main() -> None:
     res: dict[str, list[dict[str, float]]] = {i: [] for i in impls}
     ratios = []
     for _ in range(a.rounds):
-        row = {i: one_round(i, size, a.warm, a.count) for i in impls}
+        row = {i: one_round(i, size, a.warm, a.count, a.readonly) for i in impls}
         for i in impls:
             res[i].append(row[i])
         if "raw" in row and "aionet" in row:

@@ -133,6 +133,12 @@ class Connection(abc.ABC):
         task = asyncio.get_running_loop().create_task(self.send(list(frames)))
         task.add_done_callback(_consume_exception)
 
+    def more_inbound(self) -> bool:
+        """Whether bytes of a further message are already waiting to be read (a hint: the
+        link acknowledges a stream of big messages once per few instead of once each).
+        Default False: acknowledge at once."""
+        return False
+
     async def recv_many(self) -> list[Message]:
         """Receive at least one message, plus whatever else is already buffered.
 

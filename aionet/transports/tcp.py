@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -55,6 +56,13 @@ from ..errors import (
     TransportUnavailable,
 )
 from ..log import get_logger
+
+try:  # FIONREAD: bytes waiting in the socket's receive queue (POSIX)
+    from fcntl import ioctl
+    from termios import FIONREAD
+except ImportError:  # pragma: no cover - not on this platform: more_inbound() says False
+    ioctl = None  # type: ignore[assignment]
+    FIONREAD = 0
 from ..stats import ConnectionStats
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
 from .options import Option, boolean, integer, non_negative, number, parse_options
@@ -90,6 +98,9 @@ MESSAGE_OVERHEAD = 160
 #: Seconds without a new large frame after which remembered large-frame buffers are freed.
 TRIM_AFTER = 2.0
 
+_IN_READ = 1  # TCPConnection._in_read: writes wait for the end of the read callback
+_REPLY_NOW = 2  # ... except the first small one, in a request/reply exchange
+_LONE_MAX = 1024  # a read of one message up to this size may be a lone request (see _REPLY_NOW)
 _PACK1 = ONE_FRAME_PREFIX.pack  # (HEAD, 1, length) -> the 16-byte prefix of a 1-frame message
 
 
@@ -141,6 +152,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             staging_bytes=opts["staging_bytes"],
             reuse_frames=opts["reuse_frames"],
         )
+        self._fd = -1  # the socket's descriptor, for more_inbound()
+        self._fionread = bytearray(4)
         self._trim_handle: asyncio.TimerHandle | None = None
         self._trim_seen = 0
         # The kernel asks the decoder directly where to put bytes: no extra Python frame per read.
@@ -165,8 +178,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._wbytes = 0
         self._flush_scheduled = False
         # set while the push consumer runs inside a read callback: its writes are sent in one
-        # write when it returns (no loop iteration later)
-        self._in_read = False
+        # write when it returns (no loop iteration later); _REPLY_NOW (a lone message after a
+        # lone message: a request/reply exchange) lets the first small write go out at once
+        self._in_read = 0
         # the last two reads brought one message each: the next small write goes out at once
         self._write_through = False
         self._last_single = False  # the last read brought one message
@@ -200,6 +214,10 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1 if self._nodelay else 0)
             except (OSError, AttributeError):  # not a TCP socket (e.g. a test double)
                 pass
+            try:
+                self._fd = sock.fileno()
+            except (OSError, AttributeError):
+                self._fd = -1
         # Low water 0: resume_writing means everything written before reached the kernel, which
         # is what a zero-copy send of a mutable buffer waits for.
         transport.set_write_buffer_limits(high=self._high, low=0)  # type: ignore[attr-defined]
@@ -226,14 +244,18 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             # straight from here, not through the queue and _push. What the consumer writes
             # on this connection meanwhile (replies) is sent in one write when it returns.
             self._delivered_seen = dec.delivered_bytes
-            self._in_read = True
+            single = len(msgs) == 1
+            # (a small one: not an envelope batching many requests, whose replies go in one write)
+            m = msgs[0]
+            lone = single and self._last_single and len(m) == 1 and len(m[0]) <= _LONE_MAX
+            self._in_read = _REPLY_NOW if lone else _IN_READ
             try:
                 pending = on_messages(msgs)
             except Exception as exc:
                 self._push_failed(exc)
                 return
             finally:
-                self._in_read = False
+                self._in_read = 0
                 if self._wbuf or self._wlist:
                     self._flush()
             # Two reads in a row of one message each: a request/reply exchange; the next write
@@ -241,7 +263,6 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             # iteration later. Not after a single one: with many requests in flight, a lone
             # message among batches would keep travelling alone instead of joining the next
             # batch (measured: 64 in flight fell from 44k to 25-30k requests/s).
-            single = len(msgs) == 1
             self._write_through = single and self._last_single
             self._last_single = single
             if pending is not None:
@@ -385,7 +406,13 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 f = as_frame(f)
             ln = len(f)
             if ln < self._copy_below and ln <= self._max_header:
-                if self._flush_scheduled or self._in_read:
+                if self._in_read == _REPLY_NOW and not self._wbuf and not self._flush_scheduled:
+                    # the reply to a lone request, inside its read: written now, not after the
+                    # rest of the read's bookkeeping (what follows it in this read is batched)
+                    self._in_read = _IN_READ
+                    if self._transport is not None:
+                        self._transport.write(_PACK1(HEAD, 1, ln) + f)
+                elif self._flush_scheduled or self._in_read:
                     # (in a read callback, buffer_updated writes the batch when the consumer returns)
                     wbuf = self._wbuf
                     wbuf += _PACK1(HEAD, 1, ln)
@@ -487,7 +514,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def flush_pending(self) -> bool:
         """Something written in this loop iteration waits for the scheduled flush (or, in a
         read callback, for the write at its end)."""
-        return self._flush_scheduled or (self._in_read and bool(self._wbuf))
+        return self._flush_scheduled or (self._in_read != 0 and bool(self._wbuf))
 
     def write_now(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
         """:meth:`write_nowait`, then write everything queued now rather than at a flush
@@ -558,6 +585,21 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         raise self._closed_error()
 
     # ================================================================= receiving
+    def more_inbound(self) -> bool:
+        """Whether bytes of a further message are already here: part of one in the decoder,
+        or unread in the socket's receive queue (one FIONREAD ioctl, about a microsecond)."""
+        if self._decoder.pending_bytes:
+            return True
+        fd = self._fd
+        if fd < 0 or ioctl is None or self._lost:
+            return False
+        buf = self._fionread
+        try:
+            ioctl(fd, FIONREAD, buf, True)
+        except OSError:
+            return False
+        return int.from_bytes(buf, sys.byteorder) > 0
+
     async def _wait_readable(self) -> None:
         while not self._queue:
             if self._closed:

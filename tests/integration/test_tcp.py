@@ -32,6 +32,7 @@ from aionet.errors import (
 from aionet.transports.base import Connection
 from aionet.transports.registry import TransportRegistry
 from aionet.transports.tcp import ConnectTimeout, TCPConnection, TCPTransport
+from tests.conftest import wait_for
 
 LOOPS = ["asyncio", "uvloop"]
 
@@ -349,6 +350,27 @@ def test_backpressure_blocks_sender_and_bounds_memory(run: Callable[..., Any]) -
                 received += len(await p.server.recv_many())
             await blocked
             assert received == sent + 1
+
+    run(main())
+
+
+def test_more_inbound_says_whether_a_further_message_is_already_here(run: Callable[..., Any]) -> None:
+    """The hint the link acknowledges streams of big messages by: true while bytes of a
+    message not yet delivered wait (here held back by a receiver that does not read), false
+    once everything sent was taken."""
+
+    async def main() -> None:
+        async with pair({"max_queued_bytes": 1}) as p:
+            assert not p.server.more_inbound()
+            for i in range(3):
+                await p.client.send([bytes([i]) * 256 * 1024])
+            await wait_for(lambda: p.server.stats().read_paused)  # one queued; the rest waits unread
+            assert p.server.more_inbound()
+            got = []
+            while len(got) < 3:
+                got.extend(await p.server.recv_many())
+            assert [m[0][:1] for m in got] == [b"\x00", b"\x01", b"\x02"]
+            assert not p.server.more_inbound()
 
     run(main())
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from aionet.codecs.envelope import ACK
-from aionet.core.link import Link
+from aionet.core.link import BIG_MESSAGE, STREAM_ACK_BYTES, Link
 
 
-def _link() -> tuple[Link, list[Any]]:
+def _link(more_inbound: list[bool] | None = None) -> tuple[Link, list[Any]]:
     sent: list[Any] = []
     link = Link(
         "b",
@@ -20,14 +20,17 @@ def _link() -> tuple[Link, list[Any]]:
         give_up_after=30.0,
         log=logging.getLogger("test"),
     )
-    link.current = SimpleNamespace(conn=SimpleNamespace(send_nowait=lambda frames: sent.append(frames[0])))
+    conn = SimpleNamespace(send_nowait=lambda frames: sent.append(frames[0]))
+    if more_inbound is not None:
+        conn.more_inbound = lambda: more_inbound[0]
+    link.current = SimpleNamespace(conn=conn)
     return link, sent
 
 
-def _receive(link: Link, n: int) -> None:
+def _receive(link: Link, n: int, size: int = 64) -> None:
     for _ in range(n):
         assert link.state.on_receive(link.state.recv_seq + 1)
-    link.received(64 * n)
+    link.received(size * n)
 
 
 def _fire(link: Link) -> None:
@@ -73,3 +76,41 @@ async def test_nothing_owed_sends_nothing() -> None:
     link.state.stamp()  # both acked by a send
     _fire(link)
     assert sent == [] and link._ack_timer is None
+
+
+async def test_a_big_message_is_acked_at_once_when_nothing_more_is_arriving() -> None:
+    """A big send that waits for its ack (a writable buffer) sends nothing more meanwhile."""
+    link, sent = _link(more_inbound=[False])
+    _receive(link, 1, BIG_MESSAGE)
+    assert sent == [[ACK, 1]] and link._ack_timer is None
+
+
+async def test_a_stream_of_big_messages_is_acked_once_per_few() -> None:
+    more = [True]
+    link, sent = _link(more_inbound=more)
+    per = STREAM_ACK_BYTES // BIG_MESSAGE
+    _receive(link, 1, BIG_MESSAGE)
+    assert sent == [] and link._ack_timer is not None  # deferred, but bounded by the timer
+    for _ in range(per - 2):
+        _receive(link, 1, BIG_MESSAGE)
+    assert sent == []
+    _receive(link, 1, BIG_MESSAGE)  # STREAM_ACK_BYTES owed: acked although more is coming
+    assert sent == [[ACK, per]] and link._ack_timer is None
+    _receive(link, 1, BIG_MESSAGE)
+    more[0] = False  # the stream paused: what is owed is acked with the next delivery
+    _receive(link, 1, 64)
+    assert sent == [[ACK, per], [ACK, per + 2]]
+    assert link.acks_sent == 2  # what node.stats() reports (LinkStats.acks_sent)
+
+
+async def test_a_deferred_ack_of_a_big_message_goes_out_when_the_timer_fires() -> None:
+    link, sent = _link(more_inbound=[True])
+    _receive(link, 1, BIG_MESSAGE)
+    _fire(link)
+    assert sent == [[ACK, 1]]
+
+
+async def test_a_connection_without_the_hint_acks_big_messages_at_once() -> None:
+    link, sent = _link()  # a transport (or double) without more_inbound()
+    _receive(link, 1, BIG_MESSAGE)
+    assert sent == [[ACK, 1]]
