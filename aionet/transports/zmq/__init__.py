@@ -34,13 +34,21 @@ Connection); ZeroMQ is not. The mapping:
 * I/O: no zmq.asyncio. Each socket's ``ZMQ_FD`` is watched with ``loop.add_reader``; on wake-up
   the socket is drained with non-blocking receives (one await per *batch*, not per message),
   and sends try NOBLOCK first, waiting for writability only when zmq would block.
+* Push mode (``start_receiving``, what a node uses) delivers each drained batch from that same
+  service pass, with no task in between, so a reply produced while handling it is sent in the
+  pass too. ``ZMQ_FD`` is edge-triggered and any send or receive may consume its signal: the
+  pass reads EVENTS again after sending, and a send made outside a pass schedules one check
+  per loop iteration. Only a receive that found nothing (it processed every pending command
+  and put the pipes to sleep, so the next arrival signals again) ends a pass without one.
+  ``flush_pending`` tells the link whether a message already left in this iteration: a lone
+  request or reply goes straight to zmq, what follows it is batched.
 * ipc: ``zmq+ipc:///abs/path`` or a relative path (resolved against the working directory
   at bind/connect time); ``zmq+ipc://`` listens on a fresh file in the temp directory; a host
   or host:port is a ConfigError (libzmq would make a file named ``127.0.0.1:0`` in the cwd).
   libzmq leaves the socket file behind on close, so the listener removes the file its bind
   created (checked by device and inode) once it stops accepting.
-* Tasks: connection handlers and push-mode readers are owned by the transport; ``aclose``
-  waits for them (cancelling a handler still busy after a second). ``write_nowait`` enqueues
+* Tasks: connection handlers are owned by the transport; ``aclose`` waits for them
+  (cancelling a handler still busy after a second). ``write_nowait`` enqueues
   without a task, and the futures it returns never leave an unretrieved exception.
 * ``ZMQ_MAXMSGSIZE`` is set from ``limits.max_frame_bytes``: libzmq applies it per frame and
   disconnects a peer that announces a larger one. Frame count and total size per message

@@ -117,6 +117,12 @@ class ZConnection(Connection):
         self._closed = False  # closed locally
         self._eof: ConnectionClosed | None = None  # remote side ended (recv drains, then raises)
         self._bsock = pump._sock
+        self._sent_gen = -1  # the pump's service count when a message last went straight out
+        # push mode (start_receiving): batches go to the consumer from the pump's service pass
+        self._on_messages: Callable[[list[Message]], Awaitable[None] | None] | None = None
+        self._on_closed: Callable[[BaseException], None] | None = None
+        self._push_wait: asyncio.Future[Any] | None = None  # the consumer's unfinished awaitable
+        self._end_scheduled = False
 
     # --- receive ----------------------------------------------------------------------------
     def _deliver(self, frames: Message, nbytes: int) -> None:
@@ -126,14 +132,22 @@ class ZConnection(Connection):
         pump = self._pump
         pump._queued_bytes += nbytes
         pump._queued_msgs += 1
+        if self._on_messages is not None:
+            pump._marked[self] = None
+            return
         w = self._rx_waiter
         if w is not None and not w.done():
             w.set_result(None)
 
     def _wake(self) -> None:
+        """The stream ended (or was closed): wake a reader, or report the end to a push-mode
+        consumer after what is queued (on a later callback: never inside the caller's close)."""
         w = self._rx_waiter
         if w is not None and not w.done():
             w.set_result(None)
+        if self._on_closed is not None and not self._end_scheduled:
+            self._end_scheduled = True
+            self._loop.call_soon(self._push)
 
     def _drop_queue(self) -> None:
         self._pump._count_out(self._rq_bytes, len(self._rq))
@@ -256,8 +270,8 @@ class ZConnection(Connection):
                     pass  # would block, or failed: the general path queues or reports it
                 else:
                     pump = self._pump
-                    if not pump._kick_pending:
-                        pump.kick()
+                    self._sent_gen = pump._gen
+                    pump._sent()
                     return
         await self._send_general(frames)
 
@@ -267,7 +281,8 @@ class ZConnection(Connection):
         if not self._sendq:
             waits = self._try_send(parts, large)
             if waits is not None:
-                self._pump.kick()
+                self._sent_gen = self._pump._gen
+                self._pump._sent()
                 for w in waits:
                     await w
                 return
@@ -286,8 +301,9 @@ class ZConnection(Connection):
                 except zmq.ZMQError:
                     pass  # would block, or failed: the general path queues or reports it
                 else:
-                    if not self._pump._kick_pending:
-                        self._pump.kick()
+                    pump = self._pump
+                    self._sent_gen = pump._gen
+                    pump._sent()
                     return None
         self._check_open()
         parts, large = self._encode(frames)
@@ -297,7 +313,8 @@ class ZConnection(Connection):
             except TransportError as exc:
                 raise _closed_error(exc) from exc
             if waits is not None:
-                self._pump.kick()
+                self._sent_gen = self._pump._gen
+                self._pump._sent()
                 return _all_done(self._loop, waits) if waits else None
         item = PendingSend(parts, large, self._loop.create_future())
         self._sendq.append(item)
@@ -307,13 +324,87 @@ class ZConnection(Connection):
         item.fut.add_done_callback(functools.partial(_chain_send, self._loop, done))
         return done
 
+    # --- push mode ----------------------------------------------------------------------------
     def start_receiving(
         self,
         on_messages: Callable[[list[Message]], Awaitable[None] | None],
         on_closed: Callable[[BaseException], None],
     ) -> None:
-        super().start_receiving(on_messages, on_closed)
-        self._transport._own(self._pump_task)  # ends with the connection; aclose awaits it
+        """Push mode: batches go to ``on_messages`` from the pump's service pass, right after
+        the receive, so a reply it sends leaves in the same pass (no task wake-up per batch).
+
+        An awaitable returned by ``on_messages`` holds further batches until it is done;
+        meanwhile messages queue up to ``max_queued_*``, then the socket stops being read,
+        as with ``recv``. ``on_closed`` is called once, after the last batch, with
+        ConnectionClosed (also after a local close) or with what ``on_messages`` raised (the
+        connection is then aborted)."""
+        self._on_messages = on_messages
+        self._on_closed = on_closed
+        if self._rq or self._closed or self._eof is not None:
+            self._end_scheduled = True
+            self._loop.call_soon(self._push)
+
+    def _push_batch(self) -> None:
+        """Deliver everything queued, in order, until the consumer asks to wait."""
+        rq = self._rq
+        while rq and self._push_wait is None and self._on_messages is not None and not self._closed:
+            batch = list(rq)
+            rq.clear()
+            n, self._rq_bytes = self._rq_bytes, 0
+            self._pump._count_out(n, len(batch))
+            try:
+                pending = self._on_messages(batch)
+            except Exception as exc:
+                self._push_failed(exc)
+                return
+            if pending is not None and self._pushed(pending):
+                return
+
+    def _push(self) -> None:
+        """Deliver what is queued; once the stream has ended and all is delivered, report it."""
+        self._end_scheduled = False
+        self._push_batch()
+        if (
+            (self._closed or self._eof is not None)
+            and not (self._rq and not self._closed)
+            and self._push_wait is None
+            and self._on_closed is not None
+        ):
+            cb, self._on_closed = self._on_closed, None
+            self._on_messages = None
+            cb(self._end_error())
+
+    def _pushed(self, pending: Awaitable[None]) -> bool:
+        """The consumer returned ``pending``: True when delivery stops here (it is not done
+        yet, or the consumer failed)."""
+        fut = asyncio.ensure_future(pending, loop=self._loop)
+        if not fut.done():
+            self._push_wait = fut
+            fut.add_done_callback(self._push_done)
+            return True
+        self._check_pushed(fut)
+        return self._on_messages is None
+
+    def _check_pushed(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self._push_failed(asyncio.CancelledError())
+        elif (exc := fut.exception()) is not None:
+            self._push_failed(exc)
+
+    def _push_done(self, fut: asyncio.Future[Any]) -> None:
+        self._push_wait = None
+        self._check_pushed(fut)
+        if self._on_messages is not None or self._on_closed is not None:
+            self._push()
+
+    def _push_failed(self, exc: BaseException) -> None:
+        cb, self._on_closed = self._on_closed, None
+        self._on_messages = None
+        if not self._closed:
+            log.warning("push-mode consumer failed; closing connection", peer=self.peer_address, error=repr(exc))
+            self.abort()
+        if cb is not None:
+            cb(exc)
 
     def send_nowait(self, frames: Sequence[Buffer]) -> None:
         """Send now, or queue behind earlier waiters without waiting (acks, heartbeats)."""
@@ -323,7 +414,7 @@ class ZConnection(Connection):
             zc = self._zc_min
             parts = [p if _immutable(p) or _nbytes(p) < zc else memoryview(p).tobytes() for p in parts]
         if not self._sendq and self._try_send(parts, large) is not None:
-            self._pump.kick()
+            self._pump._sent()
             return
         item = PendingSend(parts, large, self._loop.create_future())
         item.fut.add_done_callback(_consume_exception)
@@ -374,6 +465,13 @@ class ZConnection(Connection):
                 item.fut.set_exception(err)
 
     @property
+    def flush_pending(self) -> bool:
+        """A message went out since the socket was last serviced, or one waits in the queue:
+        the link batches what follows (sealed at the next iteration) instead of sending each
+        alone; a lone request or reply goes straight to zmq (see ``Link._push_rpc``)."""
+        return self._sent_gen == self._pump._gen or bool(self._sendq)
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -422,6 +520,7 @@ class DealerConnection(Pump, ZConnection):
                 try:
                     fr = recv(NOBLOCK, copy=False)
                 except zmq.Again:
+                    self._again = True
                     return False
                 n += 1
                 size = len(fr)
@@ -430,9 +529,12 @@ class DealerConnection(Pump, ZConnection):
                     self._rq_bytes += size
                     qb += size
                     qm += 1
-                    w = self._rx_waiter
-                    if w is not None and not w.done():
-                        w.set_result(None)
+                    if self._on_messages is not None:
+                        self._marked[self] = None
+                    else:
+                        w = self._rx_waiter
+                        if w is not None and not w.done():
+                            w.set_result(None)
                     continue
                 self._queued_bytes, self._queued_msgs = qb, qm
                 try:

@@ -140,6 +140,7 @@ class RouterListener(Pump, Listener):
                 try:
                     rid = recv(NOBLOCK)
                 except zmq.Again:
+                    self._again = True
                     return False
                 n += 1
                 fr = recv(0, copy=False)
@@ -151,9 +152,12 @@ class RouterListener(Pump, Listener):
                         conn._rq_bytes += size
                         qb += size
                         qm += 1
-                        w = conn._rx_waiter
-                        if w is not None and not w.done():
-                            w.set_result(None)
+                        if conn._on_messages is not None:
+                            self._marked[conn] = None
+                        else:
+                            w = conn._rx_waiter
+                            if w is not None and not w.done():
+                                w.set_result(None)
                         continue
                 self._queued_bytes, self._queued_msgs = qb, qm
                 try:

@@ -136,11 +136,17 @@ class Pump:
         self._rx = Receiver(sock, opts, limits)
         self._fd = sock.getsockopt(zmq.FD)
         self._kick_pending = False
+        self._gen = 0  # counts services: a connection's send in this one marks its batch open
+        self._checked_gen = -1  # the service count when a send last read EVENTS itself
+        self._in_service = False
+        self._wrote = False  # a send during this service pass: EVENTS must be read again
+        self._again = False  # the last drain ended on a receive that found nothing
+        self._marked: dict[Any, None] = {}  # push-mode connections with messages to deliver
         self._stopped = False
         self._queued_bytes = 0
         self._queued_msgs = 0
         self._paused = False
-        loop.add_reader(self._fd, self._service)
+        loop.add_reader(self._fd, self._woken)
         self.kick()  # arm the edge-triggered FD: it only fires after EVENTS saw nothing to do
 
     # --- flow control of the receive side -------------------------------------------------
@@ -165,22 +171,76 @@ class Pump:
             self._kick_pending = True
             self._loop.call_soon(self._kicked)
 
+    def _sent(self) -> None:
+        """A message went to zmq. A send may process the socket's commands and so consume
+        ``ZMQ_FD``'s signal: EVENTS must be read again before the loop sleeps. Inside a
+        service pass (a reply produced while delivering) its loop does that; otherwise a
+        kick does, once per loop iteration however many messages go out."""
+        if self._in_service:
+            self._wrote = True
+        elif self._kick_pending:
+            pass
+        elif self._checked_gen != self._gen:
+            # The first message since the socket was serviced (a lone request or reply): read
+            # EVENTS now rather than a loop iteration later. With nothing to read or flush,
+            # that read left ZMQ_FD armed, as a service pass would, and it counts as one (so a
+            # later lone message goes straight out too: see ZConnection.flush_pending); the
+            # next send before a service pass kicks.
+            self._gen += 1
+            self._checked_gen = self._gen
+            try:
+                ev = self._sock.getsockopt(EVENTS)
+            except zmq.ZMQError:
+                self.kick()  # the service pass reports it
+                return
+            if (ev & POLLIN and not self._paused) or (ev & POLLOUT and self._has_pending()):
+                self.kick()
+        else:
+            self.kick()
+
     def _kicked(self) -> None:
         self._kick_pending = False
         self._service()
 
-    def _service(self) -> None:
+    def _woken(self) -> None:
+        self._service(True)
+
+    def _service(self, signalled: bool = False) -> None:
+        """Read, deliver and flush until the socket has nothing more to do right now.
+
+        ``signalled``: ZMQ_FD fired, so a message most likely waits. Then the first step is a
+        receive rather than an EVENTS read: a receive that finds its pipe asleep processes the
+        pending commands itself and tries again, so one call does what both would."""
         if self._stopped:
             return
+        self._gen += 1
+        self._in_service = True
         getopt = self._sock.getsockopt
         flush_tried = False
         try:
             while True:
-                ev = getopt(EVENTS)
+                if self._marked:
+                    self._push_marked()
+                if signalled and not self._paused:
+                    signalled = False
+                    ev = POLLIN
+                else:
+                    ev = getopt(EVENTS)
                 if ev & POLLIN and not self._paused:
-                    if self._drain(self._opts.drain_batch):
+                    self._wrote = self._again = False
+                    more = self._drain(self._opts.drain_batch)
+                    if self._marked:
+                        # push mode: consumers run now, so replies they send leave in this
+                        # pass rather than on a later loop iteration
+                        self._push_marked()
+                    if more:
                         self.kick()  # batch used up: let other tasks run first
                         return
+                    if self._again and not self._wrote and not self._has_pending():
+                        # The receive that found nothing processed every pending command and
+                        # put the socket's pipes and mailbox to sleep, so the next arrival
+                        # signals ZMQ_FD again; nothing used the socket since: no EVENTS read.
+                        break
                     continue
                 if ev & POLLOUT and not flush_tried and self._has_pending():
                     flush_tried = True
@@ -192,6 +252,17 @@ class Pump:
         except zmq.ZMQError as exc:
             if not self._stopped:
                 self._fatal(exc)
+        finally:
+            self._in_service = False
+
+    def _push_marked(self) -> None:
+        """Hand what the last drain queued to the push-mode consumers it belongs to."""
+        marked = self._marked
+        while marked:
+            conns = list(marked)
+            marked.clear()
+            for conn in conns:
+                conn._push_batch()
 
     def _stop(self) -> None:
         if not self._stopped:
