@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from aionet.scheduler.learned import (
@@ -41,6 +41,12 @@ weights = st.lists(st.floats(-3, 3, allow_nan=False), min_size=len(FEATURES), ma
 
 @settings(max_examples=200, deadline=None)
 @given(nodes=node_views(), task=task_reqs(), w=weights, rts=st.lists(st.floats(1e-4, 5), max_size=6))
+@example(  # a sub-ms function: costs are in units of min_scale, not of its mean runtime
+    nodes=[NodeView("n0", {}, window=1, other=1, max_prio=0), NodeView("n1", {}, window=1, max_prio=0)],
+    task=TaskReq("m:f", {}),
+    w=[0.0, 0.0, 0.0, 0.0, -2.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+    rts=[0.0001],
+)
 def test_decision_is_the_argmin_of_the_model_and_honours_constraints(nodes, task, w, rts) -> None:
     pol = LearnedPolicy(GREEDY)
     pol.model.wt = tuple(w)
@@ -56,8 +62,9 @@ def test_decision_is_the_argmin_of_the_model_and_honours_constraints(nodes, task
     scarce = {k: v for k, v in task.resources.items() if k != "cpu"}
     if any(fits(scarce, n.free) for n in cands):
         assert fits(scarce, chosen.free)
-    scale = est.mean(task.fn)
-    if scale:  # the fused hot loop agrees with node_features . weights (up to float rounding)
+    mean = est.mean(task.fn)
+    if mean:  # the fused hot loop agrees with node_features . weights (up to float rounding)
+        scale = max(mean, pol.cfg.min_scale)  # the policy's unit of cost (LearnedConfig.min_scale)
         best = min(est.runtimes(task.fn).values())
         dep = sum(task.dep_bytes.values())
         costs = {n.name: pol.model.predict(node_features(task, n, est, scale, best, dep)) for n in cands}
