@@ -98,9 +98,6 @@ MESSAGE_OVERHEAD = 160
 #: Seconds without a new large frame after which remembered large-frame buffers are freed.
 TRIM_AFTER = 2.0
 
-_IN_READ = 1  # TCPConnection._in_read: writes wait for the end of the read callback
-_REPLY_NOW = 2  # ... except the first small one, in a request/reply exchange
-_LONE_MAX = 1024  # a read of one message up to this size may be a lone request (see _REPLY_NOW)
 _PACK1 = ONE_FRAME_PREFIX.pack  # (HEAD, 1, length) -> the 16-byte prefix of a 1-frame message
 
 
@@ -178,9 +175,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._wbytes = 0
         self._flush_scheduled = False
         # set while the push consumer runs inside a read callback: its writes are sent in one
-        # write when it returns (no loop iteration later); _REPLY_NOW (a lone message after a
-        # lone message: a request/reply exchange) lets the first small write go out at once
-        self._in_read = 0
+        # write when it returns (no loop iteration later)
+        self._in_read = False
         # the last two reads brought one message each: the next small write goes out at once
         self._write_through = False
         self._last_single = False  # the last read brought one message
@@ -244,18 +240,14 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             # straight from here, not through the queue and _push. What the consumer writes
             # on this connection meanwhile (replies) is sent in one write when it returns.
             self._delivered_seen = dec.delivered_bytes
-            single = len(msgs) == 1
-            # (a small one: not an envelope batching many requests, whose replies go in one write)
-            m = msgs[0]
-            lone = single and self._last_single and len(m) == 1 and len(m[0]) <= _LONE_MAX
-            self._in_read = _REPLY_NOW if lone else _IN_READ
+            self._in_read = True
             try:
                 pending = on_messages(msgs)
             except Exception as exc:
                 self._push_failed(exc)
                 return
             finally:
-                self._in_read = 0
+                self._in_read = False
                 if self._wbuf or self._wlist:
                     self._flush()
             # Two reads in a row of one message each: a request/reply exchange; the next write
@@ -263,6 +255,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             # iteration later. Not after a single one: with many requests in flight, a lone
             # message among batches would keep travelling alone instead of joining the next
             # batch (measured: 64 in flight fell from 44k to 25-30k requests/s).
+            single = len(msgs) == 1
             self._write_through = single and self._last_single
             self._last_single = single
             if pending is not None:
@@ -406,13 +399,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 f = as_frame(f)
             ln = len(f)
             if ln < self._copy_below and ln <= self._max_header:
-                if self._in_read == _REPLY_NOW and not self._wbuf and not self._flush_scheduled:
-                    # the reply to a lone request, inside its read: written now, not after the
-                    # rest of the read's bookkeeping (what follows it in this read is batched)
-                    self._in_read = _IN_READ
-                    if self._transport is not None:
-                        self._transport.write(_PACK1(HEAD, 1, ln) + f)
-                elif self._flush_scheduled or self._in_read:
+                if self._flush_scheduled or self._in_read:
                     # (in a read callback, buffer_updated writes the batch when the consumer returns)
                     wbuf = self._wbuf
                     wbuf += _PACK1(HEAD, 1, ln)
@@ -514,7 +501,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
     def flush_pending(self) -> bool:
         """Something written in this loop iteration waits for the scheduled flush (or, in a
         read callback, for the write at its end)."""
-        return self._flush_scheduled or (self._in_read != 0 and bool(self._wbuf))
+        return self._flush_scheduled or (self._in_read and bool(self._wbuf))
 
     def write_now(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
         """:meth:`write_nowait`, then write everything queued now rather than at a flush
