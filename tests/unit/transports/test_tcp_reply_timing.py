@@ -1,4 +1,4 @@
-"""When a reply written from inside a read callback reaches the socket (tcp.py, push mode).
+"""When a reply written from inside a read callback reaches the socket (tcp_connection.py, push mode).
 
 A request/reply exchange (a lone small message read after a lone message) has its reply's
 first small write handed to the transport at once, before the rest of the read's
