@@ -10,7 +10,7 @@ message bookkeeping are in :mod:`.group`.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +19,6 @@ from .compression import WireCodec
 from .ops import frozen
 from .small import RAW_MAX, Key, RawDecoder
 from .wire import tag
-
-if TYPE_CHECKING:
-    from .group import Group
 
 # Segments per ring chunk, at least. Each segment costs fixed CPU on both ends (measured, same
 # processes alternating call by call: 4 -> 2 per chunk cut a rank's CPU per byte by 7-13 % at
@@ -235,7 +232,7 @@ class _Into:
 
     __slots__ = ("_bucket", "_channel", "_closed", "_keys", "_peer", "_ports", "_seq", "_src", "chunks")
 
-    def __init__(self, g: Group, seq: int, bucket: int, left: int, ag: list[Any]) -> None:
+    def __init__(self, g: GroupAlgorithms, seq: int, bucket: int, left: int, ag: list[Any]) -> None:
         assert g._into is not None
         self._ports = g._into
         self._peer = g.members[left]

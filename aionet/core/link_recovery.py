@@ -13,13 +13,10 @@ import random
 import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ConnectionClosed, PeerUnavailable, ProtocolError
 from .link_state import LinkState, plan_resume
-
-if TYPE_CHECKING:
-    from .link import Link
 
 # The peer dropped this many connections in a row, each soon after it was attached, while
 # the same message was the oldest one it had not acknowledged: it rejects that message (a
@@ -64,7 +61,7 @@ class LinkRecovery:
             self.on_ack(plan.ack)
         return list(plan.notes)
 
-    def inherit_rx(self, old: Link) -> None:
+    def inherit_rx(self, old: LinkRecovery) -> None:
         """Continue receiving the peer's stream where a failed link to it stopped.
 
         Without this, a peer that was declared dead but kept its stream would replay messages
@@ -252,7 +249,7 @@ class LinkRecovery:
         """Unacknowledged messages a dead link still keeps for a successor (0 when none)."""
         return len(self.state.unacked) if self._grace_timer is not None else 0
 
-    def adopt_stream(self, old: Link) -> int:
+    def adopt_stream(self, old: LinkRecovery) -> int:
         """Continue our outgoing stream where ``old`` (declared dead, within its grace)
         stopped: its unacknowledged messages become ours, to be trimmed by the peer's resume
         info and replayed on attach. Returns how many were adopted."""
