@@ -78,12 +78,12 @@ def _stretch_timers() -> None:
     """The periodic work that has no config key, stretched to an hour (both modes alike)."""
     import aionet.cache.service as cache_service
     import aionet.core.peers as peers
-    import aionet.transports.tcp as tcp
+    import aionet.transports.tcp_connection as tcp_connection
     from aionet.membership.service import Membership
 
     peers.PRUNE_EVERY = HOUR
     cache_service._SWEEP_INTERVAL = HOUR
-    tcp.TRIM_AFTER = HOUR
+    tcp_connection.TRIM_AFTER = HOUR
 
     async def parked(self: Any) -> None:  # the lag watch ticks every 50 ms whatever the config
         await asyncio.get_running_loop().create_future()

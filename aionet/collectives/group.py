@@ -4,7 +4,8 @@ Each collective call takes the group's next sequence number, so concurrent calls
 overlap in time on different ranks never mix their messages. Messages travel on the group's own
 mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`); the channel callback hands
 each to the waiting future (or, for a small allreduce, to its step: :mod:`.small`), keeping
-messages for calls this rank has not reached yet.
+messages for calls this rank has not reached yet. The array algorithms (direct, doubling, ring,
+tree) are in :mod:`.group_algorithms`, a mixin :class:`Group` inherits.
 
 Failure semantics: when membership declares a member dead (or it leaves), every pending and
 later call on every group containing it raises :class:`~aionet.errors.CollectiveError` naming
@@ -26,22 +27,18 @@ from ..core.ports import DeviceArrays, Messaging, ReceiveInto
 from ..errors import CollectiveError, PeerUnavailable, WouldBlock
 from ..instrument import Instruments
 from ..log import get_logger
-from .algorithms import binomial_tree, chunk_bounds, recursive_doubling, ring_allgather, ring_reduce_scatter
+from .algorithms import chunk_bounds, recursive_doubling, ring_allgather
 from .compression import WireCodec, wire_codec
-from .ops import Converted, finish_mean, from_numpy, frozen, to_numpy, ufunc, work_buffer, write_out
-from .small import MISSING, RAW_MAX, DoublingRun, Key, RawDecoder, round_tags
+from .group_algorithms import GroupAlgorithms, _same
+from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, work_buffer, write_out
+from .small import MISSING, RAW_MAX, DoublingRun, Key, round_tags
 from .wire import CHANNEL_PREFIX, Tag, tag
 
 ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree")
-# Segments per ring chunk, at least. Each segment costs fixed CPU on both ends (measured, same
-# processes alternating call by call: 4 -> 2 per chunk cut a rank's CPU per byte by 7-13 % at
-# 16 MiB, and the wall time with it); two still overlap one's reduction with the next's transfer.
-PIPELINE = 2
-MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
 
 
-class Group:
+class Group(GroupAlgorithms):
     """``grp = node.group()``: ``grp.rank``, ``grp.size``, ``grp.members`` and the collectives.
     Every member must create the same group (same members in the same order, same name)."""
 
@@ -515,178 +512,6 @@ class Group:
             return await self._direct(seq, flat, fn, bucket, codec, None if dest is flat else dest)
         return await self._doubling(seq, flat, fn, bucket, codec)
 
-    async def _direct(
-        self,
-        seq: int,
-        acc: np.ndarray,
-        fn: Any,
-        bucket: int,
-        codec: WireCodec | None = None,
-        dest: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Every rank sends its array to every other and reduces all ``n`` in rank order: one
-        round (no rank waits for a partner's earlier round, which on a machine with fewer
-        cores than ranks means waiting for that partner to be scheduled), ``n - 1`` messages
-        each way. The same order everywhere gives every rank the same bits. Large arrays go in
-        segments (as the ring's), each reduced as it arrives: at ``n = 2`` this moves what the
-        ring moves, with no step waiting on the peer's reduction."""
-        own = acc if codec is None else codec.round(acc)  # as the others will see it
-        wire = own if codec is None else codec.encode(own)
-        dec = codec.decode if codec is not None else _same
-        n, r = self.size, self.rank
-        seg = self._segment_items(own.nbytes, own.itemsize) if own.nbytes >= self._inline_bytes else max(1, own.size)
-        bounds = [(a, min(a + seg, own.size)) for a in range(0, own.size, seg)] or [(0, 0)]
-        futs = [[None if src == r else self._recv(seq, tag(bucket, 13, 0, j), src) for src in range(n)]
-                for j in range(len(bounds))]  # fmt: skip
-        for j, (a, b) in enumerate(bounds):
-            for dst in range(r + 1, r + n):  # the next rank first: every rank's first message differs
-                self._post(dst % n, seq, tag(bucket, 13, 0, j), wire[a:b])
-        res = np.empty_like(own) if dest is None else dest
-        for j, (a, b) in enumerate(bounds):
-            parts = [own[a:b] if f is None else dec(await f) for f in futs[j]]
-            out = res[a:b]
-            fn(parts[0], parts[1], out=out)
-            for p in parts[2:]:
-                fn(out, p, out=out)
-        return res
-
-    def _segment_items(self, nbytes: int, itemsize: int, parts: int = 1) -> int:
-        """Elements per pipelined segment of ``nbytes`` split in ``parts`` chunks: at least
-        PIPELINE segments per chunk (so each step overlaps), none below MIN_SEGMENT bytes."""
-        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, nbytes // parts // PIPELINE))
-        return max(1, seg_bytes // max(1, itemsize))
-
-    async def _doubling(
-        self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
-    ) -> np.ndarray:
-        plan = self._doubling_plan
-        if codec is not None:
-            enc, dec = codec.encode, codec.decode
-        elif acc.nbytes < RAW_MAX and acc.dtype.kind in "biufc":
-            # the latency-bound case: every rank holds this dtype and shape, so the bytes alone
-            # travel (short bytes take the link's own packer: no serializer, no ndarray ext)
-            enc, dec = _to_bytes, RawDecoder(acc.dtype, acc.shape)
-        else:
-            enc = dec = _same
-        if plan.fold_to is not None:
-            self._post(plan.fold_to, seq, tag(bucket, 0, 0), enc(acc))
-            return np.array(dec(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to)))
-        acc = acc.copy() if codec is None else codec.round(acc)  # kept as the partner will see it
-        if plan.fold_from is not None:
-            fn(acc, dec(await self._recv(seq, tag(bucket, 0, 0), plan.fold_from)), out=acc)
-        for k, partner in enumerate(plan.partners):
-            if codec is not None:
-                acc = codec.round(acc)
-            self._post(partner, seq, tag(bucket, 1, k), enc(acc))
-            got = dec(await self._recv(seq, tag(bucket, 1, k), partner))
-            # the same operand order on both sides: results agree bit for bit (floats too)
-            acc = fn(acc, got) if self.rank < partner else fn(got, acc)
-        if codec is not None:
-            acc = codec.round(acc)  # what a folded-in rank will receive: every rank the same bits
-        if plan.unfold_to is not None:
-            self._post(plan.unfold_to, seq, tag(bucket, 2, 0), enc(acc))
-        return acc
-
-    async def _ring_allreduce(
-        self,
-        seq: int,
-        flat: np.ndarray,
-        fn: Any,
-        bucket: int,
-        codec: WireCodec | None = None,
-        dest: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Ring reduce-scatter then ring allgather into one result buffer, every chunk sent in
-        segments so the reduction (or copy) of segment j overlaps the transfer of j + 1."""
-        n, r = self.size, self.rank
-        left, right = (r - 1) % n, (r + 1) % n
-        bounds = chunk_bounds(flat.size, n)
-        res = np.empty_like(flat) if dest is None else dest
-        seg = self._segment_items(flat.nbytes, flat.itemsize, n)
-        holds: dict[int, list[asyncio.Task[None]]] = {}  # sends still reading a chunk of res
-
-        def segments(c: int) -> list[tuple[int, int]]:
-            a, b = bounds[c]
-            return [(s, min(s + seg, b)) for s in range(a, b, seg)] or [(a, a)]
-
-        enc = codec.encode if codec is not None else _same
-        dec = codec.decode if codec is not None else _same
-        rs = ring_reduce_scatter(n, r)
-        ag = ring_allgather(n, r)
-        into = _Into(self, seq, bucket, left, ag) if codec is None and self._into is not None else None
-        try:
-            for j, (a, b) in enumerate(segments(rs[0].send)):
-                sent = self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
-                if sent is not None and res is flat:  # in place: the allgather overwrites this chunk
-                    holds.setdefault(rs[0].send, []).append(sent)
-            if into is not None:
-                # Every allgather place is offered now. Its segment can only arrive after the
-                # ring carried this rank's own send of that place (the in-place first chunk, or
-                # a partial sum) on to where the chunk is complete: those sends were delivered,
-                # so no replay will read them again, and the reduction that wrote the place
-                # came before its send. The `holds` awaited below guard the copying path only.
-                for c in into.chunks:
-                    into.open_chunk(c, segments(c), res)
-                if res is not flat:
-                    # Out of place, the reduce-scatter's segments too: a received partial sum
-                    # lands where its reduction goes and is reduced there in place (nothing else
-                    # has written those places yet in this call). In place they cannot: the
-                    # places hold this rank's own input until reduced.
-                    for s, step in enumerate(rs):
-                        for j, (a, b) in enumerate(segments(step.recv)):
-                            into.offer(4, s, j, res[a:b])
-            last = len(rs) - 1
-            for s, step in enumerate(rs):
-                for j, (a, b) in enumerate(segments(step.recv)):
-                    got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
-                    # one chain per chunk: every rank gets the same bits (landed in place or not)
-                    fn(flat[a:b], got, out=res[a:b])
-                    if s < last:
-                        sent = self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
-                        if sent is not None:
-                            holds.setdefault(step.recv, []).append(sent)
-                    else:
-                        # fully reduced here: it starts the allgather at once, segment by segment,
-                        # so the right neighbour copies segment j while this rank reduces j + 1
-                        if codec is not None:  # kept as the others will receive it
-                            res[a:b] = codec.round(res[a:b])
-                        self._post(right, seq, tag(bucket, 5, 0, j), enc(res[a:b]))
-            for s, step in enumerate(ag):
-                if step.recv in holds:  # about to overwrite what an earlier send may still be reading
-                    await asyncio.gather(*holds.pop(step.recv))
-                for j, (a, b) in enumerate(segments(step.recv)):
-                    got = await self._recv(seq, tag(bucket, 5, s, j), left)
-                    dst = res[a:b]
-                    landed = into is not None and _aliases(got, dst)
-                    if s + 1 < len(ag):  # forwarded before it is copied in
-                        # landed in the result: sent from there, writable, so held until acked
-                        self._post(right, seq, tag(bucket, 5, s + 1, j), dst if landed else frozen(got))
-                    if not landed:
-                        np.copyto(dst, dec(got))
-        finally:
-            if into is not None:
-                into.close()
-        return res
-
-    async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, bucket: int) -> np.ndarray | None:
-        node = binomial_tree(self.size, root, self.rank)
-        acc = flat.copy()
-        for child in reversed(node.children):  # smallest subtree first: it finishes first
-            got = await self._recv(seq, tag(bucket, 6, child), child)
-            acc = fn(acc, got) if self.rank < child else fn(got, acc)
-        if node.parent is not None:
-            self._post(node.parent, seq, tag(bucket, 6, self.rank), acc)
-            return None
-        return acc
-
-    async def _tree_bcast(self, seq: int, value: Any, root: int, bucket: int, phase: int = 7) -> Any:
-        node = binomial_tree(self.size, root, self.rank)
-        if node.parent is not None:
-            value = await self._recv(seq, tag(bucket, phase, 0), node.parent)
-        for child in node.children:
-            self._post(child, seq, tag(bucket, phase, 0), value)
-        return value
-
     async def _reduce(
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
     ) -> Any:
@@ -720,27 +545,6 @@ class Group:
             return from_numpy(Converted(res, (b - a, *c.shape[1:]), c.kind, x), res)
 
         return await self._run("reduce_scatter", go, timeout, c.flat.nbytes)
-
-    async def _ring_reduce_scatter(
-        self, seq: int, flat: np.ndarray, fn: Any, bounds: list[tuple[int, int]]
-    ) -> np.ndarray:
-        """The ring schedule with chunk ``c`` standing for block ``c - 1``, so that rank ``r``
-        ends holding block ``r``."""
-        n, r = self.size, self.rank
-        left, right = (r - 1) % n, (r + 1) % n
-        buf = flat.copy()
-        rs = ring_reduce_scatter(n, r)
-        a, b = bounds[(rs[0].send - 1) % n]
-        self._post(right, seq, tag(0, 8, 0), buf[a:b])
-        for s, step in enumerate(rs):
-            a, b = bounds[(step.recv - 1) % n]
-            got = await self._recv(seq, tag(0, 8, s), left)
-            view = buf[a:b]
-            fn(view, got, out=view)
-            if s + 1 < len(rs):
-                self._post(right, seq, tag(0, 8, s + 1), view)
-        a, b = bounds[r]
-        return buf[a:b].copy()
 
     # ------------------------------------------------------------------ data movement
     async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
@@ -817,66 +621,3 @@ class Group:
 
 
 __all__ = ["ALGORITHMS", "Group"]
-
-
-class _Into:
-    """One ring allreduce's receive-into registrations: each allgather segment's place in the
-    result (and, out of place, each reduce-scatter segment's) is offered to the transport, and
-    every registration is withdrawn when the call ends (so a failed call's array is written no
-    more)."""
-
-    __slots__ = ("_bucket", "_channel", "_closed", "_keys", "_peer", "_ports", "_seq", "_src", "chunks")
-
-    def __init__(self, g: Group, seq: int, bucket: int, left: int, ag: list[Any]) -> None:
-        assert g._into is not None
-        self._ports = g._into
-        self._peer = g.members[left]
-        self._src = left  # the sender's rank, as its messages carry it
-        self._channel = g.channel
-        self._seq = seq
-        self._bucket = bucket
-        self._keys: list[Key] = []
-        self._closed = False
-        #: allgather chunk -> the step that receives it (the step is part of the message's tag)
-        self.chunks: dict[int, int] = {step.recv: s for s, step in enumerate(ag)}
-
-    def open_chunk(self, c: int, segs: list[tuple[int, int]], res: np.ndarray) -> None:
-        """Offer chunk ``c``'s segments (their places in ``res``) to the transport."""
-        s = self.chunks[c]
-        for j, (a, b) in enumerate(segs):
-            self._expect(s, j, res[a:b])
-
-    def _expect(self, s: int, j: int, place: np.ndarray) -> None:
-        self.offer(5, s, j, place)
-
-    def offer(self, phase: int, s: int, j: int, place: np.ndarray) -> None:
-        """Segment ``j`` of ring step ``s`` of ``phase`` (4: reduce-scatter, 5: allgather)."""
-        if self._closed or not place.size:
-            return
-        key = (self._seq, tag(self._bucket, phase, s, j), self._src)
-        self._keys.append(key)
-        self._ports.expect(self._peer, self._channel, key, place)
-
-    def close(self) -> None:
-        self._closed = True
-        if self._keys:
-            self._ports.forget(self._peer, self._channel, self._keys)
-            self._keys = []
-
-
-def _aliases(got: Any, dst: np.ndarray) -> bool:
-    """Whether received ``got`` is ``dst`` itself (the segment was received into its place)."""
-    return (
-        type(got) is np.ndarray
-        and got.dtype == dst.dtype
-        and got.shape == dst.shape
-        and got.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
-    )
-
-
-def _to_bytes(x: np.ndarray) -> bytes:
-    return x.tobytes()
-
-
-def _same(x: np.ndarray) -> np.ndarray:
-    return x

@@ -1,6 +1,7 @@
 """TLS transport (``tls://host:port``): the TCP transport with TLS 1.3 from the ``ssl`` module.
 
-Everything about framing, batching, back-pressure and limits is :mod:`aionet.transports.tcp`;
+Everything about framing, batching, back-pressure and limits is :mod:`aionet.transports.tcp`
+(the connection: :mod:`aionet.transports.tcp_connection`);
 this module only supplies the SSL contexts (built by :mod:`aionet.security.tls`) through
 TCPTransport's ``_server_ssl`` / ``_client_ssl`` hooks and reports the negotiated TLS session in ``stats().extra``.
 

@@ -281,7 +281,8 @@ async def test_rejection_heuristic_ignores_long_lived_connections():
     drop now and then (long-lived ones) never fails the link."""
     import logging
 
-    from aionet.core.link import MAX_REPLAY_FAILURES, Link
+    from aionet.core.link import Link
+    from aionet.core.link_recovery import MAX_REPLAY_FAILURES
 
     link = Link(
         "p",

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aionet.collectives.group import _to_bytes
+from aionet.collectives.group_algorithms import _to_bytes
 from aionet.collectives.small import RAW_MAX, RawDecoder
 from aionet.errors import CollectiveError
 
