@@ -67,6 +67,10 @@ class Cluster:
         ms._leaving = True
         for t in list(ms._tasks):
             t.cancel()
+        # its liveness sidecar would go on answering for the (still running) test process,
+        # reporting this loop's tick as merely stalled for up to heartbeat.max_loop_stall; a
+        # killed process's sidecar sees it gone, and the silence of a stopped one says the same
+        await ms.liveness.stop()
         for lst in node._listeners:
             await lst.close()
 
