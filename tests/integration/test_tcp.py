@@ -6,6 +6,7 @@ and synchronisation is by events, never by sleeping.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import hashlib
 import socket
@@ -26,6 +27,7 @@ from aionet.errors import (
     ConnectionClosed,
     FrameTooLarge,
     ProtocolError,
+    SerializationError,
     TooManyFrames,
     TransportError,
 )
@@ -525,10 +527,27 @@ async def test_sender_checks_limits_and_stays_usable() -> None:
             await p.client.send([b"x"] * 5)
         with pytest.raises(FrameTooLarge):
             await p.client.send([b"x" * 101])
-        with pytest.raises(FrameTooLarge):
-            await p.client.send([b"h", b"x" * 1001])
-        with pytest.raises(FrameTooLarge):
+        with pytest.raises(FrameTooLarge, match="header frame has 101 bytes"):
+            await p.client.send([b"x" * 101, b"y"])
+        with pytest.raises(FrameTooLarge, match="frame 2 has 1001 bytes"):
+            await p.client.send([b"h", b"x", b"x" * 1001])
+        with pytest.raises(FrameTooLarge, match="message has 2001 bytes"):
             await p.client.send([b"h", b"x" * 1000, b"y" * 1000])
+        await p.client.send([b"ok"])
+        assert await p.server.recv() == [b"ok"]
+
+
+async def test_sender_takes_any_bytes_like_frame_by_its_bytes() -> None:
+    """Frames that are not 1-D byte views (wider items, several dimensions) go out as their
+    bytes; a strided one is refused before anything is written, and the connection goes on."""
+    words = array.array("I", range(20_000))  # 4-byte items, above the copy threshold
+    grid = np.arange(12, dtype=np.uint16).reshape(3, 4)
+    async with pair() as p:
+        await p.client.send([b"h", memoryview(words), memoryview(grid), bytearray(b"z" * 70_000)])
+        got = await p.server.recv()
+        assert [bytes(f) for f in got] == [b"h", words.tobytes(), grid.tobytes(), b"z" * 70_000]
+        with pytest.raises(SerializationError, match="C-contiguous"):
+            await p.client.send([b"h", grid[:, ::2]])
         await p.client.send([b"ok"])
         assert await p.server.recv() == [b"ok"]
 
