@@ -53,6 +53,7 @@ __all__ = ["Encoder"]
 # Types the pre-pack walk must look at: containers msgpack packs natively (so ``default``
 # never sees their items) and bytes-likes (packed inline by msgpack unless lifted out).
 _WALK = frozenset({list, dict, bytes, bytearray, memoryview})
+_SCAN_MIN = 16  # lists/dicts longer than this are first scanned at C speed via set(map(type))
 _MAX_WALK_DEPTH = 500  # below msgpack's own nesting limit (511), before RecursionError
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 
@@ -165,10 +166,8 @@ class Encoder:
         if depth > _MAX_WALK_DEPTH:
             raise SerializationError(f"message nests deeper than {_MAX_WALK_DEPTH} levels")
         items = obj if type(obj) is list else obj.values()
-        if _WALK.isdisjoint(map(type, items)):
-            # C-speed scan (it stops at the first hit): an envelope like [kind, seq, ack,
-            # channel, ndarray] ends here, without a Python loop over its items
-            return False
+        if len(obj) > _SCAN_MIN and _WALK.isdisjoint(set(map(type, items))):
+            return False  # C-speed scan of long containers of scalars
         oob_min = self._oob_min
         for x in items:
             t = type(x)

@@ -57,9 +57,6 @@ _HEAD_N_LEN = ONE_FRAME_PREFIX
 _ONE_PREFIX = ONE_FRAME_PREFIX.size  # 16
 _KEY_LEN = struct.Struct("<QQ")  # (head | nframes << 32), first length
 _ONE_KEY = _HEAD | (1 << 32)
-#: ``PREFIXES[n].pack(HEAD, n, *lengths)``: the preamble and length table of an ``n``-frame
-#: message, prebuilt for the usual frame counts (a big message is a header and a few buffers).
-PREFIXES = tuple(struct.Struct(f"<II{n}Q") for n in range(9))
 # A 1-frame message shorter than this starts a run decoded out of a bytes snapshot of at most
 # _SNAPSHOT_MAX staged bytes (see FrameDecoder._parse_small).
 _SNAPSHOT_BELOW = 1024
@@ -188,8 +185,8 @@ def encode(frames: Sequence[Any]) -> list[Buffer]:
 def encode_prefix(frames: Sequence[Buffer]) -> bytes:
     """Only the preamble and length table for ``frames`` (already 1-D byte buffers)."""
     n = len(frames)
-    if n < len(PREFIXES):
-        return PREFIXES[n].pack(_HEAD, n, *map(len, frames))
+    if n == 1:
+        return _HEAD_N_LEN.pack(_HEAD, 1, len(frames[0]))
     return _HEAD_N.pack(_HEAD, n) + struct.pack(f"<{n}Q", *map(len, frames))
 
 

@@ -260,18 +260,18 @@ class Link(LinkRecovery):
         # concurrent senders was never promised)
         if self.dead is not None or not self.batching:
             return False
-        t = type(obj)  # first: an array or a long bytes (never batched) costs nothing more here
-        if t is bytes or t is str:
-            if len(obj) >= _PLAIN_MAX:
-                return False
-        elif t not in _BATCHABLE:
-            return False
         if (b := self._blocked) is not None:
             if not b.done():
                 return False
             self._blocked = None
         st = self.state
         if st.inflight_bytes + self._bbytes >= st.max_inflight_bytes:
+            return False
+        t = type(obj)
+        if t is bytes or t is str:
+            if len(obj) >= _PLAIN_MAX:
+                return False
+        elif t not in _BATCHABLE:
             return False
         try:
             b = self._pack(obj)

@@ -108,14 +108,7 @@ class ReplayCopies:
         ``bytes``, this pool's copies, read-only arrays and views (by the README's contract, a
         caller that marks a buffer read-only does not change it). Frames that are not host
         memory count as mutable here (their transport decides)."""
-        for i in range(1, len(frames)):  # (a plain loop: no generator per big message)
-            f = frames[i]
-            if type(f) is memoryview:  # the encoder's frames: the common case, inline
-                if not f.readonly:
-                    return False
-            elif _writable(f) is not False:
-                return False
-        return True
+        return all(_writable(frames[i]) is False for i in range(1, len(frames)))
 
     def _buffer(self, n: int) -> OwnedFrame:
         """A buffer of exactly ``n`` bytes nobody else references, else a fresh one (pooled

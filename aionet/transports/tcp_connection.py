@@ -29,16 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..codecs.framing import (
-    HEAD,
-    ONE_FRAME_PREFIX,
-    PREFIXES,
-    FrameDecoder,
-    FrameTarget,
-    OwnedFrame,
-    as_frame,
-    encode_prefix,
-)
+from ..codecs.framing import HEAD, ONE_FRAME_PREFIX, FrameDecoder, FrameTarget, OwnedFrame, as_frame, encode_prefix
 from ..errors import ConnectionClosed, FrameTooLarge, ProtocolError, TooManyFrames
 from ..log import get_logger
 
@@ -410,26 +401,24 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         n = len(frames)
         if n > self._max_frames:
             raise TooManyFrames(f"message has {n} frames; limit is {self._max_frames} (limits.max_frames)")
-        # the encoder's frames are bytes and 1-D byte views already: as_frame only for others
-        fs = [
-            f
-            if type(f) is bytes or (type(f) is memoryview and f.format == "B" and f.ndim == 1 and f.c_contiguous)
-            else as_frame(f)
-            for f in frames
-        ]
-        lens = list(map(len, fs))
-        total = sum(lens)
-        if total > self._max_message or (
-            n and (lens[0] > self._max_header or (n > 1 and max(lens[1:]) > self._max_frame))
-        ):
-            self._check_sizes(lens, total)
+        fs = [as_frame(f) for f in frames]
+        total = 0
+        for i, f in enumerate(fs):
+            ln = len(f)
+            limit = self._max_header if i == 0 else self._max_frame
+            if ln > limit:
+                which = "header frame" if i == 0 else f"frame {i}"
+                raise FrameTooLarge(f"{which} has {ln} bytes; limit is {limit}")
+            total += ln
+        if total > self._max_message:
+            raise FrameTooLarge(f"message has {total} bytes; limit is {self._max_message}")
         wbuf = self._wbuf
-        prefix = PREFIXES[n].pack(HEAD, n, *lens) if n < len(PREFIXES) else encode_prefix(fs)
+        prefix = encode_prefix(fs)
         wbuf += prefix
         mutable = False
         copy_below = self._copy_below
-        for f, ln in zip(fs, lens, strict=True):
-            if ln < copy_below:
+        for f in fs:
+            if len(f) < copy_below:
                 wbuf += f
                 continue
             # bytes, an OwnedFrame (never changed while sent) and read-only views (the caller's
@@ -446,16 +435,6 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             self._wlist.append(f)
         self._wbytes += len(prefix) + total
         return mutable
-
-    def _check_sizes(self, lens: list[int], total: int) -> None:
-        """Raise FrameTooLarge naming the first frame (or the message) above its limit."""
-        for i, ln in enumerate(lens):
-            limit = self._max_header if i == 0 else self._max_frame
-            if ln > limit:
-                which = "header frame" if i == 0 else f"frame {i}"
-                raise FrameTooLarge(f"{which} has {ln} bytes; limit is {limit}")
-        if total > self._max_message:
-            raise FrameTooLarge(f"message has {total} bytes; limit is {self._max_message}")
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
