@@ -26,13 +26,10 @@ import argparse
 import asyncio
 import collections
 import functools
-import os
 import sys
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
-from req_bytecodes import _from_timer
+from req_bytecodes import bytecode_tracer
 
 
 class Pair:
@@ -80,24 +77,7 @@ class Pair:
 
 
 async def count_bytecodes(pair: Pair, n: int) -> tuple[collections.Counter[str], collections.Counter[str]]:
-    ops: collections.Counter[str] = collections.Counter()
-    calls: collections.Counter[str] = collections.Counter()
-
-    def trace(frame: FrameType, event: str, _arg: Any) -> Any:
-        if _from_timer(frame):
-            return None
-        code = frame.f_code
-        key = f"{os.path.basename(code.co_filename)}:{code.co_name}"
-        calls[key] += 1
-        frame.f_trace_opcodes = True
-
-        def local(_frame: FrameType, ev: str, _a: Any) -> Any:
-            if ev == "opcode":
-                ops[key] += 1
-            return local
-
-        return local
-
+    ops, calls, trace = bytecode_tracer()
     sys.settrace(trace)
     try:
         await pair.burst(n)

@@ -36,6 +36,30 @@ def _from_timer(frame: FrameType | None) -> bool:
     return False
 
 
+def bytecode_tracer() -> tuple[collections.Counter[str], collections.Counter[str], Any]:
+    """``(ops, calls, trace)``: a ``sys.settrace`` function that counts, per ``file:function``,
+    bytecodes executed and calls (a coroutine's every resumption is one), skipping timer work."""
+    ops: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
+
+    def trace(frame: FrameType, event: str, _arg: Any) -> Any:
+        if _from_timer(frame):
+            return None
+        code = frame.f_code
+        key = f"{os.path.basename(code.co_filename)}:{code.co_name}"
+        calls[key] += 1
+        frame.f_trace_opcodes = True
+
+        def local(_frame: FrameType, ev: str, _a: Any) -> Any:
+            if ev == "opcode":
+                ops[key] += 1
+            return local
+
+        return local
+
+    return ops, calls, trace
+
+
 async def run(handler: str, n: int, top: int, concurrency: int = 1) -> None:
     import aionet
     from aionet.config import Config
@@ -55,23 +79,7 @@ async def run(handler: str, n: int, top: int, concurrency: int = 1) -> None:
     try:
         for _ in range(500):  # warm-up: joined, specialised, write-through on
             await client.request("server", "echo", msg, timeout=5.0)
-        ops: collections.Counter[str] = collections.Counter()
-        calls: collections.Counter[str] = collections.Counter()
-
-        def trace(frame: FrameType, event: str, _arg: Any) -> Any:
-            if _from_timer(frame):
-                return None
-            code = frame.f_code
-            key = f"{os.path.basename(code.co_filename)}:{code.co_name}"
-            calls[key] += 1
-            frame.f_trace_opcodes = True
-
-            def local(_frame: FrameType, ev: str, _a: Any) -> Any:
-                if ev == "opcode":
-                    ops[key] += 1
-                return local
-
-            return local
+        ops, calls, trace = bytecode_tracer()
 
         left = iter(range(n))
 
