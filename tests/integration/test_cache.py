@@ -122,9 +122,11 @@ async def test_watch_sees_every_change_in_version_order() -> None:
 async def test_lock_fences_writes_and_tokens_rise(backend) -> None:
     async with aionet.testing.cluster(n=3, config=backend) as nodes:
         a, b, c = nodes
-        async with a.lock("res", ttl=2) as first:
+        # leases end here by release, never by expiry: a TTL far above any loop stall of a
+        # loaded CI box (seconds), so a stalled renewal cannot end `second` before its write
+        async with a.lock("res", ttl=20) as first:
             await c.cache.put("data", 1, fence=first)
-        async with b.lock("res", ttl=2) as second:
+        async with b.lock("res", ttl=20) as second:
             assert second.token > first.token
             with pytest.raises(StaleFenceError):
                 await c.cache.put("data", 2, fence=first)  # the old holder, late
