@@ -167,7 +167,7 @@ async def test_lock_is_mutually_exclusive_and_renewed(backend) -> None:
 
         async def worker(n) -> None:
             for _ in range(5):
-                async with n.lock("counter", ttl=0.3) as lease:
+                async with n.lock("counter", ttl=5) as lease:  # released, never expired
                     held.append(lease.token)
                     value = await n.cache.get("n", 0)
                     await asyncio.sleep(random.random() * 0.01)
@@ -175,9 +175,10 @@ async def test_lock_is_mutually_exclusive_and_renewed(backend) -> None:
 
         await asyncio.gather(*(worker(n) for n in nodes))
         assert await nodes[0].cache.get("n") == 15 and held == sorted(held)
-        # a lease held past its ttl is kept by renewals
-        async with nodes[1].lock("long", ttl=0.2) as lease:
-            await asyncio.sleep(0.5)
+        # a lease held past its ttl is kept by renewals (the ttl leaves room for loop stalls
+        # of a loaded CI box; the hold outlasts it by half)
+        async with nodes[1].lock("long", ttl=1.2) as lease:
+            await asyncio.sleep(1.8)  # the scenario: holding the lock past its ttl
             assert not lease.lost.is_set()
             await nodes[0].cache.put("x", 1, fence=lease)
         with pytest.raises(TimeoutError):
