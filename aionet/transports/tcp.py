@@ -16,8 +16,8 @@ only while they total at most 64 MiB; 16 because when big sends overlap (copying
 consumer drops the first: with 4, over a quarter of them were fresh memory),
 ``rcvlowat_bytes`` (1 MiB: while a frame of at least twice this arrives, SO_RCVLOWAT asks the
 kernel to wake the reader per this many bytes, never more than the frame still owes, and is 1
-again once it is complete; 0: off; plain TCP only; measured 2-5 % less CPU per byte for a 4-rank
-64 MiB allreduce, no change at 2 ranks), ``close_timeout`` (5 s), ``backlog`` (1024).
+again once it is complete; 0: off; plain TCP only; measured about 3 % (1.5-6 %) less CPU per byte
+for a 4-rank 64 MiB allreduce, no change at 2 ranks), ``close_timeout`` (5 s), ``backlog`` (1024).
 
 Errors: connect failures raise :class:`~aionet.errors.TransportError` (the OSError is the
 ``__cause__``); a connect timeout raises :class:`ConnectTimeout`, which is both a
