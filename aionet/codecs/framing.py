@@ -317,6 +317,16 @@ class FrameDecoder:
         return held
 
     @property
+    def frame_remaining(self) -> int:
+        """Bytes still to come of the large frame being received into its own buffer (0 if none).
+
+        The peer wrote this frame's header, so it is committed to every byte of it: a transport may
+        ask the kernel to wake it only once up to this many are queued (a receive low-water mark)
+        without ever waiting for bytes the peer holds back (it may send nothing after the frame)."""
+        target = self._target
+        return 0 if target is None else len(target) - self._target_off
+
+    @property
     def spare_bytes(self) -> int:
         """Bytes of remembered large-frame buffers (in use by the receiver or reusable)."""
         return sum(self._spare_sizes)

@@ -14,7 +14,10 @@ reused for the next frame of the same size, freed after 2 s without large frames
 only while they total at most 64 MiB; 16 because when big sends overlap (copying sends,
 ``link.big_copy_max_bytes``, or several senders) several 1 MiB frames arrive before the
 consumer drops the first: with 4, over a quarter of them were fresh memory),
-``close_timeout`` (5 s), ``backlog`` (1024).
+``rcvlowat_bytes`` (1 MiB: while a frame of at least twice this arrives, SO_RCVLOWAT asks the
+kernel to wake the reader per this many bytes, never more than the frame still owes, and is 1
+again once it is complete; 0: off; plain TCP only; measured about 3 % (1.5-6 %) less CPU per byte
+for a 4-rank 64 MiB allreduce, no change at 2 ranks), ``close_timeout`` (5 s), ``backlog`` (1024).
 
 Errors: connect failures raise :class:`~aionet.errors.TransportError` (the OSError is the
 ``__cause__``); a connect timeout raises :class:`ConnectTimeout`, which is both a
@@ -54,6 +57,7 @@ DEFAULT_OPTIONS: MappingProxyType[str, Any] = MappingProxyType(
         "large_frame_bytes": 64 * 2**10,
         "staging_bytes": 256 * 2**10,
         "reuse_frames": 16,
+        "rcvlowat_bytes": 2**20,
         "close_timeout": 5.0,
         "backlog": 1024,
     }

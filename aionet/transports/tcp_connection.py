@@ -93,6 +93,11 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
             reuse_frames=opts["reuse_frames"],
         )
         self._fd = -1  # the socket's descriptor, for more_inbound()
+        # Receive low-water mark while a large frame arrives (0: off; see _follow_frame).
+        self._lowat_max: int = opts["rcvlowat_bytes"]
+        self._lowat = 1  # the socket's SO_RCVLOWAT as last set (1: the kernel's default)
+        self._lowat_allocs = 0  # the decoder's large_allocs when the mark was last looked at
+        self._sock: Any = None
         self._fionread = bytearray(4)
         self._trim_handle: asyncio.TimerHandle | None = None
         self._trim_seen = 0
@@ -157,6 +162,9 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 self._fd = sock.fileno()
             except (OSError, AttributeError):
                 self._fd = -1
+            # plain TCP only: under TLS the mark would count ciphertext (larger: still safe, untested)
+            if self._lowat_max and transport.get_extra_info("ssl_object") is None:
+                self._sock = sock
         # Low water 0: resume_writing means everything written before reached the kernel, which
         # is what a zero-copy send of a mutable buffer waits for.
         transport.set_write_buffer_limits(high=self._high, low=0)  # type: ignore[attr-defined]
@@ -174,6 +182,8 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self._protocol_violation(exc)
             return
+        if self._sock is not None and (self._lowat > 1 or self._decoder.large_allocs != self._lowat_allocs):
+            self._follow_frame()  # a large frame started or is in progress: reads of small ones skip this
         if not msgs:
             return
         dec = self._decoder
@@ -224,6 +234,25 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         if self._trim_handle is None and dec.large_allocs != self._trim_seen and dec.spare_bytes:
             self._trim_seen = dec.large_allocs
             self._trim_handle = self._loop.call_later(TRIM_AFTER, self._trim)
+
+    def _follow_frame(self) -> None:
+        """Keep SO_RCVLOWAT at min(what is still to come of the large frame in progress,
+        ``rcvlowat_bytes``), and at 1 otherwise, so the kernel wakes this connection once per that
+        many bytes instead of for every few packets. Never above the frame's remaining bytes, which
+        the peer has committed to send: the mark cannot hold back a message nor wait for one."""
+        dec = self._decoder
+        self._lowat_allocs = dec.large_allocs
+        rem = dec.frame_remaining
+        cur = self._lowat
+        # engaged for frames of at least two marks, then followed to the frame's end
+        want = min(rem, self._lowat_max) if rem and (cur > 1 or rem >= 2 * self._lowat_max) else 1
+        if want != cur:
+            try:
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+            except (OSError, AttributeError, ValueError):
+                self._sock = None  # not settable here: read as before
+                return
+            self._lowat = want
 
     def _trim(self) -> None:
         """Free remembered large-frame buffers once large frames stopped arriving."""
