@@ -10,15 +10,17 @@ message bookkeeping are in :mod:`.group`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .algorithms import binomial_tree, chunk_bounds, ring_allgather, ring_reduce_scatter
+from ..core.ports import ReceiveInto
+from .algorithms import DoublingPlan, binomial_tree, chunk_bounds, ring_allgather, ring_reduce_scatter
 from .compression import WireCodec
 from .ops import frozen
 from .small import RAW_MAX, Key, RawDecoder
-from .wire import tag
+from .wire import Tag, tag
 
 # Segments per ring chunk, at least. Each segment costs fixed CPU on both ends (measured, same
 # processes alternating call by call: 4 -> 2 per chunk cut a rank's CPU per byte by 7-13 % at
@@ -28,7 +30,21 @@ MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they o
 
 
 class GroupAlgorithms:
-    """The array algorithms of a :class:`~aionet.collectives.group.Group` (mixin: uses its state)."""
+    """The array algorithms of a :class:`~aionet.collectives.group.Group` (mixin: uses its state).
+
+    The annotations below are the Group's attributes and methods this mixin (and :class:`_Into`)
+    uses; ``Group`` (its ``__init__`` and methods) sets them."""
+
+    members: tuple[str, ...]
+    channel: str
+    rank: int
+    size: int
+    segment_bytes: int
+    _inline_bytes: int
+    _into: ReceiveInto | None
+    _doubling_plan: DoublingPlan
+    _post: Callable[[int, int, Tag, Any], asyncio.Task[None] | None]
+    _recv: Callable[[int, Tag, int], asyncio.Future[Any]]
 
     async def _direct(
         self,

@@ -13,10 +13,12 @@ import random
 import time
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import ConnectionClosed, PeerUnavailable, ProtocolError
 from .link_state import LinkState, plan_resume
+from .replay_copies import ReplayCopies
 
 # The peer dropped this many connections in a row, each soon after it was attached, while
 # the same message was the oldest one it had not acknowledged: it rejects that message (a
@@ -30,7 +32,48 @@ REJECT_RATE = 50e6
 
 
 class LinkRecovery:
-    """Connection lifecycle of a :class:`~aionet.core.link.Link` (mixin: uses the Link's state)."""
+    """Connection lifecycle of a :class:`~aionet.core.link.Link` (mixin: uses the Link's state).
+
+    The annotations below are the Link's attributes and methods this mixin uses; ``Link``
+    (its ``__init__`` and methods) sets them."""
+
+    peer: str
+    state: LinkState
+    tx_id: str
+    rx_id: str
+    peer_node_id: str
+    compress: bool
+    conns: list[Any]
+    current: Any
+    dialer: bool
+    dead: BaseException | None
+    left: bool
+    give_up_after: float
+    death_grace: float
+    log: Any
+    replayed: int
+    undeliverable: int
+    disconnected_since: float | None
+    _redial: Callable[[], Awaitable[None]] | None
+    _on_dead: Callable[[str, BaseException], None] | None
+    _on_undeliverable: Callable[[str, int, str], None] | None
+    _space: asyncio.Event
+    _ack_waiters: deque[tuple[int, asyncio.Future[None]]]
+    _copies: ReplayCopies
+    _replaying: bool
+    _ack_timer: asyncio.TimerHandle | None
+    _shares_frames: bool
+    _reconnect_task: asyncio.Task[None] | None
+    _switch_task: asyncio.Task[None] | None
+    _stuck_seq: int
+    _stuck_count: int
+    _attached_at: float
+    _grace_timer: asyncio.TimerHandle | None
+    _bitems: list[bytes]
+    _blocked: asyncio.Future[None] | None
+    _seal: Callable[..., None]
+    flush_ack: Callable[[], None]
+    on_ack: Callable[[int], None]
 
     # ------------------------------------------------------------------ connections
     def resume_info(self) -> dict[str, Any]:

@@ -35,7 +35,9 @@ and the pure merge rules (updates in, effects out; member states as an enum with
 table), :mod:`.gossip` the dissemination queue and load relays, :mod:`.detector` phi-accrual
 and the lag-aware clock, :mod:`.awareness` local health, :mod:`.wire` the message layouts,
 :mod:`.load` load reports, :mod:`.probe` the probe client, :mod:`.events` what users see, and
-:mod:`.service` the one driver that performs the effects (tasks, timers, sockets).
+:mod:`.service` the one driver that performs the effects (tasks, timers, sockets): its
+heartbeats, gossip and member table there, its suspicions, probe rounds and verdicts in
+:mod:`.verification` (a mixin the driver inherits).
 """
 
 from .awareness import recurring_stall, verify_timeout

@@ -1,8 +1,13 @@
 """The membership service: the one driver that performs effects (tasks, timers, sockets).
 
-The design is in the package docstring (:mod:`aionet.membership`). The service never sees the
-Node: it gets the narrow ports of :mod:`aionet.core.ports` (messaging, the control channel,
-peer connectivity, a clock), so a test can hand it fakes and feed it time.
+Here: lifecycle and joining, the public views, the heartbeat and watch loops, receiving
+heartbeats and gossip, and merging updates into the member table. What happens once a member
+is doubted (probe rounds, verdicts) is in :mod:`.verification`, which :class:`Membership`
+inherits. The design is in the package docstring (:mod:`aionet.membership`).
+
+The service never sees the Node: it gets the narrow ports of :mod:`aionet.core.ports`
+(messaging, the control channel, peer connectivity, a clock), so a test can hand it fakes
+and feed it time.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from .table import (
     ring_predecessors,
     ring_successors,
 )
+from .verification import Verification
 from .wire import (
     GOSSIP,
     HB,
@@ -63,17 +69,16 @@ from .wire import (
     parse_gossip,
     parse_load,
     parse_load_entry,
-    parse_probe_req,
-    parse_probe_rsp,
 )
 
 REVIVE_EVERY = 2.0  # s between heartbeats to one random member believed dead
-SHOW_SUSPECT_AFTER = 0.1  # s: a suspicion a probe clears faster than this is not shown
 
 
 # ---------------------------------------------------------------------- the service
-class Membership:
-    """The membership and failure-detection service of one node (see the module docstring)."""
+class Membership(Verification):
+    """The membership and failure-detection service of one node (see the module docstring).
+
+    Suspicion, probe rounds and verdicts are in :mod:`.verification` (inherited)."""
 
     def __init__(
         self,
@@ -510,37 +515,6 @@ class Membership:
         loads = table.get("loads", [])
         self._apply_wire(table["members"], loads if isinstance(loads, list) else [], source, spread=False)
 
-    def _on_probe_req(self, peer: str, env: list[Any]) -> None:
-        self.counters.recv_msgs += 1
-        pid, target, node_id, timeout = parse_probe_req(env)
-        if self._running and not self._leaving:
-            self.prober.serve(peer, pid, target, node_id, timeout)
-
-    def _on_probe_rsp(self, peer: str, env: list[Any]) -> None:
-        self.counters.recv_msgs += 1
-        self.prober.answered(peer, *parse_probe_rsp(env))
-
-    # the prober's internals, where tests reach in (and replace ``_probe_url``)
-    @property
-    def _served(self) -> dict[str, dict[str, int]]:
-        return self.prober.served
-
-    @property
-    def _exchanges(self) -> dict[str, asyncio.Task[tuple[str, str, str]]]:
-        return self.prober._exchanges
-
-    @property
-    def _direct_probe(self) -> Callable[[str, str, list[str], float], Awaitable[str]]:
-        return self.prober._direct_probe
-
-    @property
-    def _probe_url(self) -> Callable[[str, str, str, float], Awaitable[str]]:
-        return self.prober._probe_url
-
-    @_probe_url.setter
-    def _probe_url(self, fn: Callable[[str, str, str, float], Awaitable[str]]) -> None:
-        self.prober._probe_url = fn  # type: ignore[method-assign]
-
     def _on_sync(self, arg: Any) -> dict[str, Any]:
         """A joiner's first contact: take its record, hand back the whole table."""
         if not isinstance(arg, dict):
@@ -678,127 +652,6 @@ class Membership:
     def _emit_member(self, m: Member, kind: str, previous: str | None, reason: str) -> None:
         state = m.shown_state.value
         self._subscribers.emit(MemberEvent(m.name, kind, state, previous, m.incarnation, m.node_id, reason))
-
-    # ------------------------------------------------------------------ suspicion and verification
-    def _on_conn_event(self, peer: str, event: str, details: dict[str, Any]) -> None:
-        if not self._running or self._leaving:
-            return
-        m = self._members.get(peer)
-        if m is None:
-            return
-        if event == "connected":
-            if details.get("node_id") == m.node_id and m.state in (ALIVE, SUSPECT):
-                self._evidence(peer)
-            return
-        if m.state in (DEAD, LEFT):
-            return
-        nid = self._peer_node_id(peer)
-        if nid and nid != m.node_id:
-            return  # about another process with this name
-        if event == "left":
-            self._apply(Update(peer, m.node_id, m.incarnation, LEFT, tuple(m.addresses)), reason="said goodbye")
-        elif event == "lost":
-            if self.peers.connected(peer):
-                return  # another connection to it is still up
-            why = details.get("reason", "connection lost")
-            reset = bool(details.get("reset"))
-            self._start_verify(m, f"{why}{' (reset)' if reset else ''}", show_now=reset)
-        elif event == "dead":
-            self._start_verify(m, f"link failed: {details.get('reason', '')}")
-
-    def _evidence(self, name: str) -> None:
-        m = self._members.get(name)
-        if m is None:
-            return
-        m.last_seen = self.clock.real()
-        if self.liveness.resumed(name):
-            self._emit_member(m, "resumed", ALIVE.value, "its event loop runs again")
-            if name in self._detectors:  # the stall's silence is not its normal heartbeat rhythm
-                self._detectors[name] = self._new_detector()
-        self.prober.wake(name, alive=True)
-        if m.suspected and name not in self._verifying:
-            self._clear_suspicion(m, "proof of life")
-
-    def _clear_suspicion(self, m: Member, why: str) -> None:
-        if m.suspected:
-            prev = m.shown_state
-            m.suspected = ""
-            if m.shown_state != prev:
-                self._emit_member(m, m.shown_state.value, prev.value, why)
-
-    def _start_verify(self, m: Member, reason: str, show_now: bool = False) -> None:
-        """Verify a suspicion. It is shown (state suspect, an event) at once when ``show_now``,
-        else only if the first probe does not answer quickly: a peer whose data connection is
-        merely back-pressured answers a fresh probe in milliseconds and should not flap."""
-        if m.name in self._verifying or not self._running or self._leaving or m.state in (DEAD, LEFT):
-            return
-        self.counters.suspicions += 1
-        if show_now:
-            self._show_suspect(m.name, m.node_id, reason)
-        task = self._spawn(self._verify(m.name, m.node_id, reason, show_now), f"aionet-verify-{m.name}")
-        self._verifying[m.name] = task
-
-        def done(t: asyncio.Task[None], name: str = m.name) -> None:
-            if self._verifying.get(name) is t:
-                del self._verifying[name]
-
-        task.add_done_callback(done)
-
-    def _show_suspect(self, name: str, node_id: str, reason: str) -> None:
-        m = self._members.get(name)
-        if m is not None and m.node_id == node_id and not m.suspected and m.state == ALIVE:
-            m.suspected = reason
-            self._emit_member(m, SUSPECT.value, ALIVE.value, reason)
-
-    async def _verify(self, name: str, node_id: str, reason: str, shown: bool) -> None:
-        show = None
-        if not shown:
-            delay = min(SHOW_SUSPECT_AFTER, self.cfg.probe_timeout / 2)
-            show = asyncio.get_running_loop().call_later(delay, self._show_suspect, name, node_id, reason)
-        try:
-            await self._verify_rounds(name, node_id, reason)
-        finally:
-            if show is not None:
-                show.cancel()
-
-    async def _verify_rounds(self, name: str, node_id: str, reason: str) -> None:
-        started = self.clock()
-        while True:
-            m = self._members.get(name)
-            if m is None or m.node_id != node_id or m.state in (DEAD, LEFT):
-                return
-            timeout = self.awareness.probe_timeout(self.cfg.probe_timeout, m.load.max_stall_ms if m.load else 0.0)
-            t0 = self.clock()
-            # beside the probes, ask the member's responder: it answers for the process while
-            # user code blocks the loop, and is silent when the process is stopped or gone
-            probe = self.prober.probe_round(m, timeout, self.cfg.indirect_probes)
-            outcome, why, stalled = await self.liveness.verify_round(name, m.load, probe, timeout, self._spawn)
-            reason = why or reason
-            if stalled is not None:
-                self._emit_member(m, "stalled", ALIVE.value, f"event loop blocked {stalled:.1f} s")
-            self.log.debug(
-                "probe round",
-                member=name,
-                outcome=outcome or "unknown",
-                timeout=round(timeout, 3),
-                took=round(self.clock() - t0, 3),
-            )
-            m = self._members.get(name)
-            if m is None or m.node_id != node_id or m.state in (DEAD, LEFT):
-                return
-            if outcome == ALIVE:
-                m.verified_at = self.clock()
-                self._clear_suspicion(m, "answered a probe")
-                if m.state == SUSPECT:
-                    self._notify(name, m)
-                return
-            if outcome == DEAD or self.clock() - started >= self.cfg.suspect_timeout:
-                self.counters.deaths_declared += 1
-                self._apply(Update(name, node_id, m.incarnation, DEAD, tuple(m.addresses)), reason=reason)
-                return
-            if m.state == ALIVE:  # nobody could confirm either way: gossip the suspicion, let it refute
-                self._apply(Update(name, node_id, m.incarnation, SUSPECT, tuple(m.addresses)), reason=reason)
-            await asyncio.sleep(self.cfg.interval)
 
 
 __all__ = ["Membership"]
