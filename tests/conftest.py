@@ -8,6 +8,13 @@ import sys
 import traceback
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests are bounded by pytest-timeout, not by hypothesis' 200 ms per-example deadline:
+# on a loaded 2-core CI box one example of a pure state machine can take longer than that, and
+# a DeadlineExceeded there says nothing about the code (tests that want a deadline set their own).
+settings.register_profile("aionet", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("aionet")
 
 
 def listen_url(scheme: str, tmp_path=None) -> str:
