@@ -31,7 +31,7 @@ class PushDelivery:
 
     The host calls :meth:`_init_push` in its ``__init__``, stores the consumer's callbacks in
     ``_on_messages``/``_on_closed`` from ``start_receiving``, and hands every awaitable the
-    consumer returns to :meth:`_pushed` (its delivery stops while that answers True). It
+    consumer returns to :meth:`_pushed` (and stops delivering when that returns True). It
     must not deliver while ``_push_pending`` is set; :meth:`_push_done` calls its ``_push``
     again once the awaitable is done.
     """
