@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover - not on this platform: more_inbound() s
     FIONREAD = 0
 from ..stats import ConnectionStats
 from .base import Address, Buffer, Connection, Message
+from .push_delivery import PushDelivery
 
 if TYPE_CHECKING:
     from ..config import LimitsSection
@@ -65,8 +66,10 @@ def _url(sockaddr: Any) -> str:
     return f"tcp://{sockaddr}"
 
 
-class TCPConnection(Connection, asyncio.BufferedProtocol):
+class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
     """One TCP connection; it is its own asyncio protocol (one object on the hot paths)."""
+
+    _log = log  # PushDelivery's warning about a failed consumer
 
     def __init__(
         self,
@@ -113,10 +116,7 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
         self._resume_below = self._max_queued // 2
         self._read_paused = False
         self._recv_waiters: list[asyncio.Future[None]] = []
-        # push mode (start_receiving)
-        self._on_messages: Callable[[list[Message]], Awaitable[None] | None] | None = None
-        self._on_closed: Callable[[BaseException], None] | None = None
-        self._push_pending: asyncio.Future[Any] | None = None
+        self._init_push()  # push mode (start_receiving): PushDelivery's state
         # send side
         self._wbuf = bytearray()
         self._wlist: list[Buffer] = []
@@ -630,41 +630,16 @@ class TCPConnection(Connection, asyncio.BufferedProtocol):
                 self._on_messages = None
                 cb(self._closed_error())
 
-    def _pushed(self, pending: Awaitable[None]) -> bool:
-        """The consumer returned ``pending``: pause reading until it is done. True when
-        delivery must stop here (it is not done yet, or the consumer failed)."""
-        fut = asyncio.ensure_future(pending, loop=self._loop)
-        if not fut.done():
-            self._push_pending = fut
-            if not self._read_paused:
-                self._pause_reading()
-            fut.add_done_callback(self._push_done)
-            return True
-        self._check_pushed(fut)
-        return self._on_messages is None
+    def _hold_input(self) -> None:
+        """PushDelivery: the consumer asked to wait; stop reading until ``_push`` resumes it."""
+        if not self._read_paused:
+            self._pause_reading()
 
-    def _check_pushed(self, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled():
-            self._push_failed(asyncio.CancelledError())
-        elif fut.exception() is not None:
-            self._push_failed(fut.exception())  # type: ignore[arg-type]
-
-    def _push_done(self, fut: asyncio.Future[Any]) -> None:
-        self._push_pending = None
-        self._check_pushed(fut)
-        if self._on_messages is not None or self._on_closed is not None:
-            self._push()
-
-    def _push_failed(self, exc: BaseException) -> None:
-        cb, self._on_closed = self._on_closed, None
-        self._on_messages = None
-        if not self._closed:
-            log.warning("push-mode consumer failed; closing connection", peer=self.peer_address, error=repr(exc))
-            if self._cause is None:
-                self._cause = exc
-            self.abort()
-        if cb is not None:
-            cb(exc)
+    def _abort_for_consumer(self, exc: BaseException) -> None:
+        """PushDelivery: the consumer failed; ``exc`` becomes why the connection ended."""
+        if self._cause is None:
+            self._cause = exc
+        self.abort()
 
     # ================================================================= lifecycle
     @property

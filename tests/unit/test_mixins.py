@@ -80,7 +80,8 @@ def undeclared(sources: dict[str, str]) -> dict[str, list[str]]:
 
 
 def phantom_declarations(sources: dict[str, str]) -> dict[str, list[str]]:
-    """``where:Class`` -> declared host attributes that no subclass sets or defines."""
+    """``where:Class`` -> declared attributes that neither a subclass nor the class itself sets
+    or defines."""
     classes = classes_in(sources)
     out = {}
     for entries in classes.values():
@@ -91,7 +92,8 @@ def phantom_declarations(sources: dict[str, str]) -> dict[str, list[str]]:
             subs = [c for es in classes.values() for _, c in es if cls.name in base_names(c)]
             if not subs:
                 continue  # not used as a base here: its annotations are its own fields
-            provided = set().union(*(defined(s)[0] for s in subs))
+            # what a subclass sets or defines, or the class itself sets (its own typed state)
+            provided = set().union(*(defined(s)[0] for s in subs), defined(cls)[0])
             if declared - provided:
                 out[f"{where}:{cls.name}"] = sorted(declared - provided)
     return out

@@ -18,6 +18,7 @@ from ...errors import ConnectionClosed, HandshakeError, ProtocolError, Transport
 from ...log import get_logger
 from ...stats import ConnectionStats
 from ..base import Buffer, Connection, Message
+from ..push_delivery import PushDelivery
 from . import wire
 from .pump import DIAL_FAIL_EVENTS, EVENT_NAMES, MORE, NOBLOCK, Monitor, Pump, bsend, zmq_error
 from .wire import BYE, DATA, EMPTY, MALFORMED, WELCOME
@@ -103,8 +104,10 @@ class PendingSend:
         self.fut = fut
 
 
-class ZConnection(Connection):
+class ZConnection(PushDelivery, Connection):
     """Receive queue, send queue and close state shared by both ends."""
+
+    _log = log  # PushDelivery's warning about a failed consumer
 
     def __init__(self, pump: Pump, loop: asyncio.AbstractEventLoop, opts: Options) -> None:
         self._pump = pump
@@ -119,9 +122,7 @@ class ZConnection(Connection):
         self._bsock = pump._sock
         self._sent_gen = -1  # the pump's service count when a message last went straight out
         # push mode (start_receiving): batches go to the consumer from the pump's service pass
-        self._on_messages: Callable[[list[Message]], Awaitable[None] | None] | None = None
-        self._on_closed: Callable[[BaseException], None] | None = None
-        self._push_wait: asyncio.Future[Any] | None = None  # the consumer's unfinished awaitable
+        self._init_push()  # PushDelivery's state
         self._end_scheduled = False
 
     # --- receive ----------------------------------------------------------------------------
@@ -347,7 +348,7 @@ class ZConnection(Connection):
     def _push_batch(self) -> None:
         """Deliver everything queued, in order, until the consumer asks to wait."""
         rq = self._rq
-        while rq and self._push_wait is None and self._on_messages is not None and not self._closed:
+        while rq and self._push_pending is None and self._on_messages is not None and not self._closed:
             batch = list(rq)
             rq.clear()
             n, self._rq_bytes = self._rq_bytes, 0
@@ -367,44 +368,12 @@ class ZConnection(Connection):
         if (
             (self._closed or self._eof is not None)
             and not (self._rq and not self._closed)
-            and self._push_wait is None
+            and self._push_pending is None
             and self._on_closed is not None
         ):
             cb, self._on_closed = self._on_closed, None
             self._on_messages = None
             cb(self._end_error())
-
-    def _pushed(self, pending: Awaitable[None]) -> bool:
-        """The consumer returned ``pending``: True when delivery stops here (it is not done
-        yet, or the consumer failed)."""
-        fut = asyncio.ensure_future(pending, loop=self._loop)
-        if not fut.done():
-            self._push_wait = fut
-            fut.add_done_callback(self._push_done)
-            return True
-        self._check_pushed(fut)
-        return self._on_messages is None
-
-    def _check_pushed(self, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled():
-            self._push_failed(asyncio.CancelledError())
-        elif (exc := fut.exception()) is not None:
-            self._push_failed(exc)
-
-    def _push_done(self, fut: asyncio.Future[Any]) -> None:
-        self._push_wait = None
-        self._check_pushed(fut)
-        if self._on_messages is not None or self._on_closed is not None:
-            self._push()
-
-    def _push_failed(self, exc: BaseException) -> None:
-        cb, self._on_closed = self._on_closed, None
-        self._on_messages = None
-        if not self._closed:
-            log.warning("push-mode consumer failed; closing connection", peer=self.peer_address, error=repr(exc))
-            self.abort()
-        if cb is not None:
-            cb(exc)
 
     def send_nowait(self, frames: Sequence[Buffer]) -> None:
         """Send now, or queue behind earlier waiters without waiting (acks, heartbeats)."""
