@@ -714,10 +714,15 @@ class FrameDecoder:
         return sys.getrefcount(self._spare_objs[i])
 
     def _reuse_or_alloc(self, n: int) -> Any:
-        """A buffer of exactly ``n`` bytes: a dropped one of that size, else a fresh one."""
+        """A buffer of exactly ``n`` bytes: a dropped one of that size, else a fresh one.
+
+        The newest dropped one is taken (the list runs from least to most recently handed
+        out): it was filled last, so it is the likeliest still in cache. Taking the oldest
+        instead rotated a stream of 1 MiB frames through all 16 remembered buffers after any
+        burst, and a kernel copy into a cold buffer cost the receiver ~40 % more per byte."""
         sizes = self._spare_sizes
         objs = self._spare_objs
-        for i in range(len(sizes)):
+        for i in range(len(sizes) - 1, -1, -1):
             if sizes[i] == n and self._refs(i) <= self._free_refs and not weakref.getweakrefcount(objs[i]):
                 # Nobody else can reach it: no reference, no memoryview (views hold one).
                 exporter = objs.pop(i)
