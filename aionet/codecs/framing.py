@@ -248,6 +248,7 @@ class FrameDecoder:
         "_total",
         "delivered_bytes",
         "large_allocs",
+        "large_done",
     )
 
     def __init__(
@@ -292,6 +293,8 @@ class FrameDecoder:
         #: How many large-frame buffers were obtained so far (fresh or reused). Plain
         #: attributes, like ``delivered_bytes``: the transport reads them on every read.
         self.large_allocs = 0
+        #: How many large frames were completed so far (handed on with their message).
+        self.large_done = 0
         self._fast_max = min(self._max_header, self._max_message, self._large - 1)
         self._error: ProtocolError | None = None
         #: Total payload bytes of all messages returned so far (receive-queue accounting).
@@ -740,6 +743,7 @@ class FrameDecoder:
 
     def _finish_large(self) -> None:
         self._peek = True
+        self.large_done += 1
         self._frames.append(self._target_obj)
         self._fi += 1
         self._release_target()
