@@ -41,7 +41,14 @@ _ACK = b"A"
 
 def _usage() -> dict[str, float]:
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return {"user": r.ru_utime, "sys": r.ru_stime, "minflt": float(r.ru_minflt), "vcsw": float(r.ru_nvcsw)}
+    out = {"user": r.ru_utime, "sys": r.ru_stime, "minflt": float(r.ru_minflt), "vcsw": float(r.ru_nvcsw)}
+    try:  # Linux: read/write-family syscalls and their bytes, this process (all threads)
+        with open("/proc/self/io") as f:
+            io = dict(line.split(": ") for line in f.read().splitlines())
+        out.update({k: float(io[k]) for k in ("syscr", "syscw", "rchar", "wchar")})
+    except (OSError, KeyError, ValueError):
+        out.update(dict.fromkeys(("syscr", "syscw", "rchar", "wchar"), math.nan))
+    return out
 
 
 def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
@@ -260,6 +267,13 @@ def one_round(impl: str, size: int, warm: int, count: int, readonly: bool = Fals
         # voluntary context switches: how often a side slept waiting for the other
         "tx_sleeps_per_msg": tx["vcsw"] / count,
         "rx_sleeps_per_msg": rx["vcsw"] / count,
+        # read- and write-family syscalls per message (/proc/self/io; nan elsewhere), and the
+        # mean bytes the receiver's reads returned
+        "tx_writes_per_msg": tx["syscw"] / count,
+        "tx_reads_per_msg": tx["syscr"] / count,
+        "rx_reads_per_msg": rx["syscr"] / count,
+        "rx_writes_per_msg": rx["syscw"] / count,
+        "rx_bytes_per_read": rx["rchar"] / rx["syscr"] if rx["syscr"] else math.nan,
     }
 
 

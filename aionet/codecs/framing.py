@@ -248,6 +248,7 @@ class FrameDecoder:
         "_total",
         "delivered_bytes",
         "large_allocs",
+        "large_done",
     )
 
     def __init__(
@@ -292,6 +293,8 @@ class FrameDecoder:
         #: How many large-frame buffers were obtained so far (fresh or reused). Plain
         #: attributes, like ``delivered_bytes``: the transport reads them on every read.
         self.large_allocs = 0
+        #: How many large frames were completed so far (handed on with their message).
+        self.large_done = 0
         self._fast_max = min(self._max_header, self._max_message, self._large - 1)
         self._error: ProtocolError | None = None
         #: Total payload bytes of all messages returned so far (receive-queue accounting).
@@ -714,10 +717,15 @@ class FrameDecoder:
         return sys.getrefcount(self._spare_objs[i])
 
     def _reuse_or_alloc(self, n: int) -> Any:
-        """A buffer of exactly ``n`` bytes: a dropped one of that size, else a fresh one."""
+        """A buffer of exactly ``n`` bytes: a dropped one of that size, else a fresh one.
+
+        The newest dropped one is taken (the list runs from least to most recently handed
+        out): it was filled last, so it is the likeliest still in cache. Taking the oldest
+        instead rotated a stream of 1 MiB frames through all 16 remembered buffers after any
+        burst, and a kernel copy into a cold buffer cost the receiver ~40 % more per byte."""
         sizes = self._spare_sizes
         objs = self._spare_objs
-        for i in range(len(sizes)):
+        for i in range(len(sizes) - 1, -1, -1):
             if sizes[i] == n and self._refs(i) <= self._free_refs and not weakref.getweakrefcount(objs[i]):
                 # Nobody else can reach it: no reference, no memoryview (views hold one).
                 exporter = objs.pop(i)
@@ -735,6 +743,7 @@ class FrameDecoder:
 
     def _finish_large(self) -> None:
         self._peek = True
+        self.large_done += 1
         self._frames.append(self._target_obj)
         self._fi += 1
         self._release_target()

@@ -6,7 +6,9 @@ re-exported here.
 
 Options (``[transport] tcp = {...}``): ``nodelay`` (True), ``max_queued_bytes`` (64 MiB),
 ``read_batch_bytes`` (1 MiB: with a consumer waiting, reading pauses once this much is queued
-so that it runs; it resumes as soon as the consumer takes the messages),
+so that it runs; it resumes as soon as the consumer takes the messages; in push mode, after this
+much in messages with large frames, reading stops for one loop iteration so that the consumers
+their delivery woke run before more large frames are read, each into its own buffer),
 ``write_high_water`` (4 MiB), ``flush_bytes`` (256 KiB: a batch this big is written without
 waiting for the next loop iteration), ``copy_below`` (64 KiB), ``large_frame_bytes`` (64 KiB),
 ``staging_bytes`` (256 KiB), ``reuse_frames`` (16: large-frame buffers the receiver dropped are

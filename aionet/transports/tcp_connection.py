@@ -115,6 +115,11 @@ class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
         self._consumer_woken = False  # a recv was woken and has not taken its messages yet
         self._resume_below = self._max_queued // 2
         self._read_paused = False
+        # push mode: after read_batch_bytes of messages with large frames, reading stops for one
+        # loop iteration so that the consumers their delivery woke run (see _yield_to_consumers)
+        self._yielding = False
+        self._yield_mark = 0  # decoder.delivered_bytes at the last yield
+        self._yield_large = 0  # decoder.large_done at the last yield
         self._recv_waiters: list[asyncio.Future[None]] = []
         self._init_push()  # push mode (start_receiving): PushDelivery's state
         # send side
@@ -213,6 +218,13 @@ class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
             self._last_single = single
             if pending is not None:
                 self._pushed(pending)
+            if (
+                dec.large_done != self._yield_large
+                and dec.delivered_bytes - self._yield_mark >= self._read_batch
+                and not self._yielding
+                and not self._read_paused
+            ):
+                self._yield_to_consumers()
         else:
             delivered = dec.delivered_bytes
             self._queued_bytes += delivered - self._delivered_seen + MESSAGE_OVERHEAD * len(msgs)
@@ -253,6 +265,32 @@ class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
                 self._sock = None  # not settable here: read as before
                 return
             self._lowat = want
+
+    def _yield_to_consumers(self) -> None:
+        """Stop reading until the next loop iteration, after a read delivered large frames.
+
+        uvloop reads up to 32 times per wake-up, so a stream of 1 MiB frames otherwise piles
+        up to 16 of them (a peek and a frame each), each in its own buffer, before the consumer
+        their delivery woke gets to run and drop the last ones: with a consumer that keeps its
+        previous batch, 5-74 % of the frames landed in fresh memory (256 page faults each) and
+        the rest rotated through cold buffers. Reading resumes one iteration later, after the
+        woken consumers (already in the ready queue) ran; a pause for back-pressure meanwhile
+        keeps it paused. Costs an epoll_ctl or two per ``read_batch_bytes`` of large frames."""
+        t = self._transport
+        if t is None or self._lost or t.is_closing():
+            return
+        self._yielding = True
+        t.pause_reading()
+        self._loop.call_soon(self._end_yield)
+
+    def _end_yield(self) -> None:
+        self._yielding = False
+        dec = self._decoder
+        self._yield_mark = dec.delivered_bytes
+        self._yield_large = dec.large_done
+        t = self._transport
+        if not self._read_paused and t is not None and not self._lost and not t.is_closing():
+            t.resume_reading()
 
     def _trim(self) -> None:
         """Free remembered large-frame buffers once large frames stopped arriving."""

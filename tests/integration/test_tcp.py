@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import array
 import asyncio
+import fcntl
 import hashlib
+import itertools
 import socket
 import struct
+import termios
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -676,3 +679,57 @@ async def test_consumer_gets_batches_while_a_flood_arrives() -> None:
             batches += 1
         assert batches > 1
         assert not p.server.stats().read_paused
+
+
+def test_a_push_consumer_runs_between_big_frames_read_in_one_wake_up(run: Callable[..., Any]) -> None:
+    """With several large messages already in the socket, the consumer that each delivery wakes
+    runs before the next one is read (uvloop would otherwise read up to 32 times in one
+    wake-up, each large frame into its own buffer), and every message still arrives once, in order."""
+
+    async def main() -> None:
+        async with pair({"read_batch_bytes": 64 * 1024}) as p:
+            n, size = 12, 128 * 1024
+            runs = [0]
+            seen: list[int] = []  # consumer runs so far, at each delivery
+            got: list[int] = []
+            woken = asyncio.Event()
+            closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+            def on_messages(batch: list[Any]) -> None:
+                for m in batch:
+                    seen.append(runs[0])
+                    got.append(m[1][0])
+                woken.set()
+
+            async def consumer() -> None:
+                while True:
+                    await woken.wait()
+                    woken.clear()
+                    runs[0] += 1
+
+            sock = socket.socket(fileno=p.server._fd)
+            try:  # room for several frames in the kernel (capped at net.core.rmem_max)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
+            finally:
+                sock.detach()
+            p.server._pause_reading()  # let the messages pile up in the kernel first
+            for i in range(n):
+                p.client.send_nowait([b"h", bytes([i]) * size])
+            queued = bytearray(4)
+
+            def backlog() -> int:
+                fcntl.ioctl(p.server._fd, termios.FIONREAD, queued, True)
+                return int.from_bytes(queued, "little")
+
+            await wait_for(lambda: backlog() > 2 * size + 64)
+            task = asyncio.get_running_loop().create_task(consumer())
+            try:
+                p.server.start_receiving(on_messages, closed.set_result)
+                p.server._maybe_resume_reading()
+                await wait_for(lambda: len(got) == n)
+            finally:
+                task.cancel()
+            assert got == list(range(n))
+            assert all(b > a for a, b in itertools.pairwise(seen)), seen
+
+    run(main())

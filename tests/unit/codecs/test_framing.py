@@ -528,6 +528,25 @@ def test_reuse_keeps_four_small_frames_but_only_two_beyond_the_budget() -> None:
     assert len(kept) == 3 and big.spare_bytes == 2 * size  # the third would break the budget: only two kept
 
 
+def test_the_most_recently_filled_free_buffer_is_reused_first() -> None:
+    """After a burst held many frames at once, a consumer that then drops each message at once
+    keeps getting the one buffer filled last (still in cache), not a rotation through all the
+    remembered ones: reading into 16 rotating 1 MiB buffers cost the receiver ~40 % more
+    kernel time per byte than into 2 (BENCHMARKS.md, branch ``big``)."""
+    dec = FrameDecoder(large_frame_bytes=1000, reuse_frames=16)
+    stream = large_stream()
+    burst = [dec.feed(stream)[0] for _ in range(8)]  # eight frames alive at once
+    newest = id(burst[-1][1])
+    del burst
+    got = []
+    for _ in range(5):
+        (msg,) = dec.feed(stream)
+        got.append(id(msg[1]))
+        del msg  # dropped before the next one arrives
+    assert got == [newest] * 5
+    assert dec.spare_bytes == 8 * 5000  # the others stay remembered for the next burst
+
+
 @pytest.mark.parametrize("hold", ["object", "memoryview", "slice", "numpy"])
 def test_buffer_still_referenced_is_never_reused(hold: str) -> None:
     dec = FrameDecoder(large_frame_bytes=1000, reuse_frames=4)
