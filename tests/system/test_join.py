@@ -30,7 +30,7 @@ from aionet.config import Config
 from aionet.core.connect import _JOIN_FIRST_DELAY, _JOIN_MAX_DELAY
 from aionet.errors import HandshakeError
 from aionet.membership import MEMBERS_SERVICE
-from tests.conftest import wait_for
+from tests.conftest import wait_for, wait_for_async
 
 TRIALS = int(os.environ.get("AIONET_JOIN_TRIALS", "1"))
 SEED_DELAY = float(os.environ.get("AIONET_SEED_DELAY", "2"))
@@ -224,15 +224,17 @@ async def _one_cluster(urls: list[str], names: set[str], timeout: float = 20) ->
     async with Node(name=f"check-{os.getpid()}", listen=[]) as client:
         peers = [await client.connect(u) for u in urls]
         assert set(peers) == names
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
+        states: list[dict[str, str]] = []
+
+        async def one_cluster() -> bool:  # the processes' views can only be asked for
             views = [await client.request(p, MEMBERS_SERVICE, timeout=5) for p in peers]
-            states = [{n: m["state"] for n, m in v["members"].items()} for v in views]
-            if all(s == dict.fromkeys(names, "alive") for s in states):
-                return
-            assert loop.time() < deadline, f"not one cluster: {states}"
-            await asyncio.sleep(0.1)
+            states[:] = [{n: m["state"] for n, m in v["members"].items()} for v in views]
+            return all(s == dict.fromkeys(names, "alive") for s in states)
+
+        try:
+            await wait_for_async(one_cluster, timeout, interval=0.1)
+        except AssertionError:
+            raise AssertionError(f"not one cluster: {states}") from None
 
 
 @pytest.mark.timeout(120 + 60 * TRIALS)
@@ -253,7 +255,7 @@ async def test_serve_seed_started_late(serve, trial):
     seed = _url(ports[0])
     names = {f"n{i}" for i in range(3)}
     others = [serve.start(f"n{i}", ports[i], [seed]) for i in (1, 2)]
-    await asyncio.sleep(SEED_DELAY)  # the scenario: the seed comes up this late
+    await asyncio.sleep(SEED_DELAY)  # the scenario (not synchronisation): the seed comes up this late
     for p in others:
         if p.poll() is not None:
             err = await asyncio.to_thread(p.stderr.read)
