@@ -145,22 +145,31 @@ async def test_a_peer_that_does_not_batch_requests_gets_one_envelope_each():
     async with pair() as (a, b):
         b._peers["a"].link.set_rpc_batch_limit(None)
         a._peers["b"].link.set_rpc_batch_limit(None)
-        out_b = b._peers["a"].link.state
-        seq_b = out_b.next_seq
-        # what b's reader hands its router: one REP envelope -> on_reply, a batch -> on_replies
-        replies: list[Any] = []
+        # what each reader hands its router: one envelope of one request (reply) to on_request
+        # (on_reply), an envelope of many to on_requests (on_replies)
+        single: list[Any] = []
         batches: list[Any] = []
+        on_request, on_requests = a.router.on_request, a.router.on_requests
         on_reply, on_replies = b.router.on_reply, b.router.on_replies
 
-        def one(kind: int, rid: Any, body: list[Any], peer: str) -> None:
-            replies.append(body[0])
+        def one_req(rid: Any, service: Any, payload: Any, reply: Any, peer: str = "") -> Any:
+            single.append(("req", service, payload))
+            return on_request(rid, service, payload, reply, peer)
+
+        def many_req(env: list[Any], reply: Any, peer: str = "", start: int = 3) -> Any:
+            batches.append(env)
+            return on_requests(env, reply, peer, start)
+
+        def one_rep(kind: int, rid: Any, body: list[Any], peer: str) -> None:
+            single.append(("rep", None, body[0]))
             on_reply(kind, rid, body, peer)
 
-        def many(env: list[Any], peer: str) -> None:
+        def many_rep(env: list[Any], peer: str) -> None:
             batches.append(env)
             on_replies(env, peer)
 
-        b.router.on_reply, b.router.on_replies = one, many  # type: ignore[method-assign]
+        a.router.on_request, a.router.on_requests = one_req, many_req  # type: ignore[method-assign]
+        b.router.on_reply, b.router.on_replies = one_rep, many_rep  # type: ignore[method-assign]
 
         @a.service("inc")
         async def inc(x: int) -> int:
@@ -168,6 +177,7 @@ async def test_a_peer_that_does_not_batch_requests_gets_one_envelope_each():
 
         got = await asyncio.gather(*(b.request("a", "inc", x, timeout=30) for x in range(64)))
         assert got == list(range(1, 65))
-        assert out_b.next_seq - seq_b == 64  # one REQ each
-        assert batches == []  # one REP each (beside ours, a may answer b's scheduler's query)
-        assert sorted(r for r in replies if type(r) is int) == list(range(1, 65))
+        assert batches == []  # one REQ each, one REP each
+        # (beside ours, b's scheduler may ask a for its resources, and a answer)
+        assert sorted(p for k, svc, p in single if k == "req" and svc == "inc") == list(range(64))
+        assert sorted(p for k, _svc, p in single if k == "rep" and type(p) is int) == list(range(1, 65))
