@@ -65,6 +65,17 @@ async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.005):
         await asyncio.sleep(interval)
 
 
+async def wait_for_async(probe, timeout: float = 10.0, interval: float = 0.05):
+    """Like :func:`wait_for` for a condition only a coroutine can check (another process's
+    state, asked over the network): ``await probe()`` until it is true, bounded in time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await probe():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)
+
+
 # ------------------------------------------------------------------ loop-error guard
 # Issue 11 item 16: no "Task exception was never retrieved", "Exception in callback" or other
 # error that asyncio's default exception handler reports may pass silently in the suite. That

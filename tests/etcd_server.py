@@ -4,6 +4,7 @@ that need it skip, saying so, where the binary is missing."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
@@ -11,9 +12,10 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
+import threading
 import urllib.request
 from collections.abc import Iterator
+from typing import IO
 
 import pytest
 
@@ -26,6 +28,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _Log:
+    """Drains etcd's log (stderr) on a thread for the life of the process, so the pipe never
+    fills, and sets ``done`` once etcd says it serves clients or the log ends (it exited)."""
+
+    READY = b"ready to serve client requests"  # etcd 3.4's text log and 3.5's JSON log alike
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.done = threading.Event()
+        self.ready = False
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=20)
+        threading.Thread(target=self._drain, args=(stream,), name="etcd-log", daemon=True).start()
+
+    def _drain(self, stream: IO[bytes]) -> None:
+        with stream:
+            for line in stream:
+                self.tail.append(line)
+                if not self.ready and self.READY in line:
+                    self.ready = True
+                    self.done.set()
+        self.done.set()
+
+
+def _healthy(client: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{client}/health", timeout=5) as r:
+            return b"true" in r.read()
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def etcd_server() -> Iterator[str]:
     """Yield ``etcd://127.0.0.1:<port>`` of a fresh single-member etcd; killed (by PID) after."""
@@ -34,6 +66,7 @@ def etcd_server() -> Iterator[str]:
         pytest.skip(SKIP_REASON)
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     data = tempfile.mkdtemp(prefix="aionet-etcd-", dir=base)
+    log: _Log | None = None
     for _attempt in range(3):  # a free port can be taken between choosing and binding it
         cport, pport = _free_port(), _free_port()
         client, peer = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
@@ -41,20 +74,12 @@ def etcd_server() -> Iterator[str]:
             [binary, "--data-dir", data, "--name", "t", "--listen-client-urls", client,
              "--advertise-client-urls", client, "--listen-peer-urls", peer,
              "--initial-advertise-peer-urls", peer, "--initial-cluster", f"t={peer}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
-        deadline = time.monotonic() + 15
-        up = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"{client}/health", timeout=1) as r:
-                    up = b"true" in r.read()
-            except OSError:
-                pass
-            if up:
-                break
-            time.sleep(0.05)
-        if up:
+        assert proc.stderr is not None
+        log = _Log(proc.stderr)
+        # etcd's own word that it serves clients (or its exit), then its health endpoint
+        if log.done.wait(timeout=15) and log.ready and _healthy(client):
             break
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
@@ -63,7 +88,8 @@ def etcd_server() -> Iterator[str]:
         os.makedirs(data, exist_ok=True)
     else:
         shutil.rmtree(data, ignore_errors=True)
-        pytest.skip("etcd is installed but did not start on 127.0.0.1 (see its log by running it by hand)")
+        said = b"".join(log.tail).decode(errors="replace")[-2000:] if log else ""
+        pytest.skip(f"etcd is installed but did not start on 127.0.0.1; its last log lines: {said}")
     try:
         yield f"etcd://127.0.0.1:{cport}"
     finally:

@@ -14,7 +14,7 @@ import random
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from ..transports.registry import TransportRegistry
 from .device_transfer import DeviceTransfers
 from .link import SIZE_LIMITS, Link, close_conn
 from .peers import Peer, PeerConn, PeerDirectory, Spawn
+from .ports import Clock, loop_time
 from .router import Router
 
 DIAL_GAP = 0.1  # s between dials by name of one address (one at a time), however many names name it
@@ -103,6 +104,9 @@ class Connector:
         closing: Callable[[], bool],
         running: Callable[[], bool],
         addresses: Callable[[], list[str]],
+        clock: Clock = loop_time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
     ) -> None:
         self.name = name
         self.node_id = node_id
@@ -119,6 +123,10 @@ class Connector:
         self._closing = closing
         self._running = running
         self._addresses = addresses
+        # join's backoff: when, how long and how jittered it waits (tests inject virtual time)
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
         self._compression = config.codec.compression != "none"
         self._next_conn_id = 0
         self._dial_turns: dict[str, list[Any]] = {}  # address -> [lock, users, next start]: _dial_turn
@@ -182,8 +190,7 @@ class Connector:
         share one seed list); if no other seed is left, this node starts the cluster. Errors
         that waiting cannot fix (a wrong token, another protocol version) fail at once."""
         timeout = self.config.node.join_timeout
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = self._clock() + timeout
         pending = [url for url in dict.fromkeys(seeds) if not self.is_own_address(url)]
         delay = _JOIN_FIRST_DELAY
         rounds = 0
@@ -210,14 +217,14 @@ class Connector:
             for exc in errors.values():
                 if not isinstance(exc, asyncio.CancelledError) and not _worth_retrying(exc):
                     raise PeerUnavailable("cannot join: " + _seed_errors(errors)) from None
-            left = deadline - loop.time()
+            left = deadline - self._clock()
             if left <= 0:
                 waited = f"within node.join_timeout={timeout:g} s" if timeout else "(node.join_timeout = 0)"
                 raise PeerUnavailable(
                     f"could not reach any seed {waited}: {_seed_errors(errors)}; start a seed first, "
                     "check node.join, or raise node.join_timeout"
                 )
-            pause = min(left, delay * random.uniform(0.5, 1.0))
+            pause = min(left, delay * self._rng.uniform(0.5, 1.0))
             self.log.info(
                 "waiting for seeds",
                 seeds=pending,
@@ -226,7 +233,7 @@ class Connector:
                 gives_up_in=round(left, 1),
                 error=str(next(iter(errors.values()))),
             )
-            await asyncio.sleep(pause)
+            await self._sleep(pause)
             delay = min(delay * 2, _JOIN_MAX_DELAY)
 
     def is_own_address(self, url: str) -> bool:

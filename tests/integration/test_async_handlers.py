@@ -35,14 +35,14 @@ async def test_async_handlers_answer_whether_or_not_they_suspend_and_raise_from_
 
         async def awaits(x: int) -> int:
             async with asyncio.timeout(5):  # needs a current task in the first step
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the scenario, not synchronisation: a handler that waits on a timer
             return x * 2
 
         async def raises_first(_x: Any) -> Any:
             raise ValueError("before any await")
 
         async def raises_later(_x: Any) -> Any:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # the scenario: suspend once, then raise from the second step
             raise KeyError("after an await")
 
         a.add_service("at_once", at_once)
@@ -71,8 +71,8 @@ async def test_pipelined_requests_to_mixed_handlers_get_their_own_replies_and_is
 
         async def tag(x: int) -> tuple[int, str]:
             CALLER.set(f"req{x}")  # each request's handler has a context of its own
-            if x % 3 == 0:
-                await asyncio.sleep(0.001 * (x % 5))
+            if x % 3 == 0:  # the scenario, not synchronisation: some handlers take 0-4 ms and finish
+                await asyncio.sleep(0.001 * (x % 5))  # out of order, beside others that never suspend
             return x, CALLER.get()
 
         a.add_service("tag", tag)

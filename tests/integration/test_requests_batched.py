@@ -9,12 +9,14 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from aionet import Node, RemoteError
 from aionet.config import Config
 from aionet.testing import FaultProxy
+from tests.conftest import wait_for
 
 
 @contextlib.asynccontextmanager
@@ -45,6 +47,8 @@ async def test_many_requests_in_flight_run_once_and_are_answered_once_across_cut
     @a.service("async_once")
     async def async_once(x: int) -> int:
         seen[x] += 1
+        # the scenario, not synchronisation: every 7th handler takes 1 ms, the rest suspend once,
+        # so replies finish out of order while connections are cut
         await asyncio.sleep(0.001 if x % 7 == 0 else 0)
         return x + 1
 
@@ -92,17 +96,22 @@ async def test_many_requests_in_flight_run_once_and_are_answered_once_across_cut
 
 @pytest.mark.timeout(60)
 async def test_the_handler_bound_holds_and_errors_reach_their_callers_when_batched():
+    """256 batched requests to handlers held at a gate: exactly ``max_concurrent_requests`` (4)
+    start and the reader waits for a slot; released, every caller gets its own answer or error
+    and no more than 4 ever ran at once."""
     cfg = Config.from_dict({"link": {"max_concurrent_requests": 4}}, env={})
     async with pair(cfg) as (a, b):
         assert b._peers["a"].link._rpc_max == 4  # a batch never carries more than a admits
-        running = [0, 0]
+        running = [0, 0]  # now, most
+        gate = asyncio.Event()
 
         @a.service("work")
         async def work(x: int) -> int:
             running[0] += 1
             running[1] = max(running[1], running[0])
             try:
-                await asyncio.sleep(0.001)
+                await gate.wait()
+                await asyncio.sleep(0)  # suspend even once the gate is open, so handlers overlap
                 if x % 3 == 0:
                     raise ValueError(f"no {x}")
                 return -x
@@ -115,9 +124,18 @@ async def test_the_handler_bound_holds_and_errors_reach_their_callers_when_batch
             except RemoteError as exc:
                 return exc.remote_type + ": " + str(exc.remote_message)
 
-        got = await asyncio.gather(*(call(x) for x in range(1, 257)))
+        calls = asyncio.gather(*(call(x) for x in range(1, 257)))
+        try:
+            # the 5th request has arrived once a's reader waits for a slot (or, were the bound
+            # broken, once more than 4 handlers run)
+            await wait_for(lambda: running[0] > 4 or "b" in a.router._slot_waiters, 10)
+            assert running[0] == 4 and a.router.running == {"b": 4}
+        finally:
+            gate.set()
+        got = await calls
         assert got == [f"ValueError: no {x}" if x % 3 == 0 else -x for x in range(1, 257)]
-        assert 1 < running[1] <= 4
+        assert running[1] == 4
+        await wait_for(lambda: not a.router.running, 5)  # finished handlers hold no slot
 
 
 @pytest.mark.timeout(60)
@@ -127,8 +145,31 @@ async def test_a_peer_that_does_not_batch_requests_gets_one_envelope_each():
     async with pair() as (a, b):
         b._peers["a"].link.set_rpc_batch_limit(None)
         a._peers["b"].link.set_rpc_batch_limit(None)
-        out_b, out_a = b._peers["a"].link.state, a._peers["b"].link.state
-        seq_b, seq_a = out_b.next_seq, out_a.next_seq
+        # what each reader hands its router: one envelope of one request (reply) to on_request
+        # (on_reply), an envelope of many to on_requests (on_replies)
+        single: list[Any] = []
+        batches: list[Any] = []
+        on_request, on_requests = a.router.on_request, a.router.on_requests
+        on_reply, on_replies = b.router.on_reply, b.router.on_replies
+
+        def one_req(rid: Any, service: Any, payload: Any, reply: Any, peer: str = "") -> Any:
+            single.append(("req", service, payload))
+            return on_request(rid, service, payload, reply, peer)
+
+        def many_req(env: list[Any], reply: Any, peer: str = "", start: int = 3) -> Any:
+            batches.append(env)
+            return on_requests(env, reply, peer, start)
+
+        def one_rep(kind: int, rid: Any, body: list[Any], peer: str) -> None:
+            single.append(("rep", None, body[0]))
+            on_reply(kind, rid, body, peer)
+
+        def many_rep(env: list[Any], peer: str) -> None:
+            batches.append(env)
+            on_replies(env, peer)
+
+        a.router.on_request, a.router.on_requests = one_req, many_req  # type: ignore[method-assign]
+        b.router.on_reply, b.router.on_replies = one_rep, many_rep  # type: ignore[method-assign]
 
         @a.service("inc")
         async def inc(x: int) -> int:
@@ -136,5 +177,7 @@ async def test_a_peer_that_does_not_batch_requests_gets_one_envelope_each():
 
         got = await asyncio.gather(*(b.request("a", "inc", x, timeout=30) for x in range(64)))
         assert got == list(range(1, 65))
-        assert out_b.next_seq - seq_b == 64  # one REQ each
-        assert out_a.next_seq - seq_a >= 64  # one REP each (and whatever else a sent meanwhile)
+        assert batches == []  # one REQ each, one REP each
+        # (beside ours, b's scheduler may ask a for its resources, and a answer)
+        assert sorted(p for k, svc, p in single if k == "req" and svc == "inc") == list(range(64))
+        assert sorted(p for k, _svc, p in single if k == "rep" and type(p) is int) == list(range(1, 65))

@@ -44,10 +44,15 @@ def test_bench_json_rows_are_correct(op: str, nodes: int) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["size"] for r in rows] == [64, 4096, 262144]
+    n = nodes
+    bus = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(op, 1.0)
     for r in rows:
         variants = ("out", "in") if op == "allreduce" else ("out",)
         for v in variants:
-            assert r[v]["wrong"] == 0 and r[v]["time_us"] > 0 and r[v]["busbw"] >= 0
+            assert r[v]["wrong"] == 0 and r[v]["time_us"] > 0
+            # algbw is size / time; busbw scales it by what each rank's link carries (nccl-tests)
+            assert r[v]["algbw"] == pytest.approx(r["size"] / (r[v]["time_us"] * 1e-6) / 1e9, rel=1e-6)
+            assert r[v]["busbw"] == pytest.approx(r[v]["algbw"] * bus, rel=1e-9)
         assert r["op"] == op and r["nodes"] == nodes
     assert "never retrieved" not in out.stderr and "Traceback" not in out.stderr
 

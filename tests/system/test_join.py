@@ -9,6 +9,8 @@ bar (20 trials of each) runs with ``AIONET_JOIN_TRIALS=20 AIONET_SEED_DELAY=5``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import signal
@@ -16,15 +18,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
+import structlog
+from structlog.testing import LogCapture, capture_logs
 
 from aionet import Node, PeerUnavailable
 from aionet.config import Config
+from aionet.core.connect import _JOIN_FIRST_DELAY, _JOIN_MAX_DELAY
 from aionet.errors import HandshakeError
 from aionet.membership import MEMBERS_SERVICE
-from tests.conftest import wait_for
+from tests.conftest import wait_for, wait_for_async
 
 TRIALS = int(os.environ.get("AIONET_JOIN_TRIALS", "1"))
 SEED_DELAY = float(os.environ.get("AIONET_SEED_DELAY", "2"))
@@ -47,12 +53,42 @@ def _cfg(**node) -> Config:
 # ---------------------------------------------------------------- in-process
 
 
+class _TimedCapture(LogCapture):
+    """structlog's ``LogCapture`` (which aionet's loggers hand their events to) that also
+    stamps each entry with ``time.monotonic()`` as ``t``."""
+
+    def __call__(self, logger: Any, method_name: str, event_dict: Any) -> Any:
+        event_dict["t"] = time.monotonic()
+        return super().__call__(logger, method_name, event_dict)
+
+
+@contextlib.contextmanager
+def _timed_logs() -> Iterator[list[dict]]:
+    """``capture_logs()`` with each entry's time (its ``processors`` argument needs structlog 25.5)."""
+    cap = _TimedCapture()
+    procs = structlog.get_config()["processors"]
+    old = procs.copy()
+    procs[:] = [cap]
+    structlog.configure(processors=procs)
+    try:
+        yield cap.entries
+    finally:
+        procs[:] = old
+        structlog.configure(processors=procs)
+
+
+def _join_backoff(attempt: int) -> float:
+    """The longest pause after failed round ``attempt`` (1-based): 0.2 s doubling up to 2 s;
+    the node jitters each down to half of it (aionet/core/connect.py)."""
+    return min(_JOIN_FIRST_DELAY * 2 ** (attempt - 1), _JOIN_MAX_DELAY)
+
+
 async def test_join_waits_for_a_seed_that_comes_up_later():
     seed = _url(_free_port())
     b = Node(name="b", listen="tcp://127.0.0.1:0", join=[seed])
-    with capture_logs() as logs:
+    with _timed_logs() as logs:
         starting = asyncio.ensure_future(b.start())
-        await asyncio.sleep(1.5)  # the scenario: the seed is 1.5 s late
+        await asyncio.sleep(1.5)  # the scenario: the seed is 1.5 s late (not synchronisation)
         assert not starting.done()
         async with Node(name="a", listen=seed) as a:
             await asyncio.wait_for(starting, 10)
@@ -62,9 +98,16 @@ async def test_join_waits_for_a_seed_that_comes_up_later():
             finally:
                 await b.stop()
     waits = [e for e in logs if e["event"] == "waiting for seeds"]
-    # info level, one line per round of dials (backoff: a handful in 1.5 s, not hundreds)
-    assert 1 <= len(waits) <= 10, waits
-    assert all(e["log_level"] == "info" and e["seeds"] == [seed] for e in waits)
+    # one info line per failed round of dials, numbered from 1
+    assert waits and [e["attempt"] for e in waits] == list(range(1, len(waits) + 1)), waits
+    assert all(e["log_level"] == "info" and e["seeds"] == [seed] for e in waits), waits
+    for e in waits:  # each pause is in its backoff window (logged rounded to 0.01 s)
+        top = _join_backoff(e["attempt"])
+        assert top / 2 - 0.005 <= e["retry_in"] <= top + 0.005, (e["attempt"], e["retry_in"])
+    for e, nxt in itertools.pairwise(waits):  # ... and the node paused that long before the next round
+        assert nxt["t"] - e["t"] >= e["retry_in"] - 0.01, (e, nxt)
+    # every failed round was refused (dialed before the seed listened): none failed once it was up
+    assert all("Connect call failed" in e["error"] for e in waits), waits
 
 
 async def test_join_timeout_zero_fails_at_once_with_a_clear_error():
@@ -181,15 +224,17 @@ async def _one_cluster(urls: list[str], names: set[str], timeout: float = 20) ->
     async with Node(name=f"check-{os.getpid()}", listen=[]) as client:
         peers = [await client.connect(u) for u in urls]
         assert set(peers) == names
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
+        states: list[dict[str, str]] = []
+
+        async def one_cluster() -> bool:  # the processes' views can only be asked for
             views = [await client.request(p, MEMBERS_SERVICE, timeout=5) for p in peers]
-            states = [{n: m["state"] for n, m in v["members"].items()} for v in views]
-            if all(s == dict.fromkeys(names, "alive") for s in states):
-                return
-            assert loop.time() < deadline, f"not one cluster: {states}"
-            await asyncio.sleep(0.1)
+            states[:] = [{n: m["state"] for n, m in v["members"].items()} for v in views]
+            return all(s == dict.fromkeys(names, "alive") for s in states)
+
+        try:
+            await wait_for_async(one_cluster, timeout, interval=0.1)
+        except AssertionError:
+            raise AssertionError(f"not one cluster: {states}") from None
 
 
 @pytest.mark.timeout(120 + 60 * TRIALS)
@@ -210,7 +255,7 @@ async def test_serve_seed_started_late(serve, trial):
     seed = _url(ports[0])
     names = {f"n{i}" for i in range(3)}
     others = [serve.start(f"n{i}", ports[i], [seed]) for i in (1, 2)]
-    await asyncio.sleep(SEED_DELAY)  # the scenario: the seed comes up this late
+    await asyncio.sleep(SEED_DELAY)  # the scenario (not synchronisation): the seed comes up this late
     for p in others:
         if p.poll() is not None:
             err = await asyncio.to_thread(p.stderr.read)
