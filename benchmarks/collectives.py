@@ -14,10 +14,11 @@ schedstat run delay, summed over ranks and threads): waiting for the machine, wh
 more threads or a higher priority (``chrt -f 10``) gets less of, not for its peers.
 ``--algorithm ring,direct``
 alternates aionet's algorithms call by call in the same processes, so a load change hits each
-alike. aionet writes its result into a preallocated ``out=`` as the MPI worker's
-``Allreduce(x, y)`` does (gloo reduces in place);
-``--out new`` measures a fresh result array per call (rows in BENCHMARKS.md before 2026-11-27
-05:10 UTC), ``--out new,out`` both.
+alike. By default aionet alternates a preallocated ``out=`` (as the MPI worker's
+``Allreduce(x, y)``) and in place (``out=`` the input, as gloo reduces and as raw's in-place
+ring), and the table takes the better of the two, as it does for raw (in place was added
+2026-11-27 14:40 UTC; rows before that are out of place only); ``--out new`` measures a fresh
+result array per call (rows in BENCHMARKS.md before 2026-11-27 05:10 UTC).
 
 - aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``;
 - gloo: ``torch.distributed`` with the gloo backend over TCP (skipped without torch);
@@ -117,24 +118,32 @@ def worker_aionet(
             grp = node.group(members=names, name="bench")
             await grp.barrier()
             # several variants alternate call by call, so a change in the machine's load hits each alike;
-            # "+out": the result goes to a preallocated out= (as MPI's Allreduce(x, y) here)
-            algs = [a + ("+out" if o == "out" else "") for a in algorithm.split(",") for o in out.split(",")]
+            # "+out": the result goes to a preallocated out= (as MPI's Allreduce(x, y) here);
+            # "+inplace": out= the input itself (as gloo, and the raw ring's in-place variant)
+            suffix = {"new": "", "out": "+out", "inplace": "+inplace"}
+            algs = [a + suffix[o] for a in algorithm.split(",") for o in out.split(",")]
             for nbytes in sizes:
                 x = np.ones(max(1, nbytes // 4), dtype=np.float32)
                 y = np.empty_like(x)
+                z = np.empty_like(x)  # the in-place variant's buffer, reset to x before each call
                 k = iters_for(nbytes, iters)
 
-                async def call(variant: str, x: Any = x, y: Any = y) -> Any:
+                async def call(variant: str, x: Any = x, y: Any = y, z: Any = z) -> Any:
                     alg, _, to = variant.partition("+")
+                    if to == "inplace":
+                        return await grp.allreduce(z, algorithm=alg, out=z)
                     return await grp.allreduce(x, algorithm=alg, out=y if to else None)
 
                 for alg in algs:
+                    z[:] = x
                     await call(alg)
                 times: dict[str, list[float]] = {a: [] for a in algs}
                 cost = {a: np.zeros(4) for a in algs}  # CPU s, page faults, context switches, run-queue s
                 wrong = 0
                 for i in range(k * len(algs)):
                     alg = algs[i % len(algs)]
+                    if alg.endswith("+inplace"):
+                        z[:] = x  # untimed, as the raw ring's reset and the gloo worker's copy_
                     await grp.barrier()
                     u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
                     t = time.perf_counter()
@@ -543,9 +552,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--out",
-        default="out",
+        default="out,inplace",
         help="aionet's result: 'new' array per call, 'out' (a preallocated out=, as the MPI worker's "
-        "Allreduce(x, y)), or 'new,out' alternated",
+        "Allreduce(x, y)), 'inplace' (out= the input, as gloo), or several comma separated, alternated; "
+        "the table takes the best, as it does for raw's out= and in-place rings",
     )
     ap.add_argument(
         "--segment",
