@@ -247,6 +247,7 @@ class FrameDecoder:
         "_target_src",
         "_total",
         "delivered_bytes",
+        "frame_remaining",
         "large_allocs",
         "large_done",
     )
@@ -309,6 +310,13 @@ class FrameDecoder:
         self._target_obj: Any = None
         self._target_off = 0
         self._target_src: Any = None  # the buffer a FrameTarget gave for the frame in progress
+        #: Bytes still to come of the large frame being received into its own buffer (0 if none).
+        #: The peer wrote this frame's header, so it is committed to every byte of it: a transport
+        #: may ask the kernel to wake it only once up to this many are queued (a receive low-water
+        #: mark) without ever waiting for bytes the peer holds back (it may send nothing after the
+        #: frame). A plain attribute kept by every change of the frame in progress, like
+        #: ``large_allocs``: the transport reads it on every read of a large frame.
+        self.frame_remaining = 0
 
     # ----------------------------------------------------------------- public API
     @property
@@ -318,16 +326,6 @@ class FrameDecoder:
         if self._state in (_FRAMES, _LARGE):
             held += sum(map(len, self._frames))
         return held
-
-    @property
-    def frame_remaining(self) -> int:
-        """Bytes still to come of the large frame being received into its own buffer (0 if none).
-
-        The peer wrote this frame's header, so it is committed to every byte of it: a transport may
-        ask the kernel to wake it only once up to this many are queued (a receive low-water mark)
-        without ever waiting for bytes the peer holds back (it may send nothing after the frame)."""
-        target = self._target
-        return 0 if target is None else len(target) - self._target_off
 
     @property
     def spare_bytes(self) -> int:
@@ -373,8 +371,12 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         if self._target is not None:
+            # a read into the large frame in progress (most reads of a large message): counted
+            # without a call, and the frame's end is the only thing to act on
             self._target_off += nbytes
-            if self._target_off < len(self._target):
+            left = self.frame_remaining - nbytes
+            self.frame_remaining = left
+            if left > 0:
                 return []
             out: list[Message] = []
             try:
@@ -455,6 +457,7 @@ class FrameDecoder:
         self._target_obj = None
         self._target_off = 0
         self._target_src = None
+        self.frame_remaining = 0
 
     def _parse(self) -> list[Message]:
         out: list[Message] = []
@@ -680,6 +683,7 @@ class FrameDecoder:
                 self._target = view
                 self._target_obj = view
                 self._target_off = have
+                self.frame_remaining = n - have
                 self._state = _LARGE
                 if have == n:
                     self._finish_large()
@@ -709,6 +713,7 @@ class FrameDecoder:
         self._target = view
         self._target_obj = obj
         self._target_off = have
+        self.frame_remaining = n - have
         self._state = _LARGE
         if have == n:
             self._finish_large()

@@ -29,7 +29,7 @@ from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import chunk_bounds, recursive_doubling, ring_allgather
 from .compression import WireCodec, wire_codec
-from .group_algorithms import GroupAlgorithms, _same
+from .group_algorithms import GroupAlgorithms, _same, await_sends
 from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, work_buffer, write_out
 from .small import MISSING, RAW_MAX, DoublingRun, Key, round_tags
 from .wire import CHANNEL_PREFIX, Tag, tag
@@ -272,16 +272,15 @@ class Group(GroupAlgorithms):
                 self._release_ahead(k)
         limit = self.timeout if timeout is None else timeout
         sends = self._sends[seq] = []
+        awaited = -1  # how many of sends were awaited and succeeded (all of them: nothing left to reap)
         try:
             if limit is None:  # the usual case: no timer to arm, no context to enter and leave
                 out = await fn(seq)
-                if sends:
-                    await asyncio.gather(*sends)
+                awaited = await await_sends(sends)
                 return out
             async with asyncio.timeout(limit):
                 out = await fn(seq)
-                if sends:
-                    await asyncio.gather(*sends)
+                awaited = await await_sends(sends)
                 return out
         except TimeoutError:
             if limit is None:
@@ -292,11 +291,12 @@ class Group(GroupAlgorithms):
         finally:
             self._active.discard(seq)
             del self._sends[seq]
-            for t in sends:
-                if not t.done():
-                    t.cancel()
-            if sends:
-                await asyncio.gather(*sends, return_exceptions=True)
+            if awaited != len(sends):  # failed, cancelled or timed out: stop and reap every send
+                for t in sends:
+                    if not t.done():
+                        t.cancel()
+                if sends:
+                    await asyncio.gather(*sends, return_exceptions=True)
 
     def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> asyncio.Task[None] | None:
         """Send without waiting (large messages wait for the peer's ack: pipelining needs many
@@ -441,7 +441,7 @@ class Group(GroupAlgorithms):
         the changed values)."""
         sends = self._sends.get(seq)
         if sends:
-            await asyncio.gather(*sends)
+            await await_sends(sends)
 
     async def _finish(
         self, seq: int, c: Converted, res: np.ndarray, op: str, out: Any, dest: np.ndarray | None = None

@@ -187,11 +187,19 @@ class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self._protocol_violation(exc)
             return
-        if self._sock is not None and (self._lowat > 1 or self._decoder.large_allocs != self._lowat_allocs):
-            self._follow_frame()  # a large frame started or is in progress: reads of small ones skip this
+        dec = self._decoder
+        if self._sock is not None and (self._lowat > 1 or dec.large_allocs != self._lowat_allocs):
+            # a large frame started or is in progress (reads of small ones skip this); in the
+            # middle of one, with the mark at its most and at least that much still owed,
+            # _follow_frame would keep the mark as it is: most reads of a large message
+            if not (
+                dec.large_allocs == self._lowat_allocs
+                and self._lowat == self._lowat_max
+                and dec.frame_remaining >= self._lowat
+            ):
+                self._follow_frame()
         if not msgs:
             return
-        dec = self._decoder
         on_messages = self._on_messages
         if on_messages is not None and not self._queue and self._push_pending is None and not self._closed:
             # Push mode with nothing queued (the usual case): the messages go to the consumer
