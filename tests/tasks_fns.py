@@ -1,4 +1,8 @@
-"""Importable task functions for the scheduler tests (run by in-process and subprocess nodes)."""
+"""Importable task functions for the scheduler tests (run by in-process and subprocess nodes).
+
+The sleeps below are the tasks' work (a thread blocked, a slow node, a long checkpointed job),
+the scenario the scheduler is tested under; no test synchronises on them: tests wait on task
+results, events and states."""
 
 from __future__ import annotations
 
