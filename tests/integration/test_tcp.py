@@ -38,6 +38,7 @@ from aionet.transports.base import Connection
 from aionet.transports.registry import TransportRegistry
 from aionet.transports.tcp import ConnectTimeout, TCPConnection, TCPTransport
 from tests.conftest import wait_for
+from tests.push_consumer import GatedConsumer
 
 LOOPS = ["asyncio", "uvloop"]
 
@@ -400,30 +401,18 @@ async def test_write_nowait_and_send_nowait_keep_order() -> None:
 
 async def test_push_mode() -> None:
     async with pair() as p:
-        batches: list[list[Any]] = []
-        closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-        gate = asyncio.Event()
-        first = asyncio.Event()
-
-        def on_messages(batch: list[Any]) -> Any:
-            batches.append(batch)
-            if not first.is_set():
-                first.set()
-                return gate.wait()  # block: no further batch until it is done
-            return None
-
-        p.server.start_receiving(on_messages, closed.set_result)
+        c = GatedConsumer()
+        p.server.start_receiving(c.on_messages, c.on_closed)
         await p.client.send([b"0"])
-        await first.wait()
+        await c.first.wait()
         for i in range(1, 50):
             await p.client.send([str(i).encode()])
-        assert len(batches) == 1
-        gate.set()
+        assert len(c.batches) == 1
+        c.gate.set()
         await p.client.close()
-        exc = await closed
+        exc = await c.closed
         assert isinstance(exc, ConnectionClosed)
-        got = [m[0] for b in batches for m in b]
-        assert got == [str(i).encode() for i in range(50)]
+        assert c.payloads() == [str(i).encode() for i in range(50)]
 
 
 class WriteLog:

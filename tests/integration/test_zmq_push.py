@@ -16,6 +16,7 @@ from aionet.errors import ConnectionClosed
 from aionet.testing.proxy import FaultProxy
 from aionet.transports.base import Connection
 from aionet.transports.zmq import ZMQTransport
+from tests.push_consumer import GatedConsumer
 
 T = 10.0
 
@@ -47,36 +48,26 @@ async def test_a_waiting_consumer_holds_later_batches_and_hears_the_end_after_th
 ) -> None:
     client, server = await _pair(transport)
     receiver, sender = (server, client) if side == "listener" else (client, server)
-    batches: list[list[Any]] = []
-    closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-    gate = asyncio.Event()
-    first = asyncio.Event()
-
-    def on_messages(batch: list[Any]) -> Any:
-        batches.append(batch)
-        if not first.is_set():
-            first.set()
-            return gate.wait()  # block: no further batch until it is done
-        return None
-
-    receiver.start_receiving(on_messages, closed.set_result)
+    c = GatedConsumer()
+    receiver.start_receiving(c.on_messages, c.on_closed)
     await sender.send([b"0"])
     async with asyncio.timeout(T):
-        await first.wait()
+        await c.first.wait()
     for i in range(1, 50):
         await sender.send([str(i).encode()])
-    await asyncio.sleep(0.05)  # time for the 49 to arrive and be held
-    assert len(batches) == 1
-    gate.set()
-    async with asyncio.timeout(T):
-        while sum(map(len, batches)) < 50:
+    async with asyncio.timeout(T):  # the 49 arrive and are held behind the gate
+        while len(receiver._rq) < 49:
             await asyncio.sleep(0.005)
-    assert not closed.done()
+    assert len(c.batches) == 1
+    c.gate.set()
+    async with asyncio.timeout(T):
+        await c.arrived(50)
+    assert not c.closed.done()
     await sender.close()
     async with asyncio.timeout(T):
-        exc = await closed
+        exc = await c.closed
     assert isinstance(exc, ConnectionClosed)
-    assert [m[0] for b in batches for m in b] == [str(i).encode() for i in range(50)]
+    assert c.payloads() == [str(i).encode() for i in range(50)]
 
 
 @pytest.mark.parametrize("sends", [1, 3])
