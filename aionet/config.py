@@ -177,9 +177,12 @@ class BuffersSection:
     staging_chunk_bytes: int | str = 4 * 2**20  # bytes per staged chunk / link message
     staging_depth: int = 2  # chunks being copied ahead (2 = double buffering)
     device_host_fallback: bool = True  # no GPU here: deliver device arrays as numpy (else an error)
+    # collectives on device arrays reduce on host working copies, pinned and kept for the next
+    # call of the same size: idle ones are bounded by this (larger arrays use plain memory once)
+    scratch_max_bytes: int | str = 2**30
 
     def normalize(self) -> None:
-        for key in ("max_bytes", "staging_chunk_bytes"):
+        for key in ("max_bytes", "staging_chunk_bytes", "scratch_max_bytes"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, str)):
                 raise ConfigError(f'buffers.{key} must be a size such as 4194304 or "4MiB", not {value!r}')
@@ -187,8 +190,10 @@ class BuffersSection:
                 size = parse_size(value)
             except ConfigError:
                 raise ConfigError(f'buffers.{key} must be a size such as 4194304 or "4MiB", not {value!r}') from None
-            if size <= 0:
+            if size <= 0 and key != "scratch_max_bytes":
                 raise ConfigError(f"buffers.{key} must be positive")
+            if size < 0:
+                raise ConfigError(f"buffers.{key} must not be negative")
             setattr(self, key, size)
         pinned = self.pinned
         if isinstance(pinned, bool):

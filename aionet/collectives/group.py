@@ -347,6 +347,8 @@ class Group(GroupAlgorithms):
         ):
             return await self._small_allreduce(x, op, out, timeout)
         hx, back = self._on_host(x, out)
+        if out is None and hx is not x and type(hx) is np.ndarray:
+            out = hx  # a device input's host copy is ours: reduce into it, no second host array
         res = await self._allreduce(hx, op, out=out, algorithm=algorithm, timeout=timeout, compression=compression)
         return back(res)
 
@@ -384,7 +386,7 @@ class Group(GroupAlgorithms):
         """The reduction on rank ``root`` (None elsewhere), over a binomial tree."""
         hx, back = self._on_host(x, out)
         res = await self._reduce(hx, root, op, out=out, timeout=timeout)
-        return None if res is None else back(res)
+        return back(res)  # None off the root (the host copy is handed back all the same)
 
     async def reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
@@ -394,7 +396,9 @@ class Group(GroupAlgorithms):
 
     def _on_host(self, x: Any, out: Any) -> tuple[Any, Callable[[Any], Any]]:
         """``x`` with device arrays copied to the host, and how to give the result back (device
-        results for device inputs, through the node's staging backend)."""
+        results for device inputs, through the node's staging backend). The host copies are
+        borrowed (pinned, reused call after call) and handed back once the result is on the
+        device; a call that fails keeps them (its sends may still reference them)."""
         dev = self._device
         items = list(x) if isinstance(x, (list, tuple)) else [x]
         on_dev = [dev is not None and not isinstance(i, np.ndarray) and dev.is_device_array(i) for i in items]
@@ -403,10 +407,23 @@ class Group(GroupAlgorithms):
         assert dev is not None
         if out is not None:
             raise TypeError("out= takes host arrays: a device input's result comes back as a new device array")
-        host = [dev.to_host(i) if d else i for i, d in zip(items, on_dev, strict=True)]
+        host = [dev.borrow_host(i) if d else i for i, d in zip(items, on_dev, strict=True)]
+        borrowed = [h for h, d in zip(host, on_dev, strict=True) if d]
+
+        def back(res: Any) -> Any:
+            if res is None:
+                pass
+            elif isinstance(x, (list, tuple)):
+                res = [dev.to_device(r) if d else r for r, d in zip(res, on_dev, strict=True)]
+            else:
+                res = dev.to_device(res)
+            for h in borrowed:
+                dev.give_back(h)
+            return res
+
         if not isinstance(x, (list, tuple)):
-            return host[0], dev.to_device
-        return host, lambda res: [dev.to_device(r) if d else r for r, d in zip(res, on_dev, strict=True)]
+            return host[0], back
+        return host, back
 
     async def _allreduce(
         self,

@@ -217,6 +217,7 @@ class DeviceTransfers:
                 host_fallback=bool(cfg.device_host_fallback),
                 max_nbytes=self._limits.max_message_bytes,
                 devices=self._devices,
+                scratch_max_bytes=int(cfg.scratch_max_bytes),
             )
         return self._stager
 
@@ -254,6 +255,12 @@ class DeviceTransfers:
 
     def to_device(self, arr: Any) -> Any:
         return self.stager.to_device(arr)
+
+    def borrow_host(self, obj: Any) -> Any:
+        return self.stager.borrow_host(obj)
+
+    def give_back(self, arr: Any) -> None:
+        self.stager.give_back(arr)
 
     def encode(self, obj: Any) -> tuple[int, Any, Any] | None:
         if not is_device_array(obj):

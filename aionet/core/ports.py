@@ -129,6 +129,13 @@ class DeviceArrays(Protocol):
     def to_device(self, arr: Any) -> Any:
         """``arr`` (numpy) as a device array of this node (numpy when it has no GPU)."""
 
+    def borrow_host(self, obj: Any) -> Any:
+        """Like ``to_host``, into a reusable host buffer (pinned with a GPU); the caller hands
+        it back with ``give_back`` once nothing references it (or never, after a failure)."""
+
+    def give_back(self, arr: Any) -> None:
+        """Return a buffer ``borrow_host`` lent."""
+
 
 class ReceiveInto(Protocol):
     """Receive-into for large array segments (``core/receive_targets.py``): a consumer that

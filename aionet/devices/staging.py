@@ -72,8 +72,9 @@ from .backends import (
     is_device_array,
     source_kind,
 )
-from .buffers import BufferPool, PooledBuffer
+from .buffers import BufferPool, PinnedAllocator, PlainAllocator, PooledBuffer
 from .discovery import Devices
+from .scratch import HostScratch
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -87,6 +88,7 @@ log = get_logger("aionet.staging")
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # measured best of 512 KiB..8 MiB: see benchmarks/staging.py
 DEFAULT_DEPTH = 2  # chunks copied ahead: double buffering (3 measured no better)
+DEFAULT_SCRATCH_BYTES = 1 << 30  # idle host working copies kept for collectives (HostScratch)
 WIRE_VERSION = 1
 
 
@@ -105,6 +107,8 @@ class Stager:
         max_nbytes: largest array accepted from the network.
         devices: whether CUDA works here (a node passes its one
             :class:`~aionet.devices.discovery.Devices`; standalone, the stager probes itself).
+        scratch_max_bytes: idle host working copies (:meth:`borrow_host`) kept at most this
+            many bytes; pinned when the backend is a real device.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class Stager:
         host_fallback: bool = True,
         max_nbytes: int = 16 << 30,
         devices: Devices | None = None,
+        scratch_max_bytes: int = DEFAULT_SCRATCH_BYTES,
     ) -> None:
         if chunk_bytes <= 0 or depth < 1:
             raise ValueError("chunk_bytes must be positive and depth >= 1")
@@ -137,6 +142,8 @@ class Stager:
         self.max_nbytes = int(max_nbytes)
         self._executor: ThreadPoolExecutor | None = None
         self._host_target: HostTarget | None = None
+        self._scratch_max = int(scratch_max_bytes)
+        self._scratch: HostScratch | None = None
 
     # ------------------------------------------------------------------ plumbing
     def _run(self, fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
@@ -166,6 +173,8 @@ class Stager:
             self._executor = None
         if self._own_pool:
             self.pool.close()
+        if self._scratch is not None:
+            self._scratch.clear()
         for b in (self.backend, self._host_target):
             mem = getattr(b, "memory", None)
             if isinstance(mem, CachingAllocator):
@@ -242,6 +251,30 @@ class Stager:
         for off in range(0, nbytes, self.chunk_bytes):
             self.backend.copy_to_host(flat, off, host[off : off + self.chunk_bytes])
         return host.view(dtype).reshape(shape, order=order)
+
+    @property
+    def scratch(self) -> HostScratch:
+        """The host working copies :meth:`borrow_host` lends (pinned on a real device)."""
+        if self._scratch is None:
+            on_device = bool(getattr(self.backend, "on_device", False))
+            alloc = PinnedAllocator(self._devices) if on_device else PlainAllocator()
+            self._scratch = HostScratch(alloc, self._scratch_max)
+        return self._scratch
+
+    def borrow_host(self, obj: Any) -> np.ndarray:
+        """A host copy of device array ``obj`` in a reusable (pinned, with a GPU) buffer:
+        one copy at full bus speed instead of chunks into fresh pageable memory. Hand it back
+        with :meth:`give_back` once nothing references it; until then it is the caller's."""
+        flat, dtype, shape, order = self.backend.prepare(obj)
+        nbytes = int(flat.nbytes)
+        host = self.scratch.take(nbytes)
+        self.backend.copy_to_host(flat, 0, host)
+        return host.view(dtype).reshape(shape, order=order)
+
+    def give_back(self, arr: np.ndarray) -> None:
+        """Return what :meth:`borrow_host` lent, for the next call of that size."""
+        if self._scratch is not None:
+            self._scratch.give(arr)
 
     def to_device(self, arr: np.ndarray) -> Any:
         """``arr`` copied to this node's device (numpy when it has none and host fallback allows)."""

@@ -468,8 +468,12 @@ def test_buffers_config_section():
     assert c.buffers.pinned == "auto" and c.buffers.staging_depth == 2 and c.buffers.device_host_fallback
     c = Config.from_dict({}, env={"AIONET_BUFFERS_MAX_BYTES": "1GiB", "AIONET_BUFFERS_PINNED": "false"})
     assert c.buffers.max_bytes == 1 << 30 and c.buffers.pinned == "false"
+    assert c.buffers.scratch_max_bytes == 1 << 30
+    assert Config.from_dict({"buffers": {"scratch_max_bytes": 0}}, env={}).buffers.scratch_max_bytes == 0  # keep none
     for bad in (
         {"max_bytes": "lots"},
+        {"scratch_max_bytes": -1},
+        {"max_bytes": 0},
         {"pinned": "maybe"},
         {"staging_depth": 0},
         {"staging_chunk_bytes": "1GiB"},
