@@ -2,7 +2,7 @@
 # A/B of `aionet bench allreduce --device gpu` between this tree and another (BASE), on a lent
 # GPU machine, interleaved in one run, plus host (numpy) rows of this tree for reference.
 #
-#   OUT=dir bash benchmarks/gpu_allreduce_ab.sh BASE_TREE [REPS]
+#   OUT=dir [MIN=1M MAX=64M ITERS=5] bash benchmarks/gpu_allreduce_ab.sh BASE_TREE [REPS]
 #
 # BASE_TREE: a copy of another commit (e.g. `git archive <commit> aionet | tar -x -C base`).
 # The caller sets PYTHONPATH for the dependencies (e.g. /tmp/site); each tree goes first on it.
@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 DEPS=${PYTHONPATH:-}
 run() {  # tree label n device rep
   PYTHONPATH="$1${DEPS:+:$DEPS}" timeout 120 python3 -m aionet bench allreduce --nodes "$3" --device "$4" \
-    --min 1M --max 64M --factor 4 --iters 5 --warmup 2 --json > "$OUT/ar_$2_n$3_$4_$5.json" \
+    --min "${MIN:-1M}" --max "${MAX:-64M}" --factor 4 --iters "${ITERS:-5}" --warmup 2 --json > "$OUT/ar_$2_n$3_$4_$5.json" \
     || echo "run $2 n=$3 $4 rep $5 failed: $?"
 }
 for n in 2 4; do
