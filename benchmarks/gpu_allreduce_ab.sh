@@ -2,15 +2,18 @@
 # A/B of `aionet bench allreduce --device gpu` between this tree and another (BASE), on a lent
 # GPU machine, interleaved in one run, plus host (numpy) rows of this tree for reference.
 #
-#   OUT=dir [MIN=1M MAX=64M ITERS=5] bash benchmarks/gpu_allreduce_ab.sh BASE_TREE [REPS]
+#   OUT=dir [MIN=1M MAX=64M ITERS=5 REPS=2] bash benchmarks/gpu_allreduce_ab.sh BASE_TREE [LABEL=TREE ...]
 #
-# BASE_TREE: a copy of another commit (e.g. `git archive <commit> aionet | tar -x -C base`).
+# BASE_TREE: a copy of another commit (e.g. `git archive <commit> aionet | tar -x -C base`);
+# more trees to compare may follow as LABEL=PATH (labels of letters and digits).
 # The caller sets PYTHONPATH for the dependencies (e.g. /tmp/site); each tree goes first on it.
 # Writes one JSON line per size to $OUT/ar_<tree>_n<N>_<device>_<rep>.json and prints the
 # out-of-place busbw (GB/s) per size with each run's median over REPS.
 set -u
 BASE=$1
-REPS=${2:-2}
+shift
+EXTRA=("$@")
+REPS=${REPS:-2}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 DEPS=${PYTHONPATH:-}
@@ -24,6 +27,7 @@ for n in 2 4; do
     echo "n=$n rep $rep ($(date +%T))"
     run "$BASE" base "$n" gpu "$rep"
     run "$PWD" new "$n" gpu "$rep"
+    for t in "${EXTRA[@]}"; do run "${t#*=}" "${t%%=*}" "$n" gpu "$rep"; done
   done
   run "$PWD" new "$n" cpu 1
 done
@@ -36,7 +40,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "ar_*.json"))):
         if line.startswith("{"):
             r = json.loads(line)
             rows.setdefault((int(n[1:]), r["size"], f"{tree} {dev}"), []).append((r["out"]["busbw"], r["out"]["wrong"]))
-cols = ["base gpu", "new gpu", "new cpu"]
+cols = ["base gpu", "new gpu"] + sorted({k[2] for k in rows} - {"base gpu", "new gpu", "new cpu"}) + ["new cpu"]
 print("n  size       " + "".join(f"{c:>22}" for c in cols) + "   new/base gpu")
 for n, size in sorted({(k[0], k[1]) for k in rows}):
     cells, med = [], {}
