@@ -30,7 +30,9 @@ from typing import Any
 
 import msgpack
 
+from ..codecs.array_send import encode_array_send
 from ..codecs.batch import encode_rpc_batch, encode_send_batch
+from ..codecs.dtypes import DtypeTable
 from ..codecs.envelope import ACK, REP, REQ, SEND, XFER
 from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
@@ -112,6 +114,8 @@ class Link(LinkRecovery):
         death_grace: float = 0.0,
         on_undeliverable: Callable[[str, int, str], None] | None = None,
         copy_max: int = 0,
+        dtypes: DtypeTable | None = None,
+        oob_min: int = 0,
     ):
         self.peer = peer
         lim = limits or LimitsSection()
@@ -121,6 +125,10 @@ class Link(LinkRecovery):
         self.dumps = dumps
         self._dumps_sized = dumps_sized  # with compression: limits count inflated bytes
         self._pack = msgpack.Packer(use_bin_type=True, strict_types=True, datetime=False).pack
+        # SENDs of [*key, array] (a ring segment) are packed here, as the serializer would
+        # (codecs/array_send.py): its dtype table and out-of-band threshold; None: never
+        self._dtypes = dtypes
+        self._oob_min = max(1, oob_min)
         self.state = LinkState(max_inflight_bytes)
         self.tx_id = uuid.uuid4().hex[:16]  # our outgoing stream toward this peer
         self.rx_id = ""  # the peer's outgoing stream toward us, as last seen
@@ -525,6 +533,15 @@ class Link(LinkRecovery):
             elif self.compress and self._dumps_sized is not None:
                 # the receiver checks its limits on inflated sizes: so must we
                 frames, extra, raw_max = self._dumps_sized([kind, seq, ack, *fields], compress=True)
+            elif (
+                t is list
+                and kind == SEND
+                and self._dtypes is not None
+                and not self.compress
+                and (f := encode_array_send(self._pack, seq, ack, fields[0], payload, self._dtypes, self._oob_min))
+                is not None
+            ):
+                frames = f  # a ring segment's [seq, tag, src, array]: the serializer's bytes, packed here
             else:
                 frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
             nframes = len(frames)
