@@ -519,6 +519,7 @@ class Link(LinkRecovery):
         payload = fields[-1] if fields else None
         t = type(payload)
         extra = raw_max = 0
+        mutable = None  # whether the out-of-band frames may change, where already known
         try:
             if (
                 t in _PLAIN
@@ -542,10 +543,16 @@ class Link(LinkRecovery):
                 is not None
             ):
                 frames = f  # a ring segment's [seq, tag, src, array]: the serializer's bytes, packed here
+                mutable = not f[1].readonly  # (a memoryview of the array: read-only when it is)
             else:
                 frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
             nframes = len(frames)
-            nbytes = len(frames[0]) if nframes == 1 else nbytes_of(frames)
+            if nframes == 1:
+                nbytes = len(frames[0])
+            elif mutable is None:
+                nbytes = nbytes_of(frames)
+            else:  # the short road's header and array view
+                nbytes = len(frames[0]) + frames[1].nbytes
             if nbytes + extra > self._size_ok or nframes > self._max_frames or raw_max > self._size_ok:
                 # before the message takes its place in the stream: one that can never be
                 # delivered fails its own send, and nothing else (no replay of it, no gap)
@@ -563,7 +570,7 @@ class Link(LinkRecovery):
             elif nbytes <= self._copy_max:
                 frames = self._copies.copy(frames)  # the caller may reuse its buffers at once
                 wait_seq = self._copies.sent(seq, nbytes)
-            elif not ReplayCopies.immutable(frames):
+            elif mutable if mutable is not None else not ReplayCopies.immutable(frames):
                 wait_seq = seq  # zero-copy: the replay buffer holds the caller's memory until acked
             # else: immutable buffers (bytes, read-only arrays) cannot change under the replay
             # buffer, so the send returns without its ack; the window still bounds what is unacked
