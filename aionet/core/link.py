@@ -723,7 +723,9 @@ class Link(LinkRecovery):
         self._bytes_owed = 0
         if self.state.ack_owed and self.current is not None:
             self.acks_sent += 1
-            self.send_control(self.dumps([ACK, self.state.acked_now()]))
+            # two ints: the link's own packer makes the serializer's bytes without its walk (a ring
+            # allreduce acknowledges about one segment in each such frame)
+            self.send_control([self._pack([ACK, self.state.acked_now()])])
 
     def stats(self) -> LinkStats:
         st = self.state
