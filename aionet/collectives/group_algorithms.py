@@ -22,9 +22,10 @@ from .ops import frozen
 from .small import RAW_MAX, Key, RawDecoder
 from .wire import Tag, tag
 
-# Segments per ring chunk, at least. Each segment costs fixed CPU on both ends (measured, same
-# processes alternating call by call: 4 -> 2 per chunk cut a rank's CPU per byte by 7-13 % at
-# 16 MiB, and the wall time with it); two still overlap one's reduction with the next's transfer.
+# Segments per ring chunk, at least, by default (collectives.pipeline_segments). Each segment costs
+# fixed CPU on both ends (measured, same processes alternating call by call: 4 -> 2 per chunk cut a
+# rank's CPU per byte by 7-13 % at 16 MiB, and the wall time with it); two still overlap one's
+# reduction with the next's transfer.
 PIPELINE = 2
 MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
 
@@ -40,6 +41,7 @@ class GroupAlgorithms:
     rank: int
     size: int
     segment_bytes: int
+    pipeline: int
     _inline_bytes: int
     _into: ReceiveInto | None
     _doubling_plan: DoublingPlan
@@ -83,8 +85,8 @@ class GroupAlgorithms:
 
     def _segment_items(self, nbytes: int, itemsize: int, parts: int = 1) -> int:
         """Elements per pipelined segment of ``nbytes`` split in ``parts`` chunks: at least
-        PIPELINE segments per chunk (so each step overlaps), none below MIN_SEGMENT bytes."""
-        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, nbytes // parts // PIPELINE))
+        ``pipeline`` segments per chunk (so each step overlaps), none below MIN_SEGMENT bytes."""
+        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, nbytes // parts // self.pipeline))
         return max(1, seg_bytes // max(1, itemsize))
 
     async def _doubling(

@@ -82,6 +82,22 @@ async def test_allreduce_is_exact_on_the_short_road(n: int, monkeypatch: pytest.
     assert used["encoded"] > 0 and used["decoded"] == used["encoded"], used
 
 
+@pytest.mark.parametrize(("pipeline", "sends"), [(1, 2), (2, 4)])
+async def test_pipeline_segments_sets_the_pieces_per_chunk_and_stays_exact(
+    pipeline: int, sends: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n = 2, 4 MiB of float32: 2 MiB chunks go as 1 piece (pipeline_segments = 1) or 2 pieces of
+    1 MiB, in each of the 2 ring steps."""
+    cfg = {"collectives": {"small_bytes": 4096, "pipeline_segments": pipeline}}
+    async with cluster(2, "tcp", config=cfg) as nodes:
+        grps = [node.group() for node in nodes]
+        xs = inputs(2, 1 << 20, "float32", 3)
+        with counted(monkeypatch) as used:
+            res = await asyncio.wait_for(asyncio.gather(*(g.allreduce(xs[g.rank]) for g in grps)), 30)
+        assert np.array_equal(res[0], xs[0] + xs[1]) and np.array_equal(res[1], res[0])
+        assert used["encoded"] == used["decoded"] == 2 * sends  # both ranks' segments
+
+
 @contextlib.asynccontextmanager
 async def proxied_pair() -> AsyncIterator[tuple[Node, Node, FaultProxy]]:
     """``b`` dials ``a`` through a proxy that can stall and cut: the pair's one connection."""
