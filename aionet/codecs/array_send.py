@@ -1,6 +1,7 @@
 """A short road through the serializer for one message shape: ``[SEND, seq, ack, channel,
-[*key, array]]``, the array out of band in frame 1 (a ring collective's segment is
-``[seq, tag, src, array]``).
+[*key, array]]`` or ``[SEND, seq, ack, channel, array]``, the array out of band in frame 1 (a
+ring collective's segment is ``[seq, tag, src, array]``; ``node.send(peer, channel, array)``
+sends a bare one).
 
 Why: a ring allreduce sends and receives one such message per segment, and the general encoder
 and decoder spend about 40 Python calls on it (the pre-pack walk, the packer's ``default`` hook,
@@ -34,7 +35,10 @@ from .extensions import EXT_NDARRAY
 if TYPE_CHECKING:
     from .dtypes import DtypeTable
 
-__all__ = ["MAX_KEY", "MAX_NDIM", "decode_array_send", "encode_array_send", "split_array_send"]
+__all__ = ["ARRAY_PAYLOADS", "MAX_KEY", "MAX_NDIM", "decode_array_send", "encode_array_send", "split_array_send"]
+
+#: the payload types :func:`encode_array_send` may take (a cheap test for its callers)
+ARRAY_PAYLOADS = frozenset({list, np.ndarray})
 
 MAX_KEY = 8  # key items the sender's short road takes (a ring segment has 3)
 MAX_NDIM = 64  # as the general decoder's bound
@@ -51,14 +55,18 @@ def encode_array_send(
 ) -> list[Any] | None:
     """The frames :meth:`Serializer.dumps` makes of ``[SEND, seq, ack, channel, payload]`` (no
     compression), when ``payload`` is ``[*key, array]`` with 1 to MAX_KEY plain int or str key
-    items and a C-contiguous numpy array of at least ``oob_min`` bytes of a raw-memory dtype;
-    None otherwise. ``pack``: a strict-types, bin-type msgpack packer's ``pack`` (the link's)."""
-    n = len(payload)
-    if not 2 <= n <= MAX_KEY + 1:
-        return None
-    a = payload[-1]
-    if type(a) is not np.ndarray:
-        return None
+    items, or the array alone, the array being a C-contiguous numpy array of at least ``oob_min``
+    bytes of a raw-memory dtype; None otherwise. ``pack``: a strict-types, bin-type msgpack
+    packer's ``pack`` (the link's)."""
+    if type(payload) is np.ndarray:
+        a, n = payload, 0
+    else:
+        n = len(payload)
+        if not 2 <= n <= MAX_KEY + 1:
+            return None
+        a = payload[-1]
+        if type(a) is not np.ndarray:
+            return None
     nbytes = a.nbytes
     if nbytes < oob_min or not a.flags.c_contiguous:
         return None
@@ -70,18 +78,18 @@ def encode_array_send(
         return None
     rec = _new_tuple(ExtType, (EXT_NDARRAY, _pack_meta([wire, a.shape, False, 1])))
     try:
-        header = pack([SEND, seq, ack, channel, [*payload[:-1], rec]])
+        header = pack([SEND, seq, ack, channel, [*payload[:-1], rec] if n else rec])
     except (OverflowError, TypeError, ValueError):  # an int beyond 64 bits, an odd str: the general path
         return None
     return [header, memoryview(a.ravel().view(np.uint8))]
 
 
-def split_array_send(header: Any) -> tuple[list[Any], list[Any], list[Any]] | None:
+def split_array_send(header: Any) -> tuple[list[Any], list[Any] | None, list[Any]] | None:
     """``(envelope, payload, array record)`` of a header that is a SEND envelope whose payload
-    is ``[*key, array record]`` with plain int or str key items, the record being a list; None
-    for anything else (total on hostile bytes: never raises). The payload's last item is still
-    the record's :class:`slice` ``(code, data)``. The unpacker's own bounds are the header's
-    length, which the caller bounds."""
+    is ``[*key, array record]`` with plain int or str key items (``payload`` is that list, its
+    last item still the record's :class:`slice` ``(code, data)``) or the array record alone
+    (``payload`` is None); None for anything else (total on hostile bytes: never raises). The
+    unpacker's own bounds are the header's length, which the caller bounds."""
     try:
         env = msgpack.unpackb(header, ext_hook=_ext_record, raw=False, strict_map_key=False)
     except Exception:  # malformed: the general path reports it
@@ -89,14 +97,17 @@ def split_array_send(header: Any) -> tuple[list[Any], list[Any], list[Any]] | No
     if type(env) is not list or len(env) != 5 or env[0] != SEND or type(env[3]) is not str:
         return None
     payload = env[4]
-    if type(payload) is not list or len(payload) < 2:
+    if type(payload) is slice:
+        ext, payload = payload, None
+    elif type(payload) is not list or len(payload) < 2:
         return None
-    ext = payload[-1]
+    else:
+        ext = payload[-1]
+        for i in range(len(payload) - 1):
+            if type(payload[i]) not in _KEY_TYPES:
+                return None
     if type(ext) is not slice or ext.start != EXT_NDARRAY:
         return None
-    for i in range(len(payload) - 1):
-        if type(payload[i]) not in _KEY_TYPES:
-            return None
     try:
         rec = msgpack.unpackb(ext.stop, raw=False)
     except Exception:
@@ -107,11 +118,12 @@ def split_array_send(header: Any) -> tuple[list[Any], list[Any], list[Any]] | No
 
 
 def decode_array_send(header: Any, frame: Any, dtypes: DtypeTable, max_frame: int) -> list[Any] | None:
-    """The envelope ``[SEND, seq, ack, channel, [*key, array]]`` of a 2-frame message whose
-    header is ``header`` and whose array is C-ordered in ``frame`` (the array views ``frame``;
-    copied once if ``frame`` is read-only, as the general decoder does); None when the message
-    is not exactly that (the general path decodes it). Raises DecodeError when it is that shape
-    but does not add up: an unreceivable dtype, a bad shape, a size other than the frame's."""
+    """The envelope ``[SEND, seq, ack, channel, [*key, array]]`` (or ``[..., channel, array]``)
+    of a 2-frame message whose header is ``header`` and whose array is C-ordered in ``frame``
+    (the array views ``frame``; copied once if ``frame`` is read-only, as the general decoder
+    does); None when the message is not exactly that (the general path decodes it). Raises
+    DecodeError when it is that shape but does not add up: an unreceivable dtype, a bad shape, a
+    size other than the frame's."""
     t = type(frame)
     if t is memoryview:
         if frame.ndim != 1 or frame.format != "B" or not frame.contiguous:
@@ -146,5 +158,8 @@ def decode_array_send(header: Any, frame: Any, dtypes: DtypeTable, max_frame: in
         arr = arr.reshape(shape)
     if not arr.flags.writeable:
         arr = arr.copy()  # read-only frame: copied once, users get a writable array
-    payload[-1] = arr
+    if payload is None:
+        env[4] = arr
+    else:
+        payload[-1] = arr
     return env

@@ -29,6 +29,6 @@ def peek_send_array(header: Buffer, index: int) -> tuple[str, tuple[Any, ...]] |
     if got is None:
         return None
     env, payload, rec = got
-    if len(rec) not in (4, 5) or rec[3] != index or type(rec[3]) is not int:
+    if payload is None or len(rec) not in (4, 5) or rec[3] != index or type(rec[3]) is not int:
         return None
     return env[3], tuple(payload[:-1])

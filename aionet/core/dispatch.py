@@ -120,9 +120,10 @@ class Dispatcher:
                         and len(frames[0]) <= short
                         and (env := decode_array_send(frames[0], frames[1], dtypes, max_frame)) is not None
                     ):
-                        # a SEND of [*key, array] (a ring segment): read without the decoder chain
-                        # (codecs/array_send.py); anything else it does not take goes below
-                        size = len(frames[0]) + env[4][-1].nbytes
+                        # a SEND of [*key, array] (a ring segment) or of an array: read without the
+                        # decoder chain (codecs/array_send.py); anything else it does not take goes below
+                        arr = env[4]
+                        size = len(frames[0]) + (arr.nbytes if type(arr) is not list else arr[-1].nbytes)
                         nbytes += size
                     elif nf > 1:
                         size = nbytes_of(frames)

@@ -30,7 +30,7 @@ from typing import Any
 
 import msgpack
 
-from ..codecs.array_send import encode_array_send
+from ..codecs.array_send import ARRAY_PAYLOADS, encode_array_send
 from ..codecs.batch import encode_rpc_batch, encode_send_batch
 from ..codecs.dtypes import DtypeTable
 from ..codecs.envelope import ACK, REP, REQ, SEND, XFER
@@ -535,14 +535,14 @@ class Link(LinkRecovery):
                 # the receiver checks its limits on inflated sizes: so must we
                 frames, extra, raw_max = self._dumps_sized([kind, seq, ack, *fields], compress=True)
             elif (
-                t is list
+                t in ARRAY_PAYLOADS
                 and kind == SEND
                 and self._dtypes is not None
                 and not self.compress
                 and (f := encode_array_send(self._pack, seq, ack, fields[0], payload, self._dtypes, self._oob_min))
                 is not None
             ):
-                frames = f  # a ring segment's [seq, tag, src, array]: the serializer's bytes, packed here
+                frames = f  # [*key, array] (a ring segment) or an array: the serializer's bytes, packed here
                 mutable = not f[1].readonly  # (a memoryview of the array: read-only when it is)
             else:
                 frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)

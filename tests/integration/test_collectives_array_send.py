@@ -167,3 +167,16 @@ async def test_a_malformed_segment_header_is_a_typed_error_a_log_line_and_a_clos
         await b.send(a.name, "after", np.arange(1 << 12, dtype=np.float32))
         got = await a.recv("after", timeout=20)
         assert np.array_equal(got, np.arange(1 << 12, dtype=np.float32))
+
+
+async def test_a_bare_array_sent_to_a_mailbox_takes_the_short_road(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``node.send(peer, channel, array)``: the same road (the envelope's payload is the array)."""
+    with counted(monkeypatch) as used:
+        async with cluster(2, "tcp") as (a, b):
+            for x in (np.arange(1 << 18, dtype=np.float64).reshape(512, 512), np.ones(3 << 20, np.uint8)):
+                x.flags.writeable = x.dtype != np.uint8  # a read-only one too (sent without waiting for its ack)
+                await b.send(a.name, "arr", x)
+                got = await a.recv("arr", timeout=20)
+                assert type(got) is np.ndarray and got.dtype == x.dtype and got.shape == x.shape
+                assert np.array_equal(got, x) and got.flags.writeable
+    assert used["encoded"] == used["decoded"] == 2, used
