@@ -12,18 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
-
-from .envelope import SEND
-from .extensions import EXT_NDARRAY, Buffer
+from .array_send import split_array_send
+from .extensions import Buffer
 
 __all__ = ["peek_send_array"]
-
-_KEY_TYPES = (int, str)
-
-
-def _ext(code: int, data: bytes) -> msgpack.ExtType:
-    return msgpack.ExtType(code, data)
 
 
 def peek_send_array(header: Buffer, index: int) -> tuple[str, tuple[Any, ...]] | None:
@@ -33,26 +25,10 @@ def peek_send_array(header: Buffer, index: int) -> tuple[str, tuple[Any, ...]] |
 
     The array's dtype and shape are not read here: the consumer's buffer is used only when its
     size is exactly the frame's, and the decoder later checks the array against the frame."""
-    try:
-        env = msgpack.unpackb(header, ext_hook=_ext, raw=False, strict_map_key=False)
-    except Exception:  # malformed header: the usual path reports it
+    got = split_array_send(header)
+    if got is None:
         return None
-    if type(env) is not list or len(env) != 5 or env[0] != SEND or type(env[3]) is not str:
+    env, payload, rec = got
+    if payload is None or len(rec) not in (4, 5) or rec[3] != index or type(rec[3]) is not int:
         return None
-    payload = env[4]
-    if type(payload) is not list or len(payload) < 2:
-        return None
-    arr = payload[-1]
-    if type(arr) is not msgpack.ExtType or arr.code != EXT_NDARRAY:
-        return None
-    try:
-        meta = msgpack.unpackb(arr.data, raw=False)
-    except Exception:
-        return None
-    if type(meta) is not list or len(meta) not in (4, 5) or meta[3] != index or type(meta[3]) is not int:
-        return None
-    key = tuple(payload[:-1])
-    for k in key:
-        if type(k) not in _KEY_TYPES:
-            return None
-    return env[3], key
+    return env[3], tuple(payload[:-1])

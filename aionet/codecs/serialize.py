@@ -108,11 +108,19 @@ class Serializer:
         self._by_type: dict[type, tuple[str, tuple[str, ...]]] = {}
         self._by_name: dict[str, tuple[type, tuple[str, ...]]] = {}
         self._dtypes = DtypeTable(self.limits)
+        #: the dtype table, for the short roads that pack and read array messages themselves
+        #: (codecs/array_send.py: the link and the dispatcher)
+        self.dtypes = self._dtypes
         # msgpack packers are neither thread-safe nor re-entrant: one encoder per thread.
         self._tls = threading.local()
         self._root = Decoder(self, (), None, 0)
         self._root_hook = self._root.hook
         self._short = short_record_max(self.limits, self._max_header)
+        #: headers up to this many bytes unpack within every limit on msgpack's own bounds (their
+        #: length), and frames up to this many bytes are within the frame and message limits
+        #: whatever such a header: the bounds of the array short road (codecs/array_send.py)
+        self.short_header_bytes = self._short
+        self.short_frame_bytes = min(self.limits.max_frame_bytes, self.limits.max_message_bytes - self._short)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Serializer:

@@ -22,9 +22,10 @@ from .ops import frozen
 from .small import RAW_MAX, Key, RawDecoder
 from .wire import Tag, tag
 
-# Segments per ring chunk, at least. Each segment costs fixed CPU on both ends (measured, same
-# processes alternating call by call: 4 -> 2 per chunk cut a rank's CPU per byte by 7-13 % at
-# 16 MiB, and the wall time with it); two still overlap one's reduction with the next's transfer.
+# Segments per ring chunk, at least, by default (collectives.pipeline_segments). Each segment costs
+# fixed CPU on both ends (measured, same processes alternating call by call: 4 -> 2 per chunk cut a
+# rank's CPU per byte by 7-13 % at 16 MiB, and the wall time with it); two still overlap one's
+# reduction with the next's transfer.
 PIPELINE = 2
 MIN_SEGMENT = 256 * 1024  # bytes: smaller pieces cost more per byte than they overlap
 
@@ -40,6 +41,7 @@ class GroupAlgorithms:
     rank: int
     size: int
     segment_bytes: int
+    pipeline: int
     _inline_bytes: int
     _into: ReceiveInto | None
     _doubling_plan: DoublingPlan
@@ -83,8 +85,8 @@ class GroupAlgorithms:
 
     def _segment_items(self, nbytes: int, itemsize: int, parts: int = 1) -> int:
         """Elements per pipelined segment of ``nbytes`` split in ``parts`` chunks: at least
-        PIPELINE segments per chunk (so each step overlaps), none below MIN_SEGMENT bytes."""
-        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, nbytes // parts // PIPELINE))
+        ``pipeline`` segments per chunk (so each step overlaps), none below MIN_SEGMENT bytes."""
+        seg_bytes = max(MIN_SEGMENT, min(self.segment_bytes, nbytes // parts // self.pipeline))
         return max(1, seg_bytes // max(1, itemsize))
 
     async def _doubling(
@@ -140,14 +142,20 @@ class GroupAlgorithms:
             a, b = bounds[c]
             return [(s, min(s + seg, b)) for s in range(a, b, seg)] or [(a, a)]
 
-        enc = codec.encode if codec is not None else _same
-        dec = codec.decode if codec is not None else _same
+        enc = codec.encode if codec is not None else None  # None: sent and received as they are
+        dec = codec.decode if codec is not None else None
         rs = ring_reduce_scatter(n, r)
         ag = ring_allgather(n, r)
+        # every step's tag with segment 0; segment j's is that plus j (tag()'s low 20 bits),
+        # checked once here for the largest j rather than once per segment
+        rs_tags = [tag(bucket, 4, s) for s in range(len(rs))]
+        ag_tags = [tag(bucket, 5, s) for s in range(len(ag))]
+        tag(bucket, 5, len(ag), max(1, -(-max(b - a for a, b in bounds) // seg)) - 1)
         into = _Into(self, seq, bucket, left, ag) if codec is None and self._into is not None else None
         try:
+            t0 = rs_tags[0]
             for j, (a, b) in enumerate(segments(rs[0].send)):
-                sent = self._post(right, seq, tag(bucket, 4, 0, j), enc(flat[a:b]))
+                sent = self._post(right, seq, t0 + j, flat[a:b] if enc is None else enc(flat[a:b]))
                 if sent is not None and res is flat:  # in place: the allgather overwrites this chunk
                     holds.setdefault(rs[0].send, []).append(sent)
             if into is not None:
@@ -168,32 +176,39 @@ class GroupAlgorithms:
                             into.offer(4, s, j, res[a:b])
             last = len(rs) - 1
             for s, step in enumerate(rs):
+                t_in = rs_tags[s]
+                t_out = rs_tags[s + 1] if s < last else ag_tags[0]
                 for j, (a, b) in enumerate(segments(step.recv)):
-                    got = dec(await self._recv(seq, tag(bucket, 4, s, j), left))
+                    got = await self._recv(seq, t_in + j, left)
+                    if dec is not None:
+                        got = dec(got)
                     # one chain per chunk: every rank gets the same bits (landed in place or not)
-                    fn(flat[a:b], got, out=res[a:b])
+                    out = res[a:b]
+                    fn(flat[a:b], got, out=out)
                     if s < last:
-                        sent = self._post(right, seq, tag(bucket, 4, s + 1, j), enc(res[a:b]))
+                        sent = self._post(right, seq, t_out + j, out if enc is None else enc(out))
                         if sent is not None:
                             holds.setdefault(step.recv, []).append(sent)
                     else:
                         # fully reduced here: it starts the allgather at once, segment by segment,
                         # so the right neighbour copies segment j while this rank reduces j + 1
                         if codec is not None:  # kept as the others will receive it
-                            res[a:b] = codec.round(res[a:b])
-                        self._post(right, seq, tag(bucket, 5, 0, j), enc(res[a:b]))
+                            res[a:b] = codec.round(out)
+                        self._post(right, seq, t_out + j, out if enc is None else enc(out))
             for s, step in enumerate(ag):
                 if step.recv in holds:  # about to overwrite what an earlier send may still be reading
                     await await_sends(holds.pop(step.recv))
+                t_in = ag_tags[s]
+                t_out = ag_tags[s + 1] if s + 1 < len(ag) else 0
                 for j, (a, b) in enumerate(segments(step.recv)):
-                    got = await self._recv(seq, tag(bucket, 5, s, j), left)
+                    got = await self._recv(seq, t_in + j, left)
                     dst = res[a:b]
                     landed = into is not None and _aliases(got, dst)
                     if s + 1 < len(ag):  # forwarded before it is copied in
                         # landed in the result: sent from there, writable, so held until acked
-                        self._post(right, seq, tag(bucket, 5, s + 1, j), dst if landed else frozen(got))
+                        self._post(right, seq, t_out + j, dst if landed else frozen(got))
                     if not landed:
-                        np.copyto(dst, dec(got))
+                        np.copyto(dst, got if dec is None else dec(got))
         finally:
             if into is not None:
                 into.close()
@@ -274,7 +289,8 @@ class _Into:
         """Segment ``j`` of ring step ``s`` of ``phase`` (4: reduce-scatter, 5: allgather)."""
         if self._closed or not place.size:
             return
-        key = (self._seq, tag(self._bucket, phase, s, j), self._src)
+        # tag(bucket, phase, s, j) inlined: the ring checked its largest tag when the call began
+        key = (self._seq, (self._bucket << 48) | (phase << 40) | (s << 20) | j, self._src)
         self._keys.append(key)
         self._ports.expect(self._peer, self._channel, key, place)
 

@@ -56,6 +56,7 @@ class Collectives:
             small_bytes=cfg.small_bytes,
             max_ahead_bytes=cfg.max_ahead_bytes,
             segment_bytes=cfg.segment_bytes,
+            pipeline=cfg.pipeline_segments,
             timeout=cfg.timeout or None,
             alive=self.alive,
             on_close=self._groups.discard,

@@ -351,6 +351,8 @@ class Connector:
             death_grace=self.config.link.death_grace,
             on_undeliverable=self._on_undeliverable,
             copy_max=self.config.link.big_copy_max_bytes,
+            dtypes=self.serializer.dtypes,
+            oob_min=self.serializer.oob_min_bytes,
         )
         if tx_id:
             link.tx_id = tx_id

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..codecs.array_send import decode_array_send
 from ..codecs.envelope import ACK, BYE, ERR, PEERS, REP, REQ, SEND, XFER
 from ..codecs.extensions import DecodeDeferred
 from ..codecs.serialize import Serializer
@@ -95,8 +96,11 @@ class Dispatcher:
         the last delivered message, and the peer replays the rest on it, once and in order."""
         if link.dead is not None:
             return None  # failed, or replaced by a successor: nothing more is delivered from here
-        loads = self.serializer.loads
-        loads_sized = self.serializer.loads_sized
+        ser = self.serializer
+        loads = ser.loads
+        loads_sized = ser.loads_sized
+        dtypes = ser.dtypes
+        short, max_frame = ser.short_header_bytes, ser.short_frame_bytes
         router = self.router
         deliver = router.deliver
         deliver_many = router.deliver_many
@@ -110,7 +114,18 @@ class Dispatcher:
                 frames = batch[i]
                 i += 1
                 try:
-                    if len(frames) > 1:
+                    nf = len(frames)
+                    if (
+                        nf == 2
+                        and len(frames[0]) <= short
+                        and (env := decode_array_send(frames[0], frames[1], dtypes, max_frame)) is not None
+                    ):
+                        # a SEND of [*key, array] (a ring segment) or of an array: read without the
+                        # decoder chain (codecs/array_send.py); anything else it does not take goes below
+                        arr = env[4]
+                        size = len(frames[0]) + (arr.nbytes if type(arr) is not list else arr[-1].nbytes)
+                        nbytes += size
+                    elif nf > 1:
                         size = nbytes_of(frames)
                         nbytes += size
                         # compressed frames only where negotiated; mailboxes and acks count the

@@ -30,7 +30,9 @@ from typing import Any
 
 import msgpack
 
+from ..codecs.array_send import ARRAY_PAYLOADS, encode_array_send
 from ..codecs.batch import encode_rpc_batch, encode_send_batch
+from ..codecs.dtypes import DtypeTable
 from ..codecs.envelope import ACK, REP, REQ, SEND, XFER
 from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
@@ -112,6 +114,8 @@ class Link(LinkRecovery):
         death_grace: float = 0.0,
         on_undeliverable: Callable[[str, int, str], None] | None = None,
         copy_max: int = 0,
+        dtypes: DtypeTable | None = None,
+        oob_min: int = 0,
     ):
         self.peer = peer
         lim = limits or LimitsSection()
@@ -121,6 +125,10 @@ class Link(LinkRecovery):
         self.dumps = dumps
         self._dumps_sized = dumps_sized  # with compression: limits count inflated bytes
         self._pack = msgpack.Packer(use_bin_type=True, strict_types=True, datetime=False).pack
+        # SENDs of [*key, array] (a ring segment) are packed here, as the serializer would
+        # (codecs/array_send.py): its dtype table and out-of-band threshold; None: never
+        self._dtypes = dtypes
+        self._oob_min = max(1, oob_min)
         self.state = LinkState(max_inflight_bytes)
         self.tx_id = uuid.uuid4().hex[:16]  # our outgoing stream toward this peer
         self.rx_id = ""  # the peer's outgoing stream toward us, as last seen
@@ -511,6 +519,7 @@ class Link(LinkRecovery):
         payload = fields[-1] if fields else None
         t = type(payload)
         extra = raw_max = 0
+        mutable = None  # whether the out-of-band frames may change, where already known
         try:
             if (
                 t in _PLAIN
@@ -525,10 +534,25 @@ class Link(LinkRecovery):
             elif self.compress and self._dumps_sized is not None:
                 # the receiver checks its limits on inflated sizes: so must we
                 frames, extra, raw_max = self._dumps_sized([kind, seq, ack, *fields], compress=True)
+            elif (
+                t in ARRAY_PAYLOADS
+                and kind == SEND
+                and self._dtypes is not None
+                and not self.compress
+                and (f := encode_array_send(self._pack, seq, ack, fields[0], payload, self._dtypes, self._oob_min))
+                is not None
+            ):
+                frames = f  # [*key, array] (a ring segment) or an array: the serializer's bytes, packed here
+                mutable = not f[1].readonly  # (a memoryview of the array: read-only when it is)
             else:
                 frames = self.dumps([kind, seq, ack, *fields], compress=self.compress)
             nframes = len(frames)
-            nbytes = len(frames[0]) if nframes == 1 else nbytes_of(frames)
+            if nframes == 1:
+                nbytes = len(frames[0])
+            elif mutable is None:
+                nbytes = nbytes_of(frames)
+            else:  # the short road's header and array view
+                nbytes = len(frames[0]) + frames[1].nbytes
             if nbytes + extra > self._size_ok or nframes > self._max_frames or raw_max > self._size_ok:
                 # before the message takes its place in the stream: one that can never be
                 # delivered fails its own send, and nothing else (no replay of it, no gap)
@@ -546,7 +570,7 @@ class Link(LinkRecovery):
             elif nbytes <= self._copy_max:
                 frames = self._copies.copy(frames)  # the caller may reuse its buffers at once
                 wait_seq = self._copies.sent(seq, nbytes)
-            elif not ReplayCopies.immutable(frames):
+            elif mutable if mutable is not None else not ReplayCopies.immutable(frames):
                 wait_seq = seq  # zero-copy: the replay buffer holds the caller's memory until acked
             # else: immutable buffers (bytes, read-only arrays) cannot change under the replay
             # buffer, so the send returns without its ack; the window still bounds what is unacked
@@ -699,7 +723,9 @@ class Link(LinkRecovery):
         self._bytes_owed = 0
         if self.state.ack_owed and self.current is not None:
             self.acks_sent += 1
-            self.send_control(self.dumps([ACK, self.state.acked_now()]))
+            # two ints: the link's own packer makes the serializer's bytes without its walk (a ring
+            # allreduce acknowledges about one segment in each such frame)
+            self.send_control([self._pack([ACK, self.state.acked_now()])])
 
     def stats(self) -> LinkStats:
         st = self.state

@@ -456,7 +456,16 @@ class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
         immutable, so nothing needs waiting for."""
         if self._closed:
             raise self._closed_error()
-        self._append(frames, True)
+        f = frames[0] if len(frames) == 1 else None
+        if type(f) is bytes and len(f) < self._copy_below and len(f) <= self._max_header:
+            # one small frame (an ACK, a heartbeat): behind its prefix in the batch, as _append
+            # would put it, without its general frame walk
+            wbuf = self._wbuf
+            wbuf += _PACK1(HEAD, 1, len(f))
+            wbuf += f
+            self._wbytes += len(f) + 16
+        else:
+            self._append(frames, True)
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:

@@ -59,6 +59,8 @@ def test_unknown_env_key_is_an_error():
         ({"security": {"allow_pickle": "maybe"}}, "boolean"),
         ({"limits": {"max_frames": 0}}, "positive"),
         ({"node": {"join": [1, 2]}}, "list of strings"),
+        ({"collectives": {"pipeline_segments": 0}}, "pipeline_segments must be between 1 and 64, not 0"),
+        ({"collectives": {"pipeline_segments": 65}}, "pipeline_segments must be between 1 and 64"),
     ],
 )
 def test_bad_values(data, match):

@@ -7,6 +7,8 @@ import logging
 from types import SimpleNamespace
 from typing import Any
 
+import msgpack
+
 from aionet.codecs.envelope import ACK
 from aionet.core.link import BIG_MESSAGE, STREAM_ACK_BYTES, Link
 
@@ -20,7 +22,8 @@ def _link(more_inbound: list[bool] | None = None) -> tuple[Link, list[Any]]:
         give_up_after=30.0,
         log=logging.getLogger("test"),
     )
-    conn = SimpleNamespace(send_nowait=lambda frames: sent.append(frames[0]))
+    # an ACK frame is packed by the link itself: read back, as the peer would
+    conn = SimpleNamespace(send_nowait=lambda frames: sent.append(msgpack.unpackb(frames[0])))
     if more_inbound is not None:
         conn.more_inbound = lambda: more_inbound[0]
     link.current = SimpleNamespace(conn=conn)
