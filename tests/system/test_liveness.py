@@ -8,6 +8,7 @@ the observer and the killed process waiting for a CPU, which the kernel counts),
 <= 1.5 s."""
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -65,29 +66,40 @@ def _cpu_wait(path: str) -> float:
 class CpuWaits:
     """What a loaded machine, not the detector, spent of a SIGKILL's detection time.
 
-    Two kernel-counted waits for a CPU: the killed node's main thread's from the kill on (its
-    teardown: memory unmapped, then the sockets closed, the moment peers can notice), and our
-    loop thread's from the moment it saw the connection drop (``lost``: its reaction to it).
-    They may overlap in time, so only the larger is taken: never more than one of them.
-    The killed node's counter is read while it is a zombie (the spawn fixture reaps it only at
-    teardown). 0 on an idle machine, and where /proc has no schedstat."""
+    Two kernel-counted waits for a CPU from the kill on: the killed node's main thread's (its
+    teardown: memory unmapped, then the sockets closed, the moment peers can notice) and our
+    loop thread's (its reaction, to the dropped connection or to p1's gossip). They may
+    overlap in time, so only the larger is taken: never more than one party's wait. The
+    killed node's counter is read while it is a zombie (the spawn fixture reaps it only at
+    teardown). Both are 0 on an idle machine, and where /proc has no schedstat."""
 
     def __init__(self, victim_pid: int) -> None:
-        self._ours = f"/proc/self/task/{threading.get_native_id()}/schedstat"
-        self._victim = f"/proc/{victim_pid}/schedstat"
-        self._victim_at = _cpu_wait(self._victim)
-        self._ours_at: float | None = None
-        self.lost_at: float | None = None
+        self._paths = (f"/proc/{victim_pid}/schedstat", f"/proc/self/task/{threading.get_native_id()}/schedstat")
+        self._at = [_cpu_wait(p) for p in self._paths]
+        self.lost_at: float | None = None  # when our loop saw the killed node's connection drop
 
     def lost(self) -> None:
-        """Our loop saw the killed node's connection drop (called on that loop)."""
         if self.lost_at is None:
-            self.lost_at, self._ours_at = time.monotonic(), _cpu_wait(self._ours)
+            self.lost_at = time.monotonic()
 
     def spent(self) -> tuple[float, float]:
-        """(the killed node's wait, ours) so far."""
-        ours = _cpu_wait(self._ours) - self._ours_at if self._ours_at is not None else 0.0
-        return max(_cpu_wait(self._victim) - self._victim_at, 0.0), max(ours, 0.0)
+        """(the killed node's wait, ours) since the start."""
+        victim, ours = (max(_cpu_wait(p) - a, 0.0) for p, a in zip(self._paths, self._at, strict=True))
+        return victim, ours
+
+
+@contextlib.contextmanager
+def _ahead_of_background_load(nice: int = -10):
+    """Run this thread, and the processes it starts meanwhile (they inherit it), ahead of
+    other work on the machine where we may (root or CAP_SYS_NICE; elsewhere nothing changes
+    and :class:`CpuWaits` alone accounts for the load). Linux nice is per thread: the loop's."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(PermissionError, OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)  # lowering one's priority needs no privilege
 
 
 async def _deaths_seen_by_p1(t: Node) -> int:
@@ -152,6 +164,11 @@ async def test_a_loop_blocked_longer_than_max_loop_stall_is_dead(spawn):
 
 @pytest.mark.timeout(120)
 async def test_sigkill_is_seen_within_50_ms_and_sigstop_within_1_5_s(spawn):
+    with _ahead_of_background_load():
+        await _sigkill_and_sigstop(spawn)
+
+
+async def _sigkill_and_sigstop(spawn) -> None:
     victim, _p1, seeds = await _cluster(spawn)
     async with Node(name="t", listen="tcp://127.0.0.1:0", join=seeds) as t:
         await _ready(t)
