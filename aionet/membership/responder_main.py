@@ -38,7 +38,7 @@ PING = b"AIOP"
 REPLY = b"AIOR"
 PARENT_CHECK = 0.2  # s between checks that the node still exists
 PING_SIZE = 32  # = the reply's size: answering never amplifies
-NOT_RUNNING = 0xFFFFFFFF  # stall_ms meaning "the node is stopped or gone"
+NOT_RUNNING = 0xFFFFFFFF  # stall_ms meaning "the node is stopped, exiting or gone"
 PF_EXITING = 0x4  # task flag (linux/sched.h): the process has begun to exit (killed or returning)
 
 
