@@ -35,9 +35,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import responder_main as wire
+from .probe import GONE
 
 MAX_PENDING = 1024  # pings awaiting replies at once (a bound, not an expected load)
 PING_GRACE = 0.05  # s a verification still waits for a responder after the probes found nothing
+NOTHING_LISTENS = "nothing listens at its address: its process is gone"
 
 
 def available() -> bool:
@@ -264,17 +266,24 @@ class Liveness:
     ) -> tuple[str, str, float | None]:
         """One verification round of a suspect: its responder and the probes race.
 
-        Returns (outcome as the prober says it: "alive", "dead" or "" for unknown; a reason
-        replacing the suspicion's when the responder decided; the stall to report when the
-        member has just become stalled)."""
+        Returns (outcome: "alive", "dead" or "" for unknown; a reason replacing the
+        suspicion's when the responder or a refused probe decided; the stall to report when the
+        member has just become stalled). A probe that found nothing listening (``GONE``) is
+        conclusive: it waits for no responder (a killed node's responder may already have
+        exited) and outranks one that says the process still runs (it is still exiting)."""
         extra = load.extra if load is not None else None
         ping = spawn(self.check(extra, timeout), "aionet-ping")
         probing = spawn(probe, "aionet-probe")
+        outcome = ""
         try:
             await asyncio.wait((ping, probing), return_when=asyncio.FIRST_COMPLETED)
             answer = ping.result() if ping.done() else None
+            if probing.done() and probing.result() == GONE:
+                return "dead", NOTHING_LISTENS, None
             if answer is None:  # no word from a responder yet: the probes decide, unless it speaks
                 outcome = await probing
+                if outcome == GONE:
+                    return "dead", NOTHING_LISTENS, None
                 if outcome != "alive" and not ping.done():
                     await asyncio.wait((ping,), timeout=PING_GRACE)
                 answer = ping.result() if ping.done() and outcome != "alive" else None

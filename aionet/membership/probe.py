@@ -30,6 +30,10 @@ MAX_PROBE_CONNECTIONS = 32  # probe connections open at once, all addresses toge
 MAX_SERVED_PROBES = 16  # members probed at once on other members' behalf (PROBE_REQ)
 PROBE_REUSE = 0.1  # s: a probe result this fresh answers every later asker of that address
 MAX_PROBE_PAUSE = 0.4  # s: cap of the doubling pause between one probe's retries
+# probe_round's outcome when the direct probe found nothing listening at any of the member's
+# addresses (or another process answering to its name): the process is gone, conclusively; a
+# loop blocked by user code still has its listening socket, which the kernel keeps accepting on
+GONE = "gone"
 
 
 @dataclass
@@ -146,7 +150,9 @@ class Prober:
                 rnd.wake.set()
 
     async def probe_round(self, m: Member, timeout: float, indirect: int) -> str:
-        """Direct probe plus indirect probes through other members -> ALIVE, DEAD or '' (unknown)."""
+        """Direct probe plus indirect probes through other members -> ALIVE, GONE (nothing
+        listens at its addresses: conclusive), DEAD (no proof of life, confirmed by others) or
+        '' (unknown)."""
         deadline = self.clock() + timeout
         self._next_id += 1
         pid = self._next_id
@@ -172,7 +178,7 @@ class Prober:
                     if r == "alive":
                         return ALIVE
                     if r in ("refused", "replaced"):
-                        return DEAD
+                        return GONE
                     if len(rnd.answered) >= len(rnd.asked):
                         return DEAD if (rnd.nacks or not rnd.asked) else ""
                     if now >= deadline and 2 * rnd.nacks > len(rnd.asked):
@@ -388,6 +394,7 @@ def _drop(fut: asyncio.Future[Any]) -> None:
 
 
 __all__ = [
+    "GONE",
     "MAX_PROBE_CONNECTIONS",
     "MAX_PROBE_PAUSE",
     "MAX_SERVED_PROBES",

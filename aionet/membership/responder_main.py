@@ -14,10 +14,11 @@ so a forged source address cannot turn the responder into an amplifier)::
     reply = b"AIOR" + nonce(8) + stall_ms(uint32, big-endian) + mac(16)
 
 ``mac`` is HMAC-SHA256 over the reply's first 16 bytes, keyed with the cluster token (zeros
-without one), truncated to 16 bytes. ``stall_ms`` 0xFFFFFFFF means the node is stopped or gone
-(answered at once, so a pinger need not wait out its timeout). The node passes its pid, the
-tick file and the token on stdin (never on the command line, which other users can read), and
-reads the bound port from this process's stdout.
+without one), truncated to 16 bytes. ``stall_ms`` 0xFFFFFFFF means the node is stopped, exiting
+(killed: its memory and sockets are being torn down) or gone (answered at once, so a pinger
+need not wait out its timeout). The node passes its pid, the tick file and the token on stdin
+(never on the command line, which other users can read), and reads the bound port from this
+process's stdout.
 """
 
 from __future__ import annotations
@@ -37,18 +38,39 @@ PING = b"AIOP"
 REPLY = b"AIOR"
 PARENT_CHECK = 0.2  # s between checks that the node still exists
 PING_SIZE = 32  # = the reply's size: answering never amplifies
-NOT_RUNNING = 0xFFFFFFFF  # stall_ms meaning "the node is stopped or gone"
+NOT_RUNNING = 0xFFFFFFFF  # stall_ms meaning "the node is stopped, exiting or gone"
+PF_EXITING = 0x4  # task flag (linux/sched.h): the process has begun to exit (killed or returning)
+
+
+def stat_state(data: bytes) -> str:
+    """The state letter of a ``/proc/<pid>/stat`` line, 'X' while the process is exiting.
+
+    Why the flags matter: a SIGKILLed process first unmaps its memory and closes its sockets
+    (its peers see the connection drop and ping us) and only then becomes a zombie; under CPU
+    load that takes tens of milliseconds, during which its state letter still says running.
+    The kernel sets PF_EXITING in the flags (the 7th field after the command name) as the
+    exit begins, so that window reads as gone, not as a running loop with a short stall."""
+    end = data.rfind(b")")
+    if end <= 0:
+        return ""
+    fields = data[end + 2 :].split()
+    if not fields:
+        return ""
+    state = fields[0].decode(errors="replace")
+    if len(fields) > 6 and fields[6].isdigit() and int(fields[6]) & PF_EXITING:
+        return "X"
+    return state
 
 
 def parent_state(pid: int) -> str:
-    """The node's scheduler state letter from /proc ('R', 'S', 'T' stopped ...), '' if gone."""
+    """The node's scheduler state letter from /proc ('R', 'S', 'T' stopped, 'X' exiting ...),
+    '' if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return ""
-    end = data.rfind(b")")
-    return data[end + 2 : end + 3].decode() if end > 0 else ""
+    return stat_state(data)
 
 
 def serve(pid: int, host: str, tick_path: str, token: bytes) -> None:
@@ -79,7 +101,7 @@ def serve(pid: int, host: str, tick_path: str, token: bytes) -> None:
         if len(data) != PING_SIZE or data[:4] != PING:
             continue
         if state in ("", "Z", "X", "T", "t"):
-            stall_ms = NOT_RUNNING  # stopped or gone: say so now rather than let the pinger wait
+            stall_ms = NOT_RUNNING  # stopped, exiting or gone: say so now rather than let the pinger wait
         else:
             (tick,) = struct.unpack_from("<d", ticks, 0)
             stall_ms = min(max(int((time.monotonic() - tick) * 1000), 0), NOT_RUNNING - 1)

@@ -1,5 +1,6 @@
 """The liveness responder's wire and the verdict rules, fed directly (no sockets)."""
 
+import asyncio
 import hashlib
 import hmac
 import math
@@ -7,6 +8,7 @@ import struct
 
 from aionet.membership import liveness, responder_main
 from aionet.membership.liveness import Answer, Liveness, Pinger, host_of, parse_address
+from aionet.membership.probe import GONE
 
 
 def _reply(nonce: bytes, stall_ms: int, key: bytes) -> bytes:
@@ -78,3 +80,80 @@ def test_the_responder_reads_its_nodes_state_from_proc():
 
 def test_a_ping_is_as_large_as_its_reply_so_the_responder_never_amplifies():
     assert len(_reply(b"n" * 8, 0, b"k")) == responder_main.PING_SIZE
+
+
+def test_a_node_that_has_begun_to_exit_reads_as_gone_not_running():
+    """A SIGKILLed node closes its sockets (its peers ping the responder) before it is a
+    zombie; meanwhile its state letter still says running. PF_EXITING in the flags field
+    (the 7th after the command name) is what tells the responder (issue: kill seen in 719 ms)."""
+    rest = b" 1 100 100 0 -1 {flags} 0 0 0 0 5 3 0 0 20 0 4 0 123 456\n"
+    line = b"100 (python3) {state}" + rest
+    assert responder_main.stat_state(line.replace(b"{state}", b"S").replace(b"{flags}", b"4194560")) == "S"
+    assert responder_main.stat_state(line.replace(b"{state}", b"R").replace(b"{flags}", b"4194564")) == "X"
+    assert responder_main.stat_state(line.replace(b"{state}", b"Z").replace(b"{flags}", b"4227084")) == "X"
+    assert responder_main.stat_state(line.replace(b"{state}", b"T").replace(b"{flags}", b"1077936128")) == "T"
+    odd = b"100 (a) R (b) S" + rest.replace(b"{flags}", b"4194560")  # ')' and spaces in the name
+    assert responder_main.stat_state(odd) == "S"
+    assert responder_main.stat_state(b"") == "" and responder_main.stat_state(b"100 (x)") == ""
+
+
+def _lv() -> Liveness:
+    return Liveness(enabled=True, token=None, max_loop_stall=60.0, log=_Log())
+
+
+def _spawner():
+    return lambda coro, name: asyncio.ensure_future(coro)
+
+
+async def test_a_probe_that_finds_nothing_listening_decides_without_waiting_for_the_responder(monkeypatch):
+    """A killed node's responder may already have exited (silent): a refused probe (GONE) is
+    conclusive, so the round ends now rather than after a grace for the responder (with the
+    grace made an hour, waiting for it would fail the 5 s bound)."""
+    monkeypatch.setattr(liveness, "PING_GRACE", 3600.0)
+    lv = _lv()
+    never = asyncio.Event()
+
+    async def silent(extra, timeout):
+        await never.wait()
+
+    async def gone():
+        return GONE
+
+    lv.check = silent  # type: ignore[method-assign]
+    out = await asyncio.wait_for(lv.verify_round("b", None, gone(), 0.5, _spawner()), 5)
+    assert out == ("dead", liveness.NOTHING_LISTENS, None)
+
+
+async def test_a_probe_that_finds_nothing_listening_outranks_a_responder_saying_it_runs():
+    """Both answers in at once: the responder (an older one, reading the state letter only)
+    says the process runs with a short stall, the probe says nothing listens. The process is
+    tearing itself down: dead, and not flagged stalled."""
+    lv = _lv()
+
+    async def runs(extra, timeout):
+        return Answer(0.06)
+
+    async def gone():
+        return GONE
+
+    lv.check = runs  # type: ignore[method-assign]
+    out = await asyncio.wait_for(lv.verify_round("b", None, gone(), 0.5, _spawner()), 5)
+    assert out == ("dead", liveness.NOTHING_LISTENS, None) and lv.stalled == {}
+
+
+async def test_a_responder_that_answers_first_still_keeps_a_blocked_member_alive():
+    """The other side of the rule: while the probes have not found the member gone, the
+    responder's word (process runs, loop blocked 2 s) keeps it alive and flags it stalled."""
+    lv = _lv()
+    never = asyncio.Event()
+
+    async def blocked(extra, timeout):
+        return Answer(2.0)
+
+    async def hung():
+        await never.wait()
+        return ""
+
+    lv.check = blocked  # type: ignore[method-assign]
+    out = await asyncio.wait_for(lv.verify_round("b", None, hung(), 0.5, _spawner()), 5)
+    assert out == ("alive", "", 2.0) and lv.stalled == {"b": 2.0}

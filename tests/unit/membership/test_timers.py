@@ -212,3 +212,47 @@ async def test_a_probe_that_answers_ends_the_verification_alive():
     assert m.state == SUSPECT and m.verified_at == ms.clock() == 51.5  # told to refute, never dead
     assert ports.declared == [] and ms.stats().deaths_declared == 0
     assert any(peer == "b" for peer, _ in ports.sent)  # b heard it is suspected (so it refutes)
+
+
+async def test_a_probe_that_finds_nothing_listening_is_death_in_the_first_round(monkeypatch):
+    """The SIGKILL path: the connection dropped, the direct probe is refused (GONE) and the
+    responder is silent (it exits soon after its node). Dead in one round, on no fed time and
+    no responder grace (an hour here: waiting for it would break the 5 s bound)."""
+    from aionet.membership import liveness
+    from aionet.membership.probe import GONE
+
+    monkeypatch.setattr(liveness, "PING_GRACE", 3600.0)
+    clock = FakeClock(50.0)
+    ms, ports = _service(clock)
+    rounds = 0
+
+    async def gone(m: Any, timeout: float, indirect: int) -> str:
+        nonlocal rounds
+        rounds += 1
+        return GONE
+
+    async def silent(extra: Any, timeout: float) -> None:
+        await asyncio.Event().wait()
+
+    ms.prober.probe_round = gone  # type: ignore[method-assign]
+    ms.liveness.check = silent  # type: ignore[method-assign]
+    await asyncio.wait_for(ms._verify_rounds("b", "id-b", "connection closed"), 5)
+    assert ms.state_of("b") == "dead" and rounds == 1 and clock() == 50.0
+    assert ports.declared == [("b", liveness.NOTHING_LISTENS)]
+
+
+async def test_a_refused_direct_probe_is_conclusive_a_hung_one_is_not():
+    """probe_round's outcomes: nothing listening (refused) or another process under the name
+    (replaced) -> GONE; a connection that hangs, nobody else to ask -> DEAD, which a verifier
+    still lets the member's responder overrule (a loop blocked by user code hangs probes)."""
+    from aionet.membership.probe import GONE
+
+    ms, _ports = _service(FakeClock(50.0))
+    for direct, want in (("refused", GONE), ("replaced", GONE), ("hung", DEAD), ("alive", ALIVE)):
+
+        async def probe(name: str, node_id: str, addresses: list[str], timeout: float, r: str = direct) -> str:
+            return r
+
+        ms.prober._direct_probe = probe  # type: ignore[method-assign]
+        out = await asyncio.wait_for(ms.prober.probe_round(ms.table.members["b"], 0.5, 3), 5)
+        assert out == want, direct
