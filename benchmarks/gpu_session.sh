@@ -3,8 +3,9 @@
 #
 #   OUT=/some/dir [STEPS="ceilings tests ucx p2p allreduce"] bash benchmarks/gpu_session.sh [wheel-dir]
 #
-# The machine is assumed to have CuPy and PyTorch with CUDA; aionet's other dependencies (and
-# ucxx for the ucx:// rows) may come as wheels in [wheel-dir], installed into /tmp/site.
+# The machine is assumed to have CuPy and PyTorch with CUDA; aionet's other dependencies (lz4 and
+# pyzmq are not in its image, structlog was missing on one machine of 2026-11-27, ucxx for the
+# ucx:// rows) may come as wheels in [wheel-dir], installed into /tmp/site.
 # Writes gpu.log and JSON results under $OUT. Steps: the copy ceilings, the GPU tests (staging
 # over tcp://, device frames over ucx://, collectives and the bench CLI on CuPy buffers), then
 # `aionet bench` p2p and allreduce on GPU and host buffers in the same run.
