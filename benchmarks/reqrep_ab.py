@@ -19,61 +19,21 @@ import asyncio
 import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from p2p import _U32, _RawEcho, _RawPing  # the same raw ping-pong p2p.py times
+
 PAYLOAD = b"x" * 64
-_U32 = struct.Struct("<I")
-
-
-class _Echo(asyncio.BufferedProtocol):
-    """Raw server: echo each ``<u32 len><body>`` message back from the read callback."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray(1 << 16)
-        self.mv = memoryview(self.buf)
-        self.n = 0
-
-    def connection_made(self, transport: Any) -> None:
-        import socket
-
-        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.tr = transport
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.mv[self.n :]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        end = self.n + nbytes
-        if end >= 4 and end >= 4 + _U32.unpack_from(self.buf, 0)[0]:
-            self.tr.write(bytes(self.buf[:end]))
-            end = 0
-        self.n = end
-
-
-class _Ping(_Echo):
-    """Raw client: resolve ``waiter`` when the whole echo is back."""
-
-    waiter: asyncio.Future[None] | None = None
-
-    def buffer_updated(self, nbytes: int) -> None:
-        end = self.n + nbytes
-        if end >= 4 and end >= 4 + _U32.unpack_from(self.buf, 0)[0]:
-            end = 0
-            w = self.waiter
-            if w is not None and not w.done():
-                w.set_result(None)
-        self.n = end
 
 
 async def _serve(impl: str) -> None:
     loop = asyncio.get_running_loop()
     if impl == "raw":
-        srv = await loop.create_server(_Echo, "127.0.0.1", 0)
+        srv = await loop.create_server(_RawEcho, "127.0.0.1", 0)
         print(json.dumps({"port": srv.sockets[0].getsockname()[1]}), flush=True)
         await asyncio.Event().wait()
     import aionet
@@ -94,7 +54,7 @@ async def _client(impl: str, info: dict[str, Any], n: int, warmup: int) -> list[
     samples: list[int] = []
     if impl == "raw":
         loop = asyncio.get_running_loop()
-        tr, proto = await loop.create_connection(_Ping, "127.0.0.1", info["port"])
+        tr, proto = await loop.create_connection(_RawPing, "127.0.0.1", info["port"])
         msg = _U32.pack(len(PAYLOAD)) + PAYLOAD
         for i in range(warmup + n):
             fut = proto.waiter = loop.create_future()

@@ -17,8 +17,8 @@ from aionet.config import Config
 from aionet.core.link import BIG_MESSAGE
 from aionet.core.replay_copies import COPY_BUDGET, COPY_MAX
 from aionet.errors import ConfigError
-from aionet.testing import FaultProxy
 from tests.conftest import wait_for
+from tests.proxied_pair import proxied
 
 MiB = 2**20
 
@@ -28,27 +28,6 @@ def _copying(**tcp: int) -> Config:
     if tcp:
         sections["transport"] = {"tcp": tcp}
     return Config.from_dict(sections, env={})
-
-
-@contextlib.asynccontextmanager
-async def proxied(cfg_b: Config | None = None) -> AsyncIterator[tuple[Node, Node, FaultProxy]]:
-    """``b`` dials ``a`` through a proxy that can stall and cut; ``b`` sends to ``a``."""
-    a = Node(name="a", listen="tcp://127.0.0.1:0")
-    b = Node(name="b", listen="tcp://127.0.0.1:0", config=cfg_b)
-    await a.start()
-    await b.start()
-    pa = FaultProxy.to(a.addresses[0])
-    try:
-        await pa.start()
-        await b.connect(pa.address)
-        await b.send("a", "hello", 0)
-        await a.recv("hello", timeout=10)
-        yield a, b, pa
-    finally:
-        pa.stall(False)
-        await b.stop()
-        await a.stop()
-        await pa.stop()
 
 
 async def _recv_n(node: Node, channel: str, n: int, timeout: float = 30) -> list:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from aionet import Node
 from aionet.codecs.envelope import SEND
 from aionet.codecs.extensions import EXT_NDARRAY
 from aionet.core import dispatch, link
-from aionet.testing import FaultProxy, cluster
+from aionet.testing import cluster
 from tests.conftest import wait_for
+from tests.proxied_pair import proxied
 
 pytestmark = pytest.mark.timeout(90)
 CFG = {"collectives": {"small_bytes": 4096, "segment_bytes": 1 << 18}}  # 256 KiB segments: several per chunk
@@ -98,33 +98,12 @@ async def test_pipeline_segments_sets_the_pieces_per_chunk_and_stays_exact(
         assert used["encoded"] == used["decoded"] == 2 * sends  # both ranks' segments
 
 
-@contextlib.asynccontextmanager
-async def proxied_pair() -> AsyncIterator[tuple[Node, Node, FaultProxy]]:
-    """``b`` dials ``a`` through a proxy that can stall and cut: the pair's one connection."""
-    a = Node(name="a", listen="tcp://127.0.0.1:0")
-    b = Node(name="b", listen="tcp://127.0.0.1:0")
-    await a.start()
-    await b.start()
-    pa = FaultProxy.to(a.addresses[0])
-    try:
-        await pa.start()
-        await b.connect(pa.address)
-        await b.send("a", "hello", 0)
-        await a.recv("hello", timeout=10)
-        yield a, b, pa
-    finally:
-        pa.stall(False)
-        await b.stop()
-        await a.stop()
-        await pa.stop()
-
-
 @pytest.mark.parametrize("seg", [1 << 18, 1 << 20])  # copied for the replay, and sent zero-copy (ack-held)
 async def test_a_connection_cut_mid_allreduce_replays_segments_and_the_answer_is_exact(
     seg: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with counted(monkeypatch) as used:
-        async with proxied_pair() as (a, b, pa):
+        async with proxied() as (a, b, pa):
             ga, gb = (nd.collectives.group(["a", "b"], "cut") for nd in (a, b))
             for g in (ga, gb):
                 g.segment_bytes = seg
