@@ -170,6 +170,9 @@ class Connector:
     def declare_dead(self, peer: str, reason: str) -> None:
         self._peers.declare_dead(peer, reason)
 
+    def member_left(self, peer: str, reason: str) -> None:
+        self._peers.member_left(peer, reason)
+
     def advertised(self) -> list[str]:
         return self._advertised()
 

@@ -269,6 +269,8 @@ class LinkRecovery:
             self.dead = PeerUnavailable(f"{self.peer}: peer left the cluster")
             self._fail_waiters(self.dead)
             self.give_up("peer left the cluster")
+            if self._reconnect_task is not None and self._reconnect_task is not asyncio.current_task():
+                self._reconnect_task.cancel()  # left while down (membership's news): nobody to redial
             if self._on_dead is not None:
                 self._on_dead(self.peer, self.dead)
 

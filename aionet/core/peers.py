@@ -157,6 +157,16 @@ class PeerDirectory:
         if p is not None and p.link is not None and p.link.dead is None:
             p.link.fail(PeerUnavailable(f"{peer}: declared dead ({reason})"), keep=True)
 
+    def member_left(self, peer: str, reason: str) -> None:
+        """Membership heard (by gossip) that ``peer`` left. A connected link is left alone: the
+        peer drains and says BYE on it. A link that is down would redial a node that is gone until
+        ``link.give_up_after``, its pending requests waiting that long: it ends now, as on a BYE."""
+        p = self.table.get(peer)
+        link = p.link if p is not None else None
+        if link is not None and link.dead is None and not link.left and link.current is None:
+            self.log.info("peer left while its link was down; ending the link", peer=peer, reason=reason)
+            link.peer_left()
+
     # ------------------------------------------------------------------ learning
     def learn(self, table: dict[str, list[str]], hearsay: bool = True) -> None:
         """Remember peers' addresses. What a peer tells us (``hearsay``: PEERS, a HELLO's

@@ -78,6 +78,10 @@ class PeerConnectivity(Protocol):
 
     def declare_dead(self, peer: str, reason: str) -> None: ...
 
+    def member_left(self, peer: str, reason: str) -> None:
+        """Membership heard that ``peer`` left: end a link to it that is down (nobody to redial)."""
+        ...
+
     def transport(self, url: str) -> Any: ...
 
     def advertised(self) -> list[str]:

@@ -46,6 +46,7 @@ from .table import (
     Emit,
     KillLink,
     LearnAddresses,
+    LinkLeft,
     Member,
     MemberTable,
     Refuted,
@@ -577,6 +578,10 @@ class Membership(Verification):
                 nid = self._peer_node_id(e.name)
                 if not nid or nid == e.node_id:  # not a link to another process of that name
                     self.peers.declare_dead(e.name, e.reason)
+            elif isinstance(e, LinkLeft):
+                nid = self._peer_node_id(e.name)
+                if not nid or nid == e.node_id:
+                    self.peers.member_left(e.name, e.reason)
             elif isinstance(e, StartVerify):
                 m = self._members.get(e.name)
                 if m is not None:

@@ -200,6 +200,16 @@ class LearnAddresses:
 
 
 @dataclass(frozen=True)
+class LinkLeft:
+    """The member left: a link to it that is down ends (there is nobody to redial); a connected
+    one is left to the peer's own BYE, so replies it sends while draining still arrive."""
+
+    name: str
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class KillLink:
     """The member is dead: fail the link to it, unless the link is to another process."""
 
@@ -237,7 +247,7 @@ class TableFull:
     source: str | None
 
 
-Effect = Emit | Disseminate | LearnAddresses | KillLink | StartVerify | Restarted | Refuted | TableFull
+Effect = Emit | Disseminate | LearnAddresses | KillLink | LinkLeft | StartVerify | Restarted | Refuted | TableFull
 
 
 class MemberTable:
@@ -345,6 +355,8 @@ class MemberTable:
         if u.state == DEAD:
             m.suspected = ""
             out.append(KillLink(m.name, m.node_id, reason or f"gossip from {source}"))
+        elif u.state == LEFT and prev_state != LEFT:
+            out.append(LinkLeft(m.name, m.node_id, reason or f"gossip from {source}"))
         if restarted:
             out.append(self._event(m, "restarted" if prev_state in (ALIVE, SUSPECT) else "joined", prev_shown, reason))
         elif m.shown_state != prev_shown:
@@ -374,6 +386,7 @@ __all__ = [
     "InvalidTransition",
     "KillLink",
     "LearnAddresses",
+    "LinkLeft",
     "Member",
     "MemberState",
     "MemberTable",

@@ -59,20 +59,13 @@ class Cluster:
         await wait_for(done, timeout)
 
     async def crash(self, name: str) -> None:
-        """Die like a killed process: no goodbye, listeners gone, every connection cut."""
+        """Die like a killed process: no goodbye, listeners gone, every connection cut. Everything
+        up to the first ``await`` cuts it off at once: given a loop pass with a connection still up,
+        it would answer a heartbeat (with a goodbye attached, were its membership ``_leaving``),
+        which no killed process does (a leaked goodbye made the crash read as a leave)."""
         node = self.nodes.pop(name)
         self.crashed.append(node)
-        node._closing = True  # no BYE, no reconnect, no events
-        ms = node.membership
-        ms._leaving = True
-        for t in list(ms._tasks):
-            t.cancel()
-        # its liveness sidecar would go on answering for the (still running) test process,
-        # reporting this loop's tick as merely stalled for up to heartbeat.max_loop_stall; a
-        # killed process's sidecar sees it gone, and the silence of a stopped one says the same
-        await ms.liveness.stop()
-        for lst in node._listeners:
-            await lst.close()
+        node._closing = True  # no BYE, no reconnect, no events; handshakes from now on are refused
 
         async def gone(*_a, **_k):
             raise PeerUnavailable("crashed")
@@ -85,8 +78,17 @@ class Cluster:
                     p.link._reconnect_task.cancel()
                 for c in list(p.link.conns):
                     c.conn.abort()
+        ms = node.membership
+        for t in list(ms._tasks):
+            t.cancel()
         for t in list(node._tasks):
             t.cancel()
+        # its liveness sidecar would go on answering for the (still running) test process,
+        # reporting this loop's tick as merely stalled for up to heartbeat.max_loop_stall; a
+        # killed process's sidecar sees it gone, and the silence of a stopped one says the same
+        await ms.liveness.stop()
+        for lst in node._listeners:
+            await lst.close()
         await node.transports.aclose()
 
     async def close(self) -> None:
@@ -175,6 +177,39 @@ async def test_crash_is_detected_everywhere_and_fails_pending_requests(cluster):
     assert time.monotonic() - t0 < 15
     with pytest.raises(PeerUnavailable):
         await a.request("d", "aionet.echo", 1, timeout=5)
+
+
+async def test_a_leave_heard_only_by_gossip_fails_requests_over_a_down_link_at_once(cluster):
+    """a's connection to b is cut (and stays cut) when b leaves gracefully: b's goodbye reaches a
+    only by gossip, through c. a's request to b must fail then, not after link.give_up_after."""
+    a = await cluster.add("a", link={"give_up_after": 120.0})
+    b = await cluster.add("b", join="a", link={"give_up_after": 120.0})
+    await cluster.add("c", join="a", link={"give_up_after": 120.0})
+    await cluster.converge()
+
+    @b.service("hang")
+    async def hang(_):
+        await asyncio.Event().wait()
+
+    pending = asyncio.ensure_future(a.request("b", "hang"))
+    await wait_for(lambda: b.router.stats().running_handlers >= 1, 10)
+
+    async def cut(*_a, **_k):
+        raise PeerUnavailable("cut by the test")
+
+    for me, other in ((a, "b"), (b, "a")):  # neither side can reach the other again
+        me._connector.dial_peer = cut
+        link = me._peers[other].link
+        for c in list(link.conns):
+            c.conn.abort()
+    await wait_for(lambda: a._peers["b"].link.current is None, 10)
+    t0 = time.monotonic()
+    cluster.nodes.pop("b")
+    await b.stop()
+    with pytest.raises(PeerUnavailable, match="left"):
+        await asyncio.wait_for(pending, 15)
+    assert time.monotonic() - t0 < 15  # far below link.give_up_after (120 s)
+    assert a.members()["b"]["state"] == "left"
 
 
 async def test_events_reach_sync_and_async_subscribers(cluster):

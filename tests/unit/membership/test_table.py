@@ -19,6 +19,7 @@ from aionet.membership.table import (
     InvalidTransition,
     KillLink,
     LearnAddresses,
+    LinkLeft,
     MemberTable,
     Refuted,
     Restarted,
@@ -87,6 +88,20 @@ def test_death_kills_the_link_and_clears_a_local_suspicion():
     kill = next(e for e in effects if isinstance(e, KillLink))
     assert kill == KillLink("b", "id-b", "gossip from c")
     assert m.suspected == "" and m.state is DEAD
+
+
+def test_a_leave_heard_by_gossip_ends_a_down_link_once_and_never_kills_it():
+    """A member that left is not redialed: the service ends a link to it that is down (LinkLeft),
+    so requests to it fail at once instead of after link.give_up_after; it is never a death."""
+    t = MemberTable()
+    m = joined(t)
+    _, effects = merge(t, Update("b", "id-b", 5, LEFT, ADDR), source="c")
+    assert kinds(effects) == [LinkLeft, Emit, Disseminate]
+    assert effects[0] == LinkLeft("b", "id-b", "gossip from c") and m.state is LEFT
+    assert KillLink not in kinds(effects)
+    # the same news again (or a later incarnation of the goodbye) asks for nothing more
+    _, again = merge(t, Update("b", "id-b", 6, LEFT, ADDR), source="d")
+    assert LinkLeft not in kinds(again)
 
 
 def test_only_a_higher_incarnation_lifts_a_suspicion():

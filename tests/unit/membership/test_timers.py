@@ -162,6 +162,8 @@ class Ports:
     def declare_dead(self, peer: str, reason: str) -> None:
         self.declared.append((peer, reason))
 
+    def member_left(self, peer: str, reason: str) -> None: ...
+
     def advertised(self) -> list[str]:
         return ["inproc://a"]
 
