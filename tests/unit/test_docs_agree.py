@@ -1,0 +1,306 @@
+"""README.md, docs/*.md and benchmarks/README.md say what the code does: the checks a reader
+would make by hand, made mechanical so that a renamed key, flag or function fails here first.
+
+- every config key a TOML block in the docs shows exists in the schema; in the README (the
+  configuration reference) with the default it shows, unless it is one of the few keys shown
+  with an example value; and every schema key appears in some TOML block of the README;
+- every ``AIONET_*`` variable named exists (a config override or a variable the code reads);
+- every ``aionet <command> --flag`` written exists in the click command tree;
+- every fenced ``python`` block parses, every ``aionet.X.Y`` the docs name (in code or prose)
+  resolves, and every ``node.X`` / ``grp.X`` / ``node.cache.X`` / ``ctx.X`` they call exists.
+
+Pure: reads files and imports modules, opens no sockets.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import re
+import shlex
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+import aionet
+from aionet.config import Config
+
+ROOT = Path(aionet.__file__).parent.parent
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+#: keys the docs show with an example value on purpose (a name, addresses, a token path...)
+EXAMPLE_KEYS = {
+    "node.name",
+    "node.listen",
+    "node.join",
+    "transport.tcp",
+    "transport.tls",
+    "transport.zmq",
+    "scheduler.resources",
+    "scheduler.allow_modules",
+    "security.token_file",
+    "security.tls_cert",
+    "security.tls_key",
+    "security.tls_ca",
+}
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def fenced(path: Path, *langs: str) -> Iterator[tuple[int, str]]:
+    """(line number, body) of each fenced block in ``path`` whose language is one of ``langs``."""
+    text = path.read_text(encoding="utf-8")
+    for m in FENCE.finditer(text):
+        if m.group(1) in langs:
+            yield text.count("\n", 0, m.start()) + 2, m.group(2)
+
+
+def prose(path: Path) -> str:
+    """The page without its fenced blocks."""
+    return FENCE.sub("", path.read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------ configuration keys
+def schema() -> dict[str, Any]:
+    """``section.key`` -> default, for every key of the config schema."""
+    cfg = Config()
+    out = {}
+    for sec in dataclasses.fields(cfg):
+        section = getattr(cfg, sec.name)
+        for f in dataclasses.fields(section):
+            out[f"{sec.name}.{f.name}"] = getattr(section, f.name)
+    return out
+
+
+def documented(paths: list[Path]) -> dict[str, tuple[str, Any]]:
+    """``section.key`` -> (where, value) for every key set in a TOML block of ``paths``."""
+    out: dict[str, tuple[str, Any]] = {}
+    for path in paths:
+        for line, body in fenced(path, "toml"):
+            for sname, table in tomllib.loads(body).items():
+                for key, value in table.items():
+                    out.setdefault(f"{sname}.{key}", (f"{rel(path)}:{line}", value))
+    return out
+
+
+def test_every_key_a_doc_shows_exists_with_the_default_it_shows() -> None:
+    known = schema()
+    bad = []
+    for path in DOCS:
+        for line, body in fenced(path, "toml"):
+            for sname, table in tomllib.loads(body).items():
+                for key, value in table.items():
+                    name, where = f"{sname}.{key}", f"{rel(path)}:{line}"
+                    if name not in known:
+                        bad.append(f"{where}: {name} is not a config key")
+                    elif path == README and name not in EXAMPLE_KEYS:  # docs/ show how to turn things on
+                        shown = Config.from_dict({sname: {key: value}}, env={})
+                        if getattr(getattr(shown, sname), key) != known[name]:
+                            bad.append(f"{where}: {name} = {value!r}, but the default is {known[name]!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_config_key_is_in_the_readme_reference() -> None:
+    missing = sorted(set(schema()) - set(documented([README])))
+    assert not missing, f"add these keys (with their defaults) to a TOML block of README.md: {missing}"
+
+
+def test_every_aionet_variable_named_in_the_docs_exists() -> None:
+    known = {f"AIONET_{name.replace('.', '_').upper()}" for name in schema()}
+    files = [*(ROOT / "aionet").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    source = "\n".join(p.read_text(encoding="utf-8") for p in files)
+    read_by_code = set(re.findall(r"\bAIONET_[A-Z0-9_]+\b", source))
+    bad = []
+    for path in DOCS:
+        for var in sorted(set(re.findall(r"\bAIONET_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))):
+            if var not in known and var not in read_by_code:
+                bad.append(f"{rel(path)}: {var}")
+    assert not bad, "no config key or code reads these variables:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------ the command line
+_SEPARATORS = re.compile(r"\s(?:&&|\|\||\||;)\s")
+_STOP = {"#", "&", "--", "\\"}
+
+
+def command_lines(path: Path) -> Iterator[tuple[str, str]]:
+    """(where, text) of every shell-ish line and inline code span of a page."""
+    for line, body in fenced(path, "", "bash", "sh", "console"):
+        for i, row in enumerate(body.splitlines()):
+            yield f"{rel(path)}:{line + i}", row
+    for m in re.finditer(r"`([^`\n]+)`", prose(path)):
+        yield rel(path), m.group(1)
+
+
+def aionet_invocations(text: str) -> Iterator[list[str]]:
+    """The words after ``aionet`` of each command in a line (``a && b``, ``VAR=x aionet ...``,
+    ``python -m aionet ...``), up to a comment or ``--``; ``[--opt]`` counts as ``--opt``."""
+    for part in _SEPARATORS.split(text):
+        try:
+            tokens = shlex.split(part, comments=False, posix=True)
+        except ValueError:
+            tokens = part.split()
+        while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0]):
+            tokens.pop(0)
+        if tokens[:2] in (["python", "-m"], ["python3", "-m"]):
+            tokens = tokens[2:]
+        if not tokens or tokens[0] != "aionet":
+            continue
+        words = []
+        for tok in tokens[1:]:
+            if tok in _STOP or tok.startswith("#"):
+                break
+            words.append(tok.strip("[]"))
+        yield words
+
+
+def options_of(cmd: click.Command) -> set[str]:
+    opts = {"--help"}
+    for p in cmd.params:
+        opts.update(getattr(p, "opts", ()))
+        opts.update(getattr(p, "secondary_opts", ()))
+    return opts
+
+
+def test_every_command_and_flag_in_the_docs_exists() -> None:
+    main = importlib.import_module("aionet.cli").main
+    ctx = click.Context(main)
+    bad = []
+    for path in DOCS:
+        for where, text in command_lines(path):
+            for words in aionet_invocations(text):
+                if not words or words[0].startswith("-"):
+                    continue
+                cmd = main.get_command(ctx, words[0])
+                if cmd is None:
+                    bad.append(f"{where}: `aionet {words[0]}` is not a command")
+                    continue
+                choices = [p for p in cmd.params if isinstance(p, click.Argument) and isinstance(p.type, click.Choice)]
+                if choices and len(words) > 1 and re.fullmatch(r"[a-z_0-9]+(\|[a-z_0-9]+)*", words[1]):
+                    for op in words[1].split("|"):  # `aionet bench allreduce|broadcast ...`
+                        if op not in choices[0].type.choices:
+                            bad.append(f"{where}: `aionet {words[0]} {op}`: not one of {choices[0].type.choices}")
+                for w in words[1:]:
+                    flag = w.split("=")[0]
+                    if flag.startswith("-") and len(flag) > 1 and flag not in options_of(cmd):
+                        bad.append(f"{where}: `aionet {words[0]} {flag}` is not an option (in {text.strip()!r})")
+    assert not bad, "\n".join(bad)
+
+
+#: flags of other programs the docs show (torchrun, mpirun, srun, useradd, kubectl, valgrind)
+FOREIGN_FLAGS = {
+    "--standalone",
+    "--nproc-per-node",
+    "--oversubscribe",
+    "--signal",
+    "--uid",
+    "--from-file",
+    "--toggle-collect",
+    "--collect-atstart",
+}
+
+
+def all_cli_flags() -> set[str]:
+    """Every option of every aionet command."""
+    main = importlib.import_module("aionet.cli").main
+    ctx = click.Context(main)
+    flags: set[str] = set()
+    for name in main.list_commands(ctx):
+        flags |= options_of(main.get_command(ctx, name))
+    return flags
+
+
+def script_flags() -> set[str]:
+    """Options of the shipped scripts (argparse in benchmarks/ and examples/, their shell drivers)."""
+    flags: set[str] = set()
+    for top in ("benchmarks", "examples"):
+        for p in (ROOT / top).rglob("*"):
+            if p.suffix in (".py", ".sh"):
+                flags.update(re.findall(r"[\"'\s(|](--[a-z][\w-]*)", p.read_text(encoding="utf-8")))
+    return flags
+
+
+def test_every_flag_the_docs_mention_belongs_to_some_command() -> None:
+    """A flag named in prose (`--iters`, `--count N`) cannot be tied to its command mechanically,
+    but it must at least exist: on an aionet command or a shipped script."""
+    known = all_cli_flags() | script_flags() | FOREIGN_FLAGS
+    bad = []
+    for path in DOCS:
+        for flag in sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", path.read_text(encoding="utf-8")))):
+            if flag not in known:
+                bad.append(f"{rel(path)}: {flag}")
+    assert not bad, "no aionet command or shipped script has these options:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------ Python names
+def python_blocks() -> Iterator[tuple[str, str]]:
+    for path in DOCS:
+        for line, body in fenced(path, "python"):
+            yield f"{rel(path)}:{line}", body
+
+
+@pytest.mark.parametrize("where, body", list(python_blocks()), ids=[w for w, _ in python_blocks()])
+def test_python_block_parses(where: str, body: str) -> None:
+    compile(body, where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | ast.PyCF_ONLY_AST)
+
+
+def string_literals_in_package() -> set[str]:
+    """Every string constant in the package: service names (``aionet.echo``), entry-point groups
+    and logger names are names too, though no attribute holds them."""
+    out: set[str] = set()
+    for p in (ROOT / "aionet").rglob("*.py"):
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("aionet."):
+                out.add(n.value)
+    return out
+
+
+def resolves(dotted: str) -> bool:
+    """``aionet.a.b.C`` names a module or an attribute reachable from one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+_DOTTED = re.compile(r"(?<![\w./-])aionet(?:\.[A-Za-z_]\w*)+")
+
+
+def test_every_aionet_name_in_the_docs_exists() -> None:
+    literals = string_literals_in_package()
+    bad = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for m in _DOTTED.finditer(text):
+            name = m.group(0)
+            if name.endswith(("_py", ".py", ".md", ".toml", ".json")) or name in literals:
+                continue
+            if not resolves(name) and not any(lit.startswith(name + ".") for lit in literals):
+                bad.append(f"{rel(path)}:{text.count(chr(10), 0, m.start()) + 1}: {name}")
+    for where, body in python_blocks():
+        tree = compile(body, where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | ast.PyCF_ONLY_AST)
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == "aionet":
+                missing = [a.name for a in n.names if not resolves(f"{n.module}.{a.name}")]
+                bad += [f"{where}: from {n.module} import {name}" for name in missing]
+            elif isinstance(n, ast.Import):
+                missing = [a.name for a in n.names if a.name.startswith("aionet") and not resolves(a.name)]
+                bad += [f"{where}: import {name}" for name in missing]
+    assert not bad, "the docs name these, the package has no such thing:\n" + "\n".join(bad)
