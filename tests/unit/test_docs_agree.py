@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import inspect
 import re
 import shlex
 import tomllib
@@ -304,3 +305,96 @@ def test_every_aionet_name_in_the_docs_exists() -> None:
                 missing = [a.name for a in n.names if a.name.startswith("aionet") and not resolves(a.name)]
                 bad += [f"{where}: import {name}" for name in missing]
     assert not bad, "the docs name these, the package has no such thing:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------ methods and attributes the docs call
+def receivers() -> dict[str, type]:
+    """The variable names the docs use for each public object, and its class."""
+    from aionet.cache.api import Cache, Lease
+    from aionet.collectives.group import Group
+    from aionet.membership import Membership
+    from aionet.node import Node
+    from aionet.scheduler import Scheduler
+    from aionet.scheduler.tasks import TaskContext, TaskRef
+
+    return {
+        "node.cache": Cache,
+        "node.membership": Membership,
+        "node.scheduler": Scheduler,
+        "node": Node,
+        "grp": Group,
+        "ctx": TaskContext,
+        "ref": TaskRef,
+        "lease": Lease,
+    }
+
+
+FILE_SUFFIXES = {"toml", "yaml", "yml", "pem", "key", "py", "json"}
+
+
+def has_member(cls: type, name: str) -> bool:
+    """A class attribute, or an instance attribute its ``__init__`` (or any method) assigns."""
+    if hasattr(cls, name):
+        return True
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("aionet"):
+            src = Path(inspect.getsourcefile(klass) or "").read_text(encoding="utf-8")
+            if re.search(rf"\bself\.{name}\s*(?::[^=\n]*)?=(?!=)", src):
+                return True
+    return False
+
+
+def test_every_method_the_docs_call_exists() -> None:
+    classes = receivers()
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(r) for r in classes) + r")\.([A-Za-z_]\w*)")
+    config_keys = {name.split(".", 1)[1] for name in schema() if name.startswith("node.")}
+    bad, checked = set(), 0
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for m in pattern.finditer(text):
+            recv, attr = m.groups()
+            if attr in FILE_SUFFIXES or (recv == "node" and attr in config_keys):  # node.toml, node.join_timeout
+                continue
+            checked += 1
+            if not has_member(classes[recv], attr):
+                line = text.count("\n", 0, m.start()) + 1
+                bad.add(f"{rel(path)}:{line}: {recv}.{attr} ({classes[recv].__name__} has no {attr})")
+    assert checked > 100, checked  # the pattern still finds the calls
+    assert not bad, "\n".join(sorted(bad))
+
+
+def calls_in_docs() -> Iterator[tuple[str, ast.Call]]:
+    """Every call in a python block, and in each inline code span that parses as Python."""
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | ast.PyCF_ONLY_AST
+    sources = list(python_blocks())
+    for path in DOCS:
+        sources += [(rel(path), m.group(1)) for m in re.finditer(r"`([^`\n]+\))`", prose(path))]
+    for where, src in sources:
+        try:
+            tree = compile(src.strip(), where, "exec", flags=flags)
+        except SyntaxError:
+            continue  # prose such as `grp.allreduce(x, compression="fp16"|"bf16")` reads, not runs
+        yield from ((where, n) for n in ast.walk(tree) if isinstance(n, ast.Call))
+
+
+def test_every_call_the_docs_show_binds_to_the_signature() -> None:
+    """``b.request("a", "double", 21, timeout=1.0)``: the keywords and the number of positional
+    arguments fit the method (a renamed keyword fails here rather than in a user's program)."""
+    classes = {**receivers(), "a": receivers()["node"], "b": receivers()["node"]}
+    bad, checked = [], 0
+    for where, call in calls_in_docs():
+        if not isinstance(call.func, ast.Attribute):
+            continue
+        cls = classes.get(ast.unparse(call.func.value))
+        method = getattr(cls, call.func.attr, None) if cls else None
+        if not callable(method) or any(isinstance(a, ast.Starred) for a in call.args):
+            continue
+        sig = inspect.signature(method)
+        params = list(sig.parameters.values())[1:]  # self
+        try:
+            inspect.Signature(params).bind(*call.args, **{k.arg: k.value for k in call.keywords if k.arg})
+            checked += 1
+        except TypeError as exc:
+            bad.append(f"{where}: {ast.unparse(call)}: {exc} (signature {call.func.attr}{sig})")
+    assert checked > 30, checked
+    assert not bad, "\n".join(bad)
