@@ -398,3 +398,56 @@ def test_every_call_the_docs_show_binds_to_the_signature() -> None:
             bad.append(f"{where}: {ast.unparse(call)}: {exc} (signature {call.func.attr}{sig})")
     assert checked > 30, checked
     assert not bad, "\n".join(bad)
+
+
+# ------------------------------------------------------------------ transport options (docs/transports.md)
+def transport_schemas() -> dict[str, dict[str, Any]]:
+    """``[transport] <name>`` -> {option: default}, from each transport's declared schema."""
+    from aionet.transports import inproc, tcp, tls, ucx
+    from aionet.transports.rdma import transport as rdma
+    from aionet.transports.zmq import options as zmq
+
+    tables = {"tcp": tcp.SCHEMA, "tls": tls.TLS_SCHEMA, "inproc": inproc.SCHEMA, "zmq": zmq.SCHEMA}
+    tables |= {"ucx": ucx.SCHEMA, "rdma": rdma.SCHEMA}
+    return {name: {k: o.default for k, o in schema.items()} for name, schema in tables.items()}
+
+
+_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "s": 1, "ms": 1}
+
+
+def shown_default(text: str) -> Any:
+    """The value a parenthesis after an option starts with (``64 MiB``, ``1 s``, ``true``, ``""``),
+    or ``...`` when it starts with words."""
+    m = re.match(r'\s*(?:(true|false)|("")|(\{\})|(\d+(?:\.\d+)?)(?:\s*(KiB|MiB|GiB|ms|s)\b)?)', text)
+    if not m:
+        return ...
+    if m.group(1):
+        return m.group(1) == "true"
+    if m.group(2):
+        return ""
+    if m.group(3):
+        return {}
+    return float(m.group(4)) * _UNITS.get(m.group(5) or "", 1)
+
+
+def test_transports_md_lists_every_option_with_its_default() -> None:
+    text = (ROOT / "docs" / "transports.md").read_text(encoding="utf-8")
+    paragraphs = dict(re.findall(r"Options \(`\[transport\] (\w+) = \{\.\.\.\}`\):(.*?)(?:\n\n|\Z)", text, re.S))
+    bad = []
+    for name, options in transport_schemas().items():
+        para = paragraphs.get(name)
+        if para is None:
+            bad.append(f"no 'Options (`[transport] {name} = {{...}}`):' paragraph")
+            continue
+        globs = re.findall(r"`(\w+_)\*`", para)  # `curve_*` options: described below it
+        named = set(re.findall(r"`(\w+)`", para))
+        shown = dict(re.findall(r"`(\w+)` \(([^)`]*)", para))  # `name` (default...)
+        for opt, default in options.items():
+            if opt not in named and not any(opt.startswith(g) for g in globs):
+                bad.append(f"[transport] {name}: option `{opt}` is not listed")
+                continue
+            value = shown_default(shown.get(opt, ""))
+            if value is not ... and value != default and not (value == {} and not default):
+                bad.append(f"[transport] {name}: `{opt}` shown as {shown[opt]!r}, the default is {default!r}")
+        bad += [f"[transport] {name}: `{opt}` is listed but is no option" for opt in shown if opt not in options]
+    assert not bad, "docs/transports.md:\n" + "\n".join(bad)
