@@ -11,7 +11,7 @@ import click
 
 from ..errors import AionetError
 from .config import client_config
-from .status import client, targets
+from .status import client, failure, targets
 
 
 @click.command()
@@ -46,7 +46,7 @@ def trace(
     try:
         parts, missed = run(_record(cfg, urls, seconds, max_events, timeout))
     except (TimeoutError, AionetError, OSError) as exc:
-        raise click.ClickException(f"{' '.join(urls)}: {exc or type(exc).__name__}") from None
+        raise click.ClickException(failure(urls, exc)) from None
     data = chrome_trace(parts)
     Path(out_path).write_text(json.dumps(data))
     n = sum(len(p["events"]) for p in parts)

@@ -451,3 +451,24 @@ def test_transports_md_lists_every_option_with_its_default() -> None:
                 bad.append(f"[transport] {name}: `{opt}` shown as {shown[opt]!r}, the default is {default!r}")
         bad += [f"[transport] {name}: `{opt}` is listed but is no option" for opt in shown if opt not in options]
     assert not bad, "docs/transports.md:\n" + "\n".join(bad)
+
+
+#: CamelCase names the docs use that belong to other software (Kubernetes, SLURM, Python)
+FOREIGN_CLASSES = {"ContainerCreating", "FailedMount", "PodMonitor", "KillWait"}
+
+
+def test_every_class_or_exception_the_docs_name_exists() -> None:
+    """`TaskLost`, `StaleFenceError`, `BufferPoolStats`: a class named in the docs is defined
+    somewhere in the package (or is a builtin), so a renamed exception cannot leave a stale page."""
+    import builtins
+
+    defined = set(dir(builtins)) | FOREIGN_CLASSES
+    for p in (ROOT / "aionet").rglob("*.py"):
+        defined |= {n.name for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(n, ast.ClassDef)}
+    bad = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"`([A-Z][a-z0-9]+[A-Z]\w*)`", text):
+            if m.group(1) not in defined:
+                bad.append(f"{rel(path)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(1)}")
+    assert not bad, "no such class in the package:\n" + "\n".join(bad)
