@@ -472,3 +472,34 @@ def test_every_class_or_exception_the_docs_name_exists() -> None:
             if m.group(1) not in defined:
                 bad.append(f"{rel(path)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(1)}")
     assert not bad, "no such class in the package:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------ files and tests the docs point to
+RATIO_COLUMNS = {"aionet/raw", "aionet/pyzmq"}  # benchmark columns, not paths
+_PATH = re.compile(r"(?<![\w./-])((?:aionet|tests|benchmarks|examples|deploy|docs|\.ci)/[\w./*-]*[\w*])(::\w+)?")
+
+
+def test_every_file_and_test_the_docs_point_to_exists() -> None:
+    """`tests/system/test_liveness.py`, `benchmarks/p2p.py`, `deploy/k8s/overlays/cpu`,
+    `...::test_name`, and every relative Markdown link: a reader who follows one finds it."""
+    bad = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for m in _PATH.finditer(text):
+            target, test = m.group(1).rstrip("."), m.group(2)
+            if target.startswith("benchmarks/results") or target in RATIO_COLUMNS:
+                continue  # what the benchmarks write (git-ignored); `aionet/raw` is a ratio
+            where = f"{rel(path)}:{text.count(chr(10), 0, m.start()) + 1}"
+            found = list(ROOT.glob(target)) if "*" in target else [ROOT / target] if (ROOT / target).exists() else []
+            if not found:
+                bad.append(f"{where}: {target} does not exist")
+            elif test and not re.search(rf"\bdef {test[2:]}\b", found[0].read_text(encoding="utf-8")):
+                bad.append(f"{where}: {target} has no {test[2:]}")
+        if path.parent.name == "benchmarks":  # its table names scripts beside it: `p2p.py`
+            for script in set(re.findall(r"`([\w-]+\.(?:py|sh))`", text)):
+                if not (path.parent / script).exists() and not list(ROOT.rglob(script)):
+                    bad.append(f"{rel(path)}: {script} does not exist")
+        for m in re.finditer(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):  # [text](relative/link)
+            if not (path.parent / m.group(1)).exists():
+                bad.append(f"{rel(path)}: link {m.group(1)} does not exist")
+    assert not bad, "\n".join(bad)
