@@ -495,6 +495,12 @@ def test_every_file_and_test_the_docs_point_to_exists() -> None:
                 bad.append(f"{where}: {target} does not exist")
             elif test and not re.search(rf"\bdef {test[2:]}\b", found[0].read_text(encoding="utf-8")):
                 bad.append(f"{where}: {target} has no {test[2:]}")
+            # a bare `::test_other` after it names another test of the same file
+            after = text[m.end() : m.end() + 2000]
+            stop = _PATH.search(after)
+            for more in re.findall(r"`::(test_\w+)`", after[: stop.start() if stop else None]):
+                if found and found[0].is_file() and f"def {more}" not in found[0].read_text(encoding="utf-8"):
+                    bad.append(f"{where}: {target} has no {more}")
         if path.parent.name == "benchmarks":  # its table names scripts beside it: `p2p.py`
             for script in set(re.findall(r"`([\w-]+\.(?:py|sh))`", text)):
                 if not (path.parent / script).exists() and not list(ROOT.rglob(script)):
