@@ -509,3 +509,11 @@ def test_every_file_and_test_the_docs_point_to_exists() -> None:
             if not (path.parent / m.group(1)).exists():
                 bad.append(f"{rel(path)}: link {m.group(1)} does not exist")
     assert not bad, "\n".join(bad)
+
+
+def test_every_benchmark_script_has_a_line_in_benchmarks_readme() -> None:
+    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([\w.-]+)` \|", text, re.M))
+    scripts = {p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh")}
+    missing = sorted(scripts - listed)
+    assert not missing, f"add a row to benchmarks/README.md's table for: {missing}"
