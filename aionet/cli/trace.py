@@ -16,7 +16,7 @@ from .status import client, failure, targets
 
 @click.command()
 @click.option("--connect", "url", help="URL of any node of the cluster (default: the seeds in --config).")
-@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML config file (cluster token, TLS).")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML or YAML config file (cluster token, TLS).")
 @click.option("--seconds", default=10.0, show_default=True, help="How long to record.")
 @click.option("--out", "out_path", default="trace.json", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--max-events", default=200_000, show_default=True, help="Ring buffer per node while recording.")

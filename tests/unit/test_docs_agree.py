@@ -517,3 +517,17 @@ def test_every_benchmark_script_has_a_line_in_benchmarks_readme() -> None:
     scripts = {p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh")}
     missing = sorted(scripts - listed)
     assert not missing, f"add a row to benchmarks/README.md's table for: {missing}"
+
+
+def test_every_option_of_every_command_is_documented() -> None:
+    """The other direction: an option added to a command gets a mention in README/docs."""
+    main = importlib.import_module("aionet.cli").main
+    ctx = click.Context(main)
+    text = "\n".join(p.read_text(encoding="utf-8") for p in DOCS)
+    missing = []
+    for name in main.list_commands(ctx):
+        for param in main.get_command(ctx, name).params:
+            longs = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+            if longs and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text) for o in longs):
+                missing.append(f"aionet {name} {longs[0]}")
+    assert not missing, f"document these options in README.md or docs/: {missing}"
