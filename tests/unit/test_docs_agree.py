@@ -531,3 +531,16 @@ def test_every_option_of_every_command_is_documented() -> None:
             if longs and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text) for o in longs):
                 missing.append(f"aionet {name} {longs[0]}")
     assert not missing, f"document these options in README.md or docs/: {missing}"
+
+
+def test_every_extra_the_docs_install_exists() -> None:
+    """`pip install 'aionet[plot]'`, `.[gpu]`, "the `ucx` extra": each is in pyproject.toml."""
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    )
+    bad = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        named = re.findall(r"(?:aionet|\.)\[([\w,-]+)\]", text) + re.findall(r"`(\w+)` extra", text)
+        bad += [f"{rel(path)}: extra {e!r}" for group in named for e in group.split(",") if e not in extras]
+    assert not bad, f"pyproject.toml has no such extra ({sorted(extras)}):\n" + "\n".join(bad)
