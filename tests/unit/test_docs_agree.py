@@ -544,3 +544,9 @@ def test_every_extra_the_docs_install_exists() -> None:
         named = re.findall(r"(?:aionet|\.)\[([\w,-]+)\]", text) + re.findall(r"`(\w+)` extra", text)
         bad += [f"{rel(path)}: extra {e!r}" for group in named for e in group.split(",") if e not in extras]
     assert not bad, f"pyproject.toml has no such extra ({sorted(extras)}):\n" + "\n".join(bad)
+
+
+def test_every_example_is_mentioned() -> None:
+    text = "\n".join(p.read_text(encoding="utf-8") for p in DOCS)
+    missing = sorted(p.name for p in (ROOT / "examples").glob("*.py") if f"examples/{p.name}" not in text)
+    assert not missing, f"say what these examples show in README.md or docs/: {missing}"
