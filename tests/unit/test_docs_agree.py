@@ -550,3 +550,41 @@ def test_every_example_is_mentioned() -> None:
     text = "\n".join(p.read_text(encoding="utf-8") for p in DOCS)
     missing = sorted(p.name for p in (ROOT / "examples").glob("*.py") if f"examples/{p.name}" not in text)
     assert not missing, f"say what these examples show in README.md or docs/: {missing}"
+
+
+_SECTIONS = "|".join(f.name for f in dataclasses.fields(Config))
+_KEY_IN_PROSE = re.compile(rf"`({_SECTIONS})\.(\w+)(?:\.(\w+))?`(?:\s+\((?:default )?([^)]*)\))?")
+
+
+def test_every_section_key_named_in_prose_exists_with_the_default_it_states() -> None:
+    """`link.give_up_after` (30 s), `transport.tcp.max_queued_bytes` (64 MiB), `scheduler.drain_timeout`:
+    a key named in a sentence exists, and a default stated right after it is the default."""
+    known, transports = schema(), transport_schemas()
+    node_cls = receivers()["node"]
+    bad, checked = [], 0
+    for path in DOCS:
+        text = prose(path)
+        for m in _KEY_IN_PROSE.finditer(text):
+            section, key, option, stated = m.groups()
+            where = f"{rel(path)}: `{m.group(0).split('`')[1]}`"
+            if key in FILE_SUFFIXES or key.isupper() or (section == "node" and has_member(node_cls, key)):
+                continue  # `log.py`, `link.STREAM_ACK_BYTES`, `node.send`: not config keys
+            if stated and "here" in stated:
+                stated = None  # "(300 s here)": this deployment's value, not the default
+            if section == "transport" and option:
+                default = transports.get(key, {}).get(option, KeyError)
+                if default is KeyError:
+                    bad.append(f"{where}: [transport] {key} has no option {option}")
+                    continue
+            elif f"{section}.{key}" not in known or option:
+                bad.append(f"{where}: no such config key")
+                continue
+            else:
+                default = known[f"{section}.{key}"]
+            checked += 1
+            value = shown_default(stated or "")
+            if value is not ... and isinstance(default, (int, float)) and not isinstance(default, bool):
+                if value != default:
+                    bad.append(f"{where} ({stated}): the default is {default!r}")
+    assert checked > 40, checked
+    assert not bad, "\n".join(bad)
