@@ -588,3 +588,26 @@ def test_every_section_key_named_in_prose_exists_with_the_default_it_states() ->
                     bad.append(f"{where} ({stated}): the default is {default!r}")
     assert checked > 40, checked
     assert not bad, "\n".join(bad)
+
+
+def readme_members_example() -> dict[str, Any]:
+    """The dict the README prints as ``node.members()["b"]`` (a comment: ``...`` for values)."""
+    body = next(b for _, b in fenced(README, "python") if b.startswith('node.members()["b"]'))
+    text = "\n".join(line.split("#", 1)[1] for line in body.splitlines()[1:] if "#" in line)
+    text = re.sub(r"\}\}\s+.*$", "}}", text.strip(), flags=re.S)  # the trailing remark
+    return ast.literal_eval(text.replace("...", "None"))
+
+
+def test_the_readme_members_example_has_the_keys_members_returns() -> None:
+    from aionet.membership.events import member_view
+    from aionet.membership.load import GpuLoad, LoadReport
+    from aionet.membership.table import Member, MemberState
+
+    load = LoadReport(gpus=(GpuLoad(0, "gpu", 1, 2, 55.0, 61.0, 70.5),))
+    member = Member("b", "id", 1, MemberState.ALIVE, ["tcp://b.example:7700"], 0.0, last_seen=0.0, load=load)
+    real = member_view(member, 1.0, LoadReport.unknown())
+    shown = readme_members_example()
+    assert set(shown) == set(real), set(shown) ^ set(real)
+    assert set(shown["load"]) == set(real["load"]), set(shown["load"]) ^ set(real["load"])
+    assert set(shown["devices"]) == set(real["devices"])
+    assert set(shown["devices"]["gpus"][0]) == set(real["devices"]["gpus"][0])
