@@ -21,6 +21,7 @@ import inspect
 import re
 import shlex
 import tomllib
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -611,3 +612,34 @@ def test_the_readme_members_example_has_the_keys_members_returns() -> None:
     assert set(shown["load"]) == set(real["load"]), set(shown["load"]) ^ set(real["load"])
     assert set(shown["devices"]) == set(real["devices"])
     assert set(shown["devices"]["gpus"][0]) == set(real["devices"]["gpus"][0])
+
+
+def test_every_stats_path_the_docs_read_exists() -> None:
+    """`node.stats().peers[name].undeliverable`, `st.scheduler.owner.completed`: each step is a
+    field of the typed statistics (a mapping step goes to its value type)."""
+    import typing
+
+    from aionet.stats import NodeStats
+
+    pattern = re.compile(r"(?:node\.stats\(\)|(?<![\w.])st)((?:\.[a-z_]\w*|\[[^\]\n]+\])+)")
+    bad, checked = [], 0
+    for path in DOCS:
+        for m in pattern.finditer(path.read_text(encoding="utf-8")):
+            typ: Any = NodeStats
+            for step in re.findall(r"\.\w+|\[[^\]]+\]", m.group(1)):
+                while typing.get_origin(typ) in (typing.Union, types.UnionType):  # X | None
+                    typ = next(a for a in typing.get_args(typ) if a is not type(None))
+                if step.startswith("["):
+                    typ = typing.get_args(typ)[1]  # Mapping[str, X]
+                    continue
+                name = step[1:]
+                if name in ("as_dict", "py"):
+                    break
+                hints = typing.get_type_hints(typ) if dataclasses.is_dataclass(typ) else {}
+                if name not in hints:
+                    bad.append(f"{rel(path)}: {m.group(0)}: {getattr(typ, '__name__', typ)} has no {name}")
+                    break
+                typ = hints[name]
+                checked += 1
+    assert checked >= 10, checked
+    assert not bad, "\n".join(bad)
