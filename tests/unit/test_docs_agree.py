@@ -643,3 +643,17 @@ def test_every_stats_path_the_docs_read_exists() -> None:
                 checked += 1
     assert checked >= 10, checked
     assert not bad, "\n".join(bad)
+
+
+def test_the_readme_hook_table_lists_every_instrument_hook_with_its_parameters() -> None:
+    from aionet.instrument import Instrument
+
+    rows = dict(re.findall(r"^\| `(\w+)\(([^)]*)\)` \|", README.read_text(encoding="utf-8"), re.M))
+    hooks = {
+        name: [p for p in inspect.signature(fn).parameters if p != "self"]
+        for name, fn in vars(Instrument).items()
+        if callable(fn) and not name.startswith("_")
+    }
+    assert set(rows) == set(hooks), f"README hook table vs aionet.instrument.Instrument: {set(rows) ^ set(hooks)}"
+    bad = {n: (rows[n], hooks[n]) for n in hooks if [a.strip() for a in rows[n].split(",")] != hooks[n]}
+    assert not bad, f"parameters differ (README, code): {bad}"
