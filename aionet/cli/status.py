@@ -25,6 +25,14 @@ def targets(url: str | None, seeds: list[str]) -> list[str]:
     return seeds
 
 
+def failure(urls: list[str], exc: BaseException) -> str:
+    """``exc`` as one line naming where it happened, the address once: a dial's error often names
+    its URL already, and each layer adding it again made ``url: url: url: reason``."""
+    text = str(exc) or type(exc).__name__
+    named = [u for u in urls if u in text]
+    return text if named else f"{' '.join(urls)}: {text}"
+
+
 @contextlib.asynccontextmanager
 async def client(cfg: Any, urls: list[str], role: str, timeout: float) -> AsyncIterator[tuple[Any, str]]:
     """A non-member client node connected to the first of ``urls`` that answers: (node, peer)."""
@@ -36,7 +44,7 @@ async def client(cfg: Any, urls: list[str], role: str, timeout: float) -> AsyncI
             try:
                 peer = await asyncio.wait_for(node.connect(url), timeout)
             except (TimeoutError, AionetError, OSError) as exc:
-                errors.append(f"{url}: {exc or type(exc).__name__}")
+                errors.append(failure([url], exc))
                 continue
             yield node, peer
             return
@@ -61,7 +69,7 @@ def info(url: str | None, config: str | None, timeout: float) -> None:
     try:
         out = run(go())
     except (TimeoutError, AionetError, OSError) as exc:
-        raise click.ClickException(f"{' '.join(urls)}: {exc or type(exc).__name__}") from None
+        raise click.ClickException(failure(urls, exc)) from None
     click.echo(json.dumps(out, indent=2, default=str))
 
 
@@ -102,7 +110,7 @@ def status(
     except KeyboardInterrupt:
         pass
     except (TimeoutError, AionetError, OSError) as exc:
-        raise click.ClickException(f"{' '.join(urls)}: {exc or type(exc).__name__}") from None
+        raise click.ClickException(failure(urls, exc)) from None
 
 
 def _show_status(snap: dict[str, Any], *, as_json: bool, watch: bool) -> None:

@@ -11,12 +11,12 @@ import click
 
 from ..errors import AionetError
 from .config import client_config
-from .status import client, targets
+from .status import client, failure, targets
 
 
 @click.command()
 @click.option("--connect", "url", help="URL of any node of the cluster (default: the seeds in --config).")
-@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML config file (cluster token, TLS).")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), help="TOML or YAML config file (cluster token, TLS).")
 @click.option("--seconds", default=10.0, show_default=True, help="How long to record.")
 @click.option("--out", "out_path", default="trace.json", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--max-events", default=200_000, show_default=True, help="Ring buffer per node while recording.")
@@ -46,7 +46,7 @@ def trace(
     try:
         parts, missed = run(_record(cfg, urls, seconds, max_events, timeout))
     except (TimeoutError, AionetError, OSError) as exc:
-        raise click.ClickException(f"{' '.join(urls)}: {exc or type(exc).__name__}") from None
+        raise click.ClickException(failure(urls, exc)) from None
     data = chrome_trace(parts)
     Path(out_path).write_text(json.dumps(data))
     n = sum(len(p["events"]) for p in parts)
