@@ -61,6 +61,15 @@ def to_numpy(x: Any) -> Converted:
     return Converted(np.ascontiguousarray(arr).reshape(-1), tuple(arr.shape), kind, x)
 
 
+def for_op(c: Converted, op: str) -> Converted:
+    """Booleans reduce as numpy reduces them over the ranks (``np.sum(np.stack(xs), axis=0)``):
+    ``max`` and ``min`` are any and all and stay bool, while ``sum``, ``prod`` and ``mean``
+    count in int64 (``np.add`` on two bools would be ``or``, and its mean nonsense)."""
+    if c.flat.dtype.kind != "b" or op in ("max", "min"):
+        return c
+    return Converted(c.flat.astype(np.int64), c.shape, c.kind, c.original)
+
+
 def from_numpy(c: Converted, result: np.ndarray) -> Any:
     """The reduced ``result`` (flat) in the input's kind and shape."""
     shaped = result.reshape(c.shape)
@@ -74,14 +83,51 @@ def from_numpy(c: Converted, result: np.ndarray) -> Any:
 
 
 def write_out(out: Any, result: np.ndarray) -> Any:
-    """Copy the flat ``result`` into the caller's ``out`` (numpy array or CPU tensor)."""
-    dst = to_numpy(out).flat if not isinstance(out, np.ndarray) else out.reshape(-1)
+    """Copy the flat ``result`` into the caller's ``out`` (numpy array of any layout, or a
+    contiguous CPU tensor), cast as numpy's ``same_kind`` rule allows."""
+    if isinstance(out, np.ndarray):
+        if out.size != result.size:
+            raise ValueError(f"out has {out.size} elements, the result {result.size}")
+        np.copyto(out, result.reshape(out.shape), casting="same_kind")
+        return out
+    dst = to_numpy(out).flat
     if dst.size != result.size:
         raise ValueError(f"out has {dst.size} elements, the result {result.size}")
-    if not np.shares_memory(dst, out if isinstance(out, np.ndarray) else dst):
-        raise ValueError("out must be contiguous so the result can be written into it")
+    if not np.shares_memory(dst, np.from_dlpack(out.detach())):
+        raise ValueError("an out= tensor must be contiguous so the result can be written into it")
     np.copyto(dst, result, casting="same_kind")
     return out
+
+
+def check_out(out: Any, x: Any, op: str) -> None:
+    """Refuse an ``out=`` the result cannot go into before anything is sent (afterwards the
+    call would have run on every rank for nothing): another element count, a read-only or
+    non-contiguous tensor, an integer array for the float64 ``mean`` of integers."""
+    if isinstance(x, (list, tuple)):
+        raise ValueError("out= takes one array: a fused list's results come back as a new list")
+    if isinstance(out, np.ndarray):
+        n, dtype = out.size, out.dtype
+        if not out.flags.writeable:
+            raise ValueError("out is read-only: pass a writable array")
+    elif type(out).__module__.startswith("torch"):
+        dst = to_numpy(out).flat
+        if not np.shares_memory(dst, np.from_dlpack(out.detach())):
+            raise ValueError("an out= tensor must be contiguous so the result can be written into it")
+        n, dtype = dst.size, dst.dtype
+    else:
+        raise TypeError(f"out must be a numpy array or a CPU torch tensor, not {type(out).__name__}")
+    if isinstance(x, np.ndarray):
+        count, kind = x.size, x.dtype.kind
+    elif type(x).__module__.startswith("torch"):
+        count, kind = x.numel(), ("f" if x.is_floating_point() or x.is_complex() else "i")
+    else:
+        count, kind = 1, ("f" if isinstance(x, (float, complex)) else "i")  # a Python number
+        if not isinstance(x, (int, float, complex, np.number, np.bool_)):
+            return  # a device array: the call refuses its out= itself (results come back on the device)
+    if count != n:
+        raise ValueError(f"out has {n} elements, the input {count}: pass an out= of the input's size")
+    if op == "mean" and kind in "biu" and dtype.kind in "biu":
+        raise TypeError(f"the mean of integers is float64: pass a float out= (or none), not {dtype}")
 
 
 def finish_mean(result: np.ndarray, n: int) -> np.ndarray:
@@ -107,7 +153,19 @@ def work_buffer(out: Any, flat: np.ndarray) -> np.ndarray | None:
     return out.reshape(-1)
 
 
-__all__ = ["OPS", "Converted", "finish_mean", "from_numpy", "frozen", "to_numpy", "ufunc", "work_buffer", "write_out"]
+__all__ = [
+    "OPS",
+    "Converted",
+    "check_out",
+    "finish_mean",
+    "for_op",
+    "from_numpy",
+    "frozen",
+    "to_numpy",
+    "ufunc",
+    "work_buffer",
+    "write_out",
+]
 
 
 def frozen(got: Any) -> Any:
