@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
@@ -149,12 +150,13 @@ class DoublingRun:
 
 
 _KINDS = "biufc"
+_KIND_BASE = MappingProxyType({k: i * 40 for i, k in enumerate(_KINDS)})  # a constant: no call per lookup
 
 
 def dtype_code(dtype: np.dtype[Any]) -> int:
     """One byte naming a numeric dtype's kind and size (platform-independent: int64 is int64
     whether numpy calls it ``l`` or ``q``)."""
-    return _KINDS.index(dtype.kind) * 40 + dtype.itemsize
+    return _KIND_BASE[dtype.kind] + dtype.itemsize
 
 
 def code_dtype(code: int) -> str:
@@ -177,7 +179,7 @@ class RawDecoder:
         self.dtype, self.shape = dtype, shape
         self.count = math.prod(shape)
         self.nbytes = self.count * dtype.itemsize + 1
-        self.code = dtype_code(dtype)
+        self.code = _KIND_BASE[dtype.kind] + dtype.itemsize  # dtype_code, inlined: one per small call
         self.suffix = bytes((self.code,))
 
     def encode(self, x: np.ndarray) -> bytes:
