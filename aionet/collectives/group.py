@@ -118,6 +118,10 @@ class Group(GroupAlgorithms):
         # is kept for calls not reached yet is bounded by max_ahead_bytes
         messaging.on_channel(self.channel, self._on_message)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def __repr__(self) -> str:
         return f"<Group {self.name!r} rank {self.rank}/{self.size}>"
 

@@ -52,6 +52,12 @@ class Collectives:
     def make(self, members: list[str], name: str, epoch: int) -> Group:
         if self._stopped:
             raise CollectiveError(f"node {self._msg.name!r} is stopped: collectives need a running node")
+        for g in self._groups:
+            # The same group again (``node.group()`` in every step of a loop): the same object.
+            # A second one would take over the channel at sequence number 0 while peers still
+            # send for the first one's numbers, and both would wait for ever.
+            if g.name == name and g.epoch == epoch and g.members == tuple(members) and not g.closed:
+                return g
         cfg = self.cfg
         g = Group(
             self._msg,

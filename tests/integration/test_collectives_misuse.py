@@ -170,3 +170,24 @@ async def test_a_stopped_node_says_so() -> None:
             ns[0].group(["n0", "n1"])
         with pytest.raises(CollectiveError, match="closed \\(its node stopped\\)"):
             await old.allreduce(1)
+
+
+async def test_the_same_group_made_in_every_step_is_one_group(nodes: list[Node]) -> None:
+    """``node.group()`` inside the training loop: each call used to make a second group on the
+    same channel at sequence number 0, which dropped the messages peers sent it as stale (they
+    were behind the first group's numbers), and ranks at different speeds hung within a step."""
+
+    async def train(node: Node, pause: float) -> list[float]:
+        seen = []
+        for step in range(20):
+            grp = node.group()
+            seen.append(float((await grp.allreduce(np.full(3, float(step))))[0]))
+            await grp.allreduce(np.ones(20_000, np.float32))
+            if pause:
+                await asyncio.sleep(pause)
+        return seen
+
+    got = await asyncio.wait_for(asyncio.gather(*(train(n, 0.002 * (i == 0)) for i, n in enumerate(nodes))), 30)
+    assert got == [[float(N * s) for s in range(20)]] * N
+    assert nodes[0].group() is nodes[0].group() and nodes[0].group(name="other") is not nodes[0].group()
+    assert len(nodes[0].collectives._groups) == 2
