@@ -37,7 +37,7 @@ class Converted:
 
     flat: np.ndarray
     shape: tuple[int, ...]
-    kind: str  # "numpy", "torch", "scalar"
+    kind: str  # "numpy", "torch", "torch-bf16" (a bfloat16 tensor's float32 copy), "scalar"
     original: Any
 
 
@@ -48,7 +48,11 @@ def to_numpy(x: Any) -> Converted:
     elif type(x).__module__.startswith("torch"):
         if getattr(x, "device", None) is not None and x.device.type != "cpu":
             raise TypeError("collectives take CPU torch tensors; move CUDA tensors with .cpu() or pass a CuPy array")
-        arr, kind = np.from_dlpack(x.detach()), "torch"
+        t = x.detach()
+        if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16: reduced in float32, rounded back
+            arr, kind = np.from_dlpack(t.float()), "torch-bf16"
+        else:
+            arr, kind = np.from_dlpack(t), "torch"
     elif isinstance(x, (int, float, complex, bool, np.number, np.bool_)):
         arr, kind = np.asarray(x), "scalar"
     else:
@@ -75,34 +79,36 @@ def from_numpy(c: Converted, result: np.ndarray) -> Any:
     shaped = result.reshape(c.shape)
     if c.kind == "scalar":
         return shaped.item()
-    if c.kind == "torch":
+    if c.kind.startswith("torch"):
         import torch  # the caller passed a tensor, so torch is importable
 
-        return torch.from_dlpack(shaped)
+        t = torch.from_dlpack(shaped)
+        return t.to(torch.bfloat16) if c.kind == "torch-bf16" else t
     return shaped
 
 
 def write_out(out: Any, result: np.ndarray) -> Any:
     """Copy the flat ``result`` into the caller's ``out`` (numpy array of any layout, or a
-    contiguous CPU tensor), cast as numpy's ``same_kind`` rule allows."""
+        CPU tensor of any layout and dtype), cast as numpy's ``same_kind`` rule allows (torch's
+    ``copy_`` rule for tensors)."""
     if isinstance(out, np.ndarray):
         if out.size != result.size:
             raise ValueError(f"out has {out.size} elements, the result {result.size}")
         np.copyto(out, result.reshape(out.shape), casting="same_kind")
         return out
-    dst = to_numpy(out).flat
-    if dst.size != result.size:
-        raise ValueError(f"out has {dst.size} elements, the result {result.size}")
-    if not np.shares_memory(dst, np.from_dlpack(out.detach())):
-        raise ValueError("an out= tensor must be contiguous so the result can be written into it")
-    np.copyto(dst, result, casting="same_kind")
+    import torch  # out is a tensor (check_out), so torch is importable
+
+    if out.numel() != result.size:
+        raise ValueError(f"out has {out.numel()} elements, the result {result.size}")
+    with torch.no_grad():  # any layout and dtype (bfloat16 too), cast as torch casts
+        out.copy_(torch.from_dlpack(result.reshape(tuple(out.shape))))
     return out
 
 
 def check_out(out: Any, x: Any, op: str) -> None:
     """Refuse an ``out=`` the result cannot go into before anything is sent (afterwards the
-    call would have run on every rank for nothing): another element count, a read-only or
-    non-contiguous tensor, an integer array for the float64 ``mean`` of integers."""
+    call would have run on every rank for nothing): another element count, a read-only array,
+    an integer array for the float64 ``mean`` of integers."""
     if isinstance(x, (list, tuple)):
         raise ValueError("out= takes one array: a fused list's results come back as a new list")
     if isinstance(out, np.ndarray):
@@ -110,10 +116,9 @@ def check_out(out: Any, x: Any, op: str) -> None:
         if not out.flags.writeable:
             raise ValueError("out is read-only: pass a writable array")
     elif type(out).__module__.startswith("torch"):
-        dst = to_numpy(out).flat
-        if not np.shares_memory(dst, np.from_dlpack(out.detach())):
-            raise ValueError("an out= tensor must be contiguous so the result can be written into it")
-        n, dtype = dst.size, dst.dtype
+        if out.device.type != "cpu":
+            raise TypeError("out= takes CPU tensors")
+        n, dtype = out.numel(), np.dtype("f4" if out.is_floating_point() or out.is_complex() else "i8")
     else:
         raise TypeError(f"out must be a numpy array or a CPU torch tensor, not {type(out).__name__}")
     if isinstance(x, np.ndarray):

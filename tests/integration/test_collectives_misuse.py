@@ -191,3 +191,21 @@ async def test_the_same_group_made_in_every_step_is_one_group(nodes: list[Node])
     assert got == [[float(N * s) for s in range(20)]] * N
     assert nodes[0].group() is nodes[0].group() and nodes[0].group(name="other") is not nodes[0].group()
     assert len(nodes[0].collectives._groups) == 2
+
+
+async def test_torch_bfloat16_and_strided_out_tensors(nodes: list[Node]) -> None:
+    """bfloat16, the usual gradient dtype, raised numpy's "Unsupported dtype in DLTensor" (numpy
+    has no bfloat16): it is reduced in float32 and rounded back once. A strided out= tensor was
+    refused; it takes the result (torch's copy_)."""
+    torch = pytest.importorskip("torch", reason="torch not installed (CI: pip install torch==2.13.0, CPU wheel)")
+    groups = [n.group() for n in nodes]
+    xs = [torch.full((3, 50_000), 0.1 * (g.rank + 1)).to(torch.bfloat16) for g in groups]  # small and ring sizes
+    for x in (lambda g: xs[g.rank][:, :4], lambda g: xs[g.rank]):
+        got = await outcomes(groups, lambda g, x=x: g.allreduce(x(g)))
+        ref = sum(x(g).float() for g in groups).to(torch.bfloat16)
+        assert all(o.dtype == torch.bfloat16 and torch.equal(o, ref) for o in got), got
+    outs = [torch.zeros(3, 8)[:, ::2] for _ in groups]
+    got = await outcomes(groups, lambda g: g.allreduce(torch.ones(3, 4), out=outs[g.rank]))
+    assert all(o is b and torch.equal(b, torch.full((3, 4), float(N))) for o, b in zip(got, outs, strict=True)), got
+    got = await outcomes(groups, lambda g: g.allreduce(torch.tensor([True, g.rank == 0])))
+    assert all(torch.equal(o, torch.tensor([N, 1])) for o in got), got
