@@ -362,6 +362,7 @@ class Group(GroupAlgorithms):
             return
         seq = self._seq
         self._seq += 1
+        self._aborted.pop(seq, None)  # the peers made the same mistake and told this rank first
         self._tell_abort(seq, what, f"{type(exc).__name__}: {exc}", breaks=False)
 
     def _tell_abort(self, seq: int, what: str, reason: str, *, breaks: bool) -> None:

@@ -92,6 +92,14 @@ async def test_arguments_one_rank_refuses_fail_that_call_on_the_others_too(nodes
     got = await outcomes(groups, lambda g: g.allreduce(np.ones(3), op="median"))
     assert all(isinstance(o, ValueError) and "unknown reduction op" in str(o) for o in got), got
     await still_usable(groups)
+    # one rank's word of the mistake reaches the others before their own call: nothing stays behind
+    with pytest.raises(ValueError):
+        await groups[0].allreduce(np.ones(3), op="median")
+    await wait_for(lambda: all(g._aborted for g in groups[1:]), 5)
+    got = await outcomes(groups[1:], lambda g: g.allreduce(np.ones(3), op="median"))
+    assert all(isinstance(o, ValueError) for o in got), got
+    assert not any(g._aborted for g in groups)
+    await still_usable(groups)
 
 
 async def test_a_cancelled_call_fails_the_peers_call_and_the_group_goes_on(nodes: list[Node]) -> None:
