@@ -11,6 +11,11 @@ Failure semantics: when membership declares a member dead (or it leaves), every 
 later call on every group containing it raises :class:`~aionet.errors.CollectiveError` naming
 it, within the failure-detection time; nothing waits for a dead rank. ``shrink()`` gives the
 survivors a new group on which the next call is correct (MPI ULFM's revoke + shrink).
+
+A call that fails on one rank for a reason of its own (inputs that disagree with a peer's,
+arguments refused there, cancellation) sends the peers an ABORT for its sequence number
+(:mod:`.wire`): their matching call raises CollectiveError naming the rank, and the group goes
+on. A timeout breaks the group on every member (its ABORT says so), so all of them shrink.
 """
 
 from __future__ import annotations

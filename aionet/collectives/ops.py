@@ -3,6 +3,8 @@
 Inputs: numpy arrays of any numeric dtype, CPU torch tensors (viewed through DLPack without a
 copy, and without importing torch unless the caller passed a tensor), Python scalars and small
 objects. Results come back in the caller's kind: a tensor for a tensor, a scalar for a scalar.
+bfloat16 tensors (numpy has none) are reduced in a float32 copy and rounded back; bools count
+as numpy counts them (:func:`for_op`).
 """
 
 from __future__ import annotations
