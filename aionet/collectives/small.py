@@ -167,7 +167,7 @@ def code_dtype(code: int) -> str:
 
 class RawDecoder:
     """Decode the raw bytes a peer sent for an array of ``dtype`` and ``shape`` (read-only,
-    over the received bytes); anything else passes through as it came (an older peer's array).
+    over the received bytes); an array of this dtype and size passes as it came (an older peer's).
 
     The bytes end with one byte naming the sender's dtype (:attr:`suffix`, appended by the
     sender): without it, ranks whose dtypes disagree but whose byte counts agree (four float32
@@ -188,7 +188,14 @@ class RawDecoder:
 
     def __call__(self, b: Any) -> np.ndarray:
         if type(b) is not bytes:
-            return b  # type: ignore[no-any-return]
+            # an array (an older peer, or a peer that compressed this call): only if it fits
+            if type(b) is np.ndarray and b.dtype == self.dtype and b.size == self.count:
+                return b.reshape(self.shape)
+            theirs = f"{b.size} {b.dtype} elements" if type(b) is np.ndarray else f"a {type(b).__name__}"
+            raise CollectiveError(
+                f"a peer sent {theirs} for this rank's {self.dtype} array of shape {self.shape}: call the same "
+                "collective with the same shape and dtype (and compression) on every rank"
+            )
         if len(b) != self.nbytes or b[-1] != self.code:
             theirs = code_dtype(b[-1]) if b else "nothing"
             n = (len(b) - 1) // max(1, np.dtype(theirs).itemsize) if b and "code" not in theirs else "?"

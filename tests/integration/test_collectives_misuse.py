@@ -61,6 +61,10 @@ MISMATCHES = {
     "tree shape": lambda g: g.allreduce(np.ones(mine(g.rank, 7, 5)), algorithm="tree"),
     "reduce_scatter": lambda g: g.reduce_scatter(np.ones(mine(g.rank, 12, 8))),
     "fused list": lambda g: g.allreduce([np.ones(3), np.ones(mine(g.rank, 4, 3))]),
+    "compression on one rank": lambda g: g.allreduce(np.ones(4, np.float32), compression=mine(g.rank, "fp16", None)),
+    "ring compression on one rank": lambda g: g.allreduce(
+        np.ones(10_000, np.float32), compression=mine(g.rank, "bf16", None)
+    ),
 }
 
 
