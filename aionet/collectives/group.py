@@ -24,7 +24,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -286,7 +286,7 @@ class Group(GroupAlgorithms):
         if self._broken is not None:
             raise self._broken
         if self._closed:
-            raise CollectiveError(f"group {self.name!r} is closed")  # (_broken says why; this is a guard)
+            raise CollectiveError(f"group {self.name!r} is closed")
         seq = self._seq
         self._seq += 1
         self._active.add(seq)
@@ -809,7 +809,7 @@ class Group(GroupAlgorithms):
                 self._refuse(what, exc)
             raise exc
 
-    def _refuse(self, what: str, exc: Exception) -> None:
+    def _refuse(self, what: str, exc: Exception) -> NoReturn:
         """Raise ``exc`` for arguments refused before the call took a number (see :meth:`_skip`)."""
         self._skip(what, exc)
         raise exc
