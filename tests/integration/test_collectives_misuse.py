@@ -221,3 +221,14 @@ async def test_torch_bfloat16_and_strided_out_tensors(nodes: list[Node]) -> None
     assert all(o is b and torch.equal(b, torch.full((3, 4), float(N))) for o, b in zip(got, outs, strict=True)), got
     got = await outcomes(groups, lambda g: g.allreduce(torch.tensor([True, g.rank == 0])))
     assert all(torch.equal(o, torch.tensor([N, 1])) for o in got), got
+
+
+async def test_an_object_too_big_to_send_fails_the_call_everywhere(nodes: list[Node]) -> None:
+    """A root broadcasting a Python object whose header passes limits.max_header_bytes gets the
+    serializer's error (it names the fix); the other ranks used to wait for it for ever."""
+    groups = [n.group() for n in nodes]
+    huge = list(range(5_000_000))  # ~25 MB of msgpack header: not out of band
+    got = await outcomes(groups, lambda g: g.broadcast(huge if g.rank == 0 else None), bound=30)
+    assert "max_header_bytes" in str(got[0]) and not isinstance(got[0], CollectiveError), got
+    assert all(isinstance(o, CollectiveError) and o.member == "n0" and "max_header_bytes" in str(o) for o in got[1:])
+    await still_usable(groups)
