@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CollectiveError
+
 __all__ = ["CODECS", "WireCodec", "wire_codec"]
 
 
@@ -40,6 +42,13 @@ class WireCodec:
         return rounded
 
     def decode(self, w: np.ndarray) -> np.ndarray:
+        wire = np.float16 if self.name == "fp16" else np.uint16
+        if type(w) is not np.ndarray or w.dtype != wire:  # a peer that did not compress this call
+            theirs = f"{w.dtype} elements" if type(w) is np.ndarray else f"a {type(w).__name__}"
+            raise CollectiveError(
+                f"a peer sent {theirs} where {self.name}-compressed float32 was expected: call the same "
+                "collective with the same shape and dtype (and compression) on every rank"
+            )
         if self.name == "fp16":
             return np.asarray(w, dtype=np.float16).astype(np.float32)
         return (np.asarray(w, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)

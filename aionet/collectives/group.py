@@ -11,6 +11,11 @@ Failure semantics: when membership declares a member dead (or it leaves), every 
 later call on every group containing it raises :class:`~aionet.errors.CollectiveError` naming
 it, within the failure-detection time; nothing waits for a dead rank. ``shrink()`` gives the
 survivors a new group on which the next call is correct (MPI ULFM's revoke + shrink).
+
+A call that fails on one rank for a reason of its own (inputs that disagree with a peer's,
+arguments refused there, cancellation) sends the peers an ABORT for its sequence number
+(:mod:`.wire`): their matching call raises CollectiveError naming the rank, and the group goes
+on. A timeout breaks the group on every member (its ABORT says so), so all of them shrink.
 """
 
 from __future__ import annotations
@@ -19,23 +24,25 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from ..core.ports import DeviceArrays, Messaging, ReceiveInto
+from ..core.tasks import OwnedTasks
 from ..errors import CollectiveError, PeerUnavailable, WouldBlock
 from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import chunk_bounds, recursive_doubling, ring_allgather
 from .compression import WireCodec, wire_codec
 from .group_algorithms import PIPELINE, GroupAlgorithms, _same, await_sends
-from .ops import Converted, finish_mean, from_numpy, to_numpy, ufunc, work_buffer, write_out
+from .ops import Converted, check_out, finish_mean, for_op, from_numpy, to_numpy, ufunc, work_buffer, write_out
 from .small import MISSING, RAW_MAX, DoublingRun, Key, round_tags
-from .wire import CHANNEL_PREFIX, Tag, tag
+from .wire import ABORT, CHANNEL_PREFIX, Tag, tag
 
 ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree")
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
+MAX_ABORTS = 1024  # peers' aborts kept for calls this rank has not reached (a flood beyond is dropped)
 
 
 class Group(GroupAlgorithms):
@@ -106,12 +113,19 @@ class Group(GroupAlgorithms):
         self._ahead: dict[tuple[int, Tag, int], int] = {}
         self._ahead_bytes = 0
         self._broken: CollectiveError | None = None
+        # calls a peer aborted (wire.ABORT): seq -> the error its call raises here, active or not yet started
+        self._aborted: dict[int, CollectiveError] = {}
+        self._telling = OwnedTasks(get_logger("aionet.collectives"), "collective abort")  # ABORTs that had to wait
         self.lost: set[str] = set()
         self._closed = False
         self.log = get_logger("aionet.collectives", node=messaging.name, group=name)
         # messages are taken as they arrive (no mailbox, no task wake-up per message); what
         # is kept for calls not reached yet is bounded by max_ahead_bytes
         messaging.on_channel(self.channel, self._on_message)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __repr__(self) -> str:
         return f"<Group {self.name!r} rank {self.rank}/{self.size}>"
@@ -150,12 +164,15 @@ class Group(GroupAlgorithms):
         survivors = [m for m in self.members if m not in self.lost and self._alive(m)]
         return self._factory(survivors, self.name, self.epoch + 1)
 
-    async def close(self) -> None:
+    async def close(self, why: str = "") -> None:
+        """Fail what is pending and every later call (CollectiveError), stop taking messages."""
         if self._closed:
             return
         self._closed = True
-        self._break(CollectiveError(f"group {self.name!r} is closed"), quiet=True)
+        self._break(CollectiveError(f"group {self.name!r} is closed{f' ({why})' if why else ''}"), quiet=True)
         self._msg.on_channel(self.channel, None)
+        await self._telling.cancel_all()
+        self._aborted.clear()
         self._early.clear()
         self._ahead.clear()
         self._ahead_bytes = 0
@@ -179,6 +196,8 @@ class Group(GroupAlgorithms):
         if fut is not None:
             if not fut.done():
                 fut.set_result(payload)
+        elif t == ABORT:
+            self._on_abort(seq, src, payload)
         elif self._broken is None and not self._closed and seq >= self._low_seq():
             self._early[key] = payload  # for a call this rank has not reached yet
             if seq >= self._seq:
@@ -217,6 +236,10 @@ class Group(GroupAlgorithms):
             fut.set_result(self._early.pop(key))
         elif self._broken is not None:
             fut.set_exception(self._broken)
+            fut.exception()  # a call awaiting several futures raises one: the others must not log
+        elif self._aborted and seq in self._aborted:
+            fut.set_exception(self._aborted[seq])
+            fut.exception()
         else:
             self._waiting[key] = fut
         return fut
@@ -229,6 +252,8 @@ class Group(GroupAlgorithms):
             return self._early.pop(key)
         if self._broken is not None:
             raise self._broken
+        if self._aborted and key[0] in self._aborted:
+            raise self._aborted[key[0]]
         self._steps[key] = step
         return MISSING
 
@@ -276,6 +301,8 @@ class Group(GroupAlgorithms):
         sends = self._sends[seq] = []
         awaited = -1  # how many of sends were awaited and succeeded (all of them: nothing left to reap)
         try:
+            if self._aborted and seq in self._aborted:
+                raise self._aborted[seq]  # a peer gave this call up before this rank reached it
             if limit is None:  # the usual case: no timer to arm, no context to enter and leave
                 out = await fn(seq)
                 awaited = await await_sends(sends)
@@ -287,18 +314,125 @@ class Group(GroupAlgorithms):
         except TimeoutError:
             if limit is None:
                 raise
-            exc = CollectiveError(f"group {self.name!r}: {what} timed out after {limit} s (rank {self.rank})")
+            exc = CollectiveError(
+                f"group {self.name!r}: {what} timed out after {limit} s on rank {self.rank}{self._missing(seq)}",
+                member=self._missing_member(seq),
+            )
             self._break(exc)
+            self._tell_abort(seq, what, f"it timed out there after {limit} s", breaks=True)
             raise exc from None
+        except BaseException as exc:  # cancelled, or this rank's input disagrees with its peers'
+            if exc is not self._broken and exc is not self._aborted.get(seq):
+                why = "it was cancelled there" if isinstance(exc, asyncio.CancelledError) else f"{exc}"
+                self._tell_abort(seq, what, why, breaks=False)
+            raise
         finally:
             self._active.discard(seq)
             del self._sends[seq]
+            if self._aborted:
+                self._aborted.pop(seq, None)
             if awaited != len(sends):  # failed, cancelled or timed out: stop and reap every send
+                for k in [k for k in self._steps if k[0] == seq]:  # what it still waited for
+                    del self._steps[k]
+                for k in [k for k in self._waiting if k[0] == seq]:
+                    del self._waiting[k]
                 for t in sends:
                     if not t.done():
                         t.cancel()
                 if sends:
                     await asyncio.gather(*sends, return_exceptions=True)
+
+    # ------------------------------------------------------------------ aborts
+    def _missing(self, seq: int) -> str:
+        """Who call ``seq`` still waits for, for a timeout's message."""
+        srcs = sorted({k[2] for k in self._waiting if k[0] == seq} | {k[2] for k in self._steps if k[0] == seq})
+        if not srcs:
+            return ""
+        who = ", ".join(f"rank {r} ({self.members[r]!r})" for r in srcs)
+        return (
+            f", waiting for {who}: check that it calls the same collectives in the same order, "
+            "on a group with the same members and name"
+        )
+
+    def _missing_member(self, seq: int) -> str | None:
+        srcs = {k[2] for k in self._waiting if k[0] == seq} | {k[2] for k in self._steps if k[0] == seq}
+        return self.members[next(iter(srcs))] if len(srcs) == 1 else None
+
+    def _skip(self, what: str, exc: BaseException) -> None:
+        """A call refused its arguments before it took a sequence number: take one all the same
+        and tell the peers that call failed here. Arguments that differ between ranks (one rank's
+        dtype cannot be compressed, one root's list is short) then fail the call on every rank,
+        and every rank's next call gets the same number, instead of peers waiting forever."""
+        if self._broken is not None or self._closed:
+            return
+        seq = self._seq
+        self._seq += 1
+        self._aborted.pop(seq, None)  # the peers made the same mistake and told this rank first
+        self._tell_abort(seq, what, f"{type(exc).__name__}: {exc}", breaks=False)
+
+    def _tell_abort(self, seq: int, what: str, reason: str, *, breaks: bool) -> None:
+        """Tell every other member that call ``seq`` failed here (wire.ABORT), without waiting."""
+        if self._closed:
+            return
+        msg = [seq, ABORT, self.rank, [what, reason[:2000], breaks]]
+        for dst, peer in enumerate(self.members):
+            if dst == self.rank or peer in self.lost:
+                continue
+            if self._nowait is not None:
+                try:
+                    self._nowait(peer, self.channel, msg)
+                    continue
+                except PeerUnavailable:
+                    continue  # gone: membership tells the others
+                except WouldBlock:
+                    pass
+            self._telling.spawn(self._send_abort(peer, msg), f"collective abort to {peer}")
+
+    async def _send_abort(self, peer: str, msg: list[Any]) -> None:
+        try:
+            await self._msg.send(peer, self.channel, msg)
+        except PeerUnavailable:
+            pass
+
+    def _on_abort(self, seq: int, src: Any, payload: Any) -> None:
+        """A peer's call ``seq`` failed there: fail this rank's (now, or when it gets there)."""
+        if type(payload) is not list or len(payload) != 3 or not 0 <= src < self.size or src == self.rank:
+            self.log.warning("malformed collective abort dropped", src=src)
+            return
+        what, reason, breaks = payload
+        peer = self.members[src]
+        if breaks:
+            if self._broken is None:
+                self._break(
+                    CollectiveError(
+                        f"group {self.name!r}: rank {src} ({peer!r}) broke the group: {what} #{seq} {reason}; "
+                        "shrink() on every member to go on",
+                        member=peer,
+                    )
+                )
+            return
+        if self._closed or seq < self._low_seq() or seq in self._aborted:
+            return  # that call ended here (it had all it needed from the peer), or was told already
+        if seq >= self._seq and len(self._aborted) >= MAX_ABORTS:
+            self.log.warning("too many collective aborts for calls not started: dropped", src=src, seq=seq)
+            return
+        exc = CollectiveError(
+            f"group {self.name!r}: {what} #{seq} failed on rank {src} ({peer!r}): {reason}", member=peer
+        )
+        self._aborted[seq] = exc
+        if seq not in self._active:
+            return  # raised when this rank's call seq starts
+        for key in [k for k in self._waiting if k[0] == seq]:
+            fut = self._waiting.pop(key)
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()
+        for key in [k for k in self._steps if k[0] == seq]:
+            del self._steps[key]
+        run = self._runs.get(seq)
+        if run is not None and not run.done.done():
+            run.done.set_exception(exc)
+            run.done.exception()
 
     def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> asyncio.Task[None] | None:
         """Send without waiting (large messages wait for the peer's ack: pipelining needs many
@@ -339,22 +473,36 @@ class Group(GroupAlgorithms):
         ``compression="fp16"|"bf16"``: float32 travels as 16 bits (error bound in
         aionet.collectives.compression); default ``collectives.compression``. Device (CuPy)
         arrays are reduced through host copies and come back as device arrays."""
-        if (
-            type(x) is np.ndarray
-            and x.nbytes < RAW_MAX
-            and algorithm in ("auto", "doubling")
-            and (self.compression if compression is None else compression) in (None, "none")
-            and x.dtype.kind in "biufc"
-            and x.flags.c_contiguous
-            and self.size > 1
-            and (algorithm == "doubling" or x.nbytes <= self.small_bytes or x.size < self.size)
-        ):
-            return await self._small_allreduce(x, op, out, timeout)
-        hx, back = self._on_host(x, out)
-        if out is None and hx is not x and type(hx) is np.ndarray:
-            out = hx  # a device input's host copy is ours: reduce into it, no second host array
-        res = await self._allreduce(hx, op, out=out, algorithm=algorithm, timeout=timeout, compression=compression)
-        return back(res)
+        seq0 = self._seq  # argument errors below, before the call takes a number: see _skip
+        try:
+            if out is not None and not (  # the usual out=: checked inline, no call (check_out's rules)
+                type(out) is np.ndarray
+                and type(x) is np.ndarray
+                and out.size == x.size
+                and out.flags.writeable
+                and op != "mean"
+            ):
+                check_out(out, x, op)
+            if (
+                type(x) is np.ndarray
+                and x.nbytes < RAW_MAX
+                and algorithm in ("auto", "doubling")
+                and (self.compression if compression is None else compression) in (None, "none")
+                and x.dtype.kind in "iufc"  # bool counts in int64 for sum, prod, mean (ops.for_op)
+                and x.flags.c_contiguous
+                and self.size > 1
+                and (algorithm == "doubling" or x.nbytes <= self.small_bytes or x.size < self.size)
+            ):
+                return await self._small_allreduce(x, op, out, timeout)
+            hx, back = self._on_host(x, out)
+            if out is None and hx is not x and type(hx) is np.ndarray:
+                out = hx  # a device input's host copy is ours: reduce into it, no second host array
+            res = await self._allreduce(hx, op, out=out, algorithm=algorithm, timeout=timeout, compression=compression)
+            return back(res)
+        except (TypeError, ValueError) as exc:
+            if self._seq == seq0:
+                self._skip("allreduce", exc)
+            raise
 
     async def _small_allreduce(self, x: np.ndarray, op: str, out: Any, timeout: float | None) -> Any:
         """Recursive doubling driven from the channel callback (:mod:`.small`): what ``auto``
@@ -370,9 +518,7 @@ class Group(GroupAlgorithms):
                 run.start()
                 res = await done
             finally:
-                del self._runs[seq]
-                if run.waiting is not None:
-                    self._steps.pop(run.waiting, None)
+                del self._runs[seq]  # a step still registered is dropped by _call (a timeout names its rank)
             if op == "mean":
                 res = finish_mean(res, self.size)
             if out is None:
@@ -388,15 +534,29 @@ class Group(GroupAlgorithms):
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
     ) -> Any:
         """The reduction on rank ``root`` (None elsewhere), over a binomial tree."""
-        hx, back = self._on_host(x, out)
-        res = await self._reduce(hx, root, op, out=out, timeout=timeout)
-        return back(res)  # None off the root (the host copy is handed back all the same)
+        seq0 = self._seq  # argument errors below, before the call takes a number: see _skip
+        try:
+            if out is not None and self.rank == root:
+                check_out(out, x, op)
+            hx, back = self._on_host(x, out)
+            res = await self._reduce(hx, root, op, out=out, timeout=timeout)
+            return back(res)  # None off the root (the host copy is handed back all the same)
+        except (TypeError, ValueError) as exc:
+            if self._seq == seq0:
+                self._skip("reduce", exc)
+            raise
 
     async def reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets block ``r`` of the reduction of ``x``: ``x``'s first axis split into
         ``size`` near-equal blocks (as ``numpy.array_split``), reduced around the ring."""
-        hx, back = self._on_host(x, None)
-        return back(await self._reduce_scatter(hx, op, timeout=timeout))
+        seq0 = self._seq  # argument errors below, before the call takes a number: see _skip
+        try:
+            hx, back = self._on_host(x, None)
+            return back(await self._reduce_scatter(hx, op, timeout=timeout))
+        except (TypeError, ValueError) as exc:
+            if self._seq == seq0:
+                self._skip("reduce_scatter", exc)
+            raise
 
     def _on_host(self, x: Any, out: Any) -> tuple[Any, Callable[[Any], Any]]:
         """``x`` with device arrays copied to the host, and how to give the result back (device
@@ -445,7 +605,7 @@ class Group(GroupAlgorithms):
         comp = self.compression if compression is None else compression
         if isinstance(x, (list, tuple)):
             return await self._allreduce_many(list(x), op, algorithm, timeout, comp)
-        c = to_numpy(x)
+        c = for_op(to_numpy(x), op)
         codec = self._codec(comp, c.flat.dtype, algorithm)
 
         dest = work_buffer(out, c.flat)
@@ -486,7 +646,7 @@ class Group(GroupAlgorithms):
         self, xs: list[Any], op: str, algorithm: str, timeout: float | None, compression: str | None
     ) -> list[Any]:
         fn = ufunc(op)
-        cs = [to_numpy(x) for x in xs]
+        cs = [for_op(to_numpy(x), op) for x in xs]
         # compression applies to the float32 buckets; others travel as they are
         codecs = {c.flat.dtype: self._codec(compression if c.flat.dtype == np.float32 else None, c.flat.dtype,
                                             algorithm) for c in cs}  # fmt: skip
@@ -528,7 +688,7 @@ class Group(GroupAlgorithms):
             return await self._ring_allreduce(seq, flat, fn, bucket, codec, dest)
         if algorithm == "tree":
             red = await self._tree_reduce(seq, flat, fn, 0, bucket)
-            return await self._tree_bcast(seq, red, 0, bucket, phase=3)
+            return self._checked(await self._tree_bcast(seq, red, 0, bucket, phase=3), flat.dtype, flat.size, 0)
         if algorithm == "direct":  # sends its input to every peer while results land: never in place
             return await self._direct(seq, flat, fn, bucket, codec, None if dest is flat else dest)
         return await self._doubling(seq, flat, fn, bucket, codec)
@@ -536,7 +696,7 @@ class Group(GroupAlgorithms):
     async def _reduce(
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
     ) -> Any:
-        fn, c = ufunc(op), to_numpy(x)
+        fn, c = ufunc(op), for_op(to_numpy(x), op)
         self._check_root(root)
 
         async def go(seq: int) -> Any:
@@ -546,7 +706,7 @@ class Group(GroupAlgorithms):
         return await self._run("reduce", go, timeout, c.flat.nbytes)
 
     async def _reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
-        fn, c = ufunc(op), to_numpy(x)
+        fn, c = ufunc(op), for_op(to_numpy(x), op)
         if not c.shape:
             raise ValueError("reduce_scatter needs an array with at least one axis")
         rows = chunk_bounds(c.shape[0], self.size)
@@ -570,9 +730,15 @@ class Group(GroupAlgorithms):
     # ------------------------------------------------------------------ data movement
     async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
         """``root``'s ``x`` on every rank (any serializable object), over a binomial tree."""
-        self._check_root(root)
-        nbytes = getattr(x, "nbytes", 0)
-        return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, 0), timeout, nbytes)
+        seq0 = self._seq  # argument errors below, before the call takes a number: see _skip
+        try:
+            self._check_root(root)
+            nbytes = getattr(x, "nbytes", 0)
+            return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, 0), timeout, nbytes)
+        except (TypeError, ValueError) as exc:
+            if self._seq == seq0:
+                self._skip("broadcast", exc)
+            raise
 
     async def allgather(self, x: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's ``x``, in rank order, on every rank (around the ring)."""
@@ -590,7 +756,7 @@ class Group(GroupAlgorithms):
 
     async def gather(self, x: Any, root: int = 0, *, timeout: float | None = None) -> list[Any] | None:
         """Every rank's ``x`` in rank order on ``root`` (None elsewhere)."""
-        self._check_root(root)
+        self._check_root(root, "gather")
 
         async def go(seq: int) -> list[Any] | None:
             if self.rank != root:
@@ -603,9 +769,9 @@ class Group(GroupAlgorithms):
 
     async def scatter(self, xs: Sequence[Any] | None = None, root: int = 0, *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets ``xs[r]`` from ``root`` (``xs`` only matters on the root)."""
-        self._check_root(root)
+        self._check_root(root, "scatter")
         if self.rank == root and (xs is None or len(xs) != self.size):
-            raise ValueError(f"scatter needs one item per rank on the root ({self.size})")
+            self._refuse("scatter", ValueError(f"scatter needs one item per rank on the root ({self.size})"))
 
         async def go(seq: int) -> Any:
             if self.rank == root:
@@ -621,7 +787,7 @@ class Group(GroupAlgorithms):
     async def alltoall(self, xs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
         """Rank ``r`` sends ``xs[d]`` to rank ``d`` and gets everyone's item for ``r``, in rank order."""
         if len(xs) != self.size:
-            raise ValueError(f"alltoall needs one item per rank ({self.size})")
+            self._refuse("alltoall", ValueError(f"alltoall needs one item per rank ({self.size})"))
 
         async def go(seq: int) -> list[Any]:
             futs = {src: self._recv(seq, tag(0, 12, 0), src) for src in range(self.size) if src != self.rank}
@@ -636,9 +802,17 @@ class Group(GroupAlgorithms):
         """Returns once every rank has entered it."""
         await self.allreduce(np.zeros((), np.int64), timeout=timeout)  # what allreduce(0) sends
 
-    def _check_root(self, root: int) -> None:
+    def _check_root(self, root: int, what: str = "") -> None:
         if not 0 <= root < self.size:
-            raise ValueError(f"root must be a rank in [0, {self.size})")
+            exc = ValueError(f"root must be a rank in [0, {self.size}), not {root!r}")
+            if what:
+                self._refuse(what, exc)
+            raise exc
+
+    def _refuse(self, what: str, exc: Exception) -> NoReturn:
+        """Raise ``exc`` for arguments refused before the call took a number (see :meth:`_skip`)."""
+        self._skip(what, exc)
+        raise exc
 
 
 __all__ = ["ALGORITHMS", "Group"]

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..core.ports import ReceiveInto
+from ..errors import CollectiveError
 from .algorithms import DoublingPlan, binomial_tree, chunk_bounds, ring_allgather, ring_reduce_scatter
 from .compression import WireCodec
 from .ops import frozen
@@ -76,12 +77,28 @@ class GroupAlgorithms:
                 self._post(dst % n, seq, tag(bucket, 13, 0, j), wire[a:b])
         res = np.empty_like(own) if dest is None else dest
         for j, (a, b) in enumerate(bounds):
-            parts = [own[a:b] if f is None else dec(await f) for f in futs[j]]
+            parts = [own[a:b] if f is None else self._checked(dec(await f), own.dtype, b - a, src)
+                     for src, f in enumerate(futs[j])]  # fmt: skip
             out = res[a:b]
             fn(parts[0], parts[1], out=out)
             for p in parts[2:]:
                 fn(out, p, out=out)
         return res
+
+    def _checked(self, got: Any, dtype: np.dtype[Any], n: int, src: int) -> np.ndarray:
+        """``got`` if it is an array of ``n`` elements of ``dtype`` (what this rank's own input
+        says every rank sends), else a CollectiveError: ranks whose inputs disagree must fail,
+        not broadcast a one-element block over a longer one or cast another dtype in."""
+        if type(got) is not np.ndarray or got.dtype != dtype or got.size != n:
+            raise self._mismatch(got, dtype, n, src)
+        return got
+
+    def _mismatch(self, got: Any, dtype: np.dtype[Any], n: int, src: int) -> CollectiveError:
+        theirs = f"{got.size} {got.dtype} elements" if isinstance(got, np.ndarray) else f"a {type(got).__name__}"
+        return CollectiveError(
+            f"rank {src} ({self.members[src]!r}) sent {theirs} where rank {self.rank} expected {n} {dtype} "
+            "elements: call the same collective with the same shape and dtype on every rank"
+        )
 
     def _segment_items(self, nbytes: int, itemsize: int, parts: int = 1) -> int:
         """Elements per pipelined segment of ``nbytes`` split in ``parts`` chunks: at least
@@ -98,20 +115,23 @@ class GroupAlgorithms:
         elif acc.nbytes < RAW_MAX and acc.dtype.kind in "biufc":
             # the latency-bound case: every rank holds this dtype and shape, so the bytes alone
             # travel (short bytes take the link's own packer: no serializer, no ndarray ext)
-            enc, dec = _to_bytes, RawDecoder(acc.dtype, acc.shape)
+            raw = RawDecoder(acc.dtype, acc.shape)
+            enc, dec = raw.encode, raw
         else:
             enc = dec = _same
         if plan.fold_to is not None:
             self._post(plan.fold_to, seq, tag(bucket, 0, 0), enc(acc))
-            return np.array(dec(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to)))
+            got = dec(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to))
+            return np.array(self._checked(got, acc.dtype, acc.size, plan.fold_to))
         acc = acc.copy() if codec is None else codec.round(acc)  # kept as the partner will see it
         if plan.fold_from is not None:
-            fn(acc, dec(await self._recv(seq, tag(bucket, 0, 0), plan.fold_from)), out=acc)
+            got = dec(await self._recv(seq, tag(bucket, 0, 0), plan.fold_from))
+            fn(acc, self._checked(got, acc.dtype, acc.size, plan.fold_from), out=acc)
         for k, partner in enumerate(plan.partners):
             if codec is not None:
                 acc = codec.round(acc)
             self._post(partner, seq, tag(bucket, 1, k), enc(acc))
-            got = dec(await self._recv(seq, tag(bucket, 1, k), partner))
+            got = self._checked(dec(await self._recv(seq, tag(bucket, 1, k), partner)), acc.dtype, acc.size, partner)
             # the same operand order on both sides: results agree bit for bit (floats too)
             acc = fn(acc, got) if self.rank < partner else fn(got, acc)
         if codec is not None:
@@ -135,6 +155,7 @@ class GroupAlgorithms:
         left, right = (r - 1) % n, (r + 1) % n
         bounds = chunk_bounds(flat.size, n)
         res = np.empty_like(flat) if dest is None else dest
+        dt = flat.dtype
         seg = self._segment_items(flat.nbytes, flat.itemsize, n)
         holds: dict[int, list[asyncio.Task[None]]] = {}  # sends still reading a chunk of res
 
@@ -182,6 +203,8 @@ class GroupAlgorithms:
                     got = await self._recv(seq, t_in + j, left)
                     if dec is not None:
                         got = dec(got)
+                    if type(got) is not np.ndarray or got.dtype != dt or got.size != b - a:
+                        raise self._mismatch(got, dt, b - a, left)
                     # one chain per chunk: every rank gets the same bits (landed in place or not)
                     out = res[a:b]
                     fn(flat[a:b], got, out=out)
@@ -208,7 +231,11 @@ class GroupAlgorithms:
                         # landed in the result: sent from there, writable, so held until acked
                         self._post(right, seq, t_out + j, dst if landed else frozen(got))
                     if not landed:
-                        np.copyto(dst, got if dec is None else dec(got))
+                        if dec is not None:
+                            got = dec(got)
+                        if type(got) is not np.ndarray or got.dtype != dt or got.size != b - a:
+                            raise self._mismatch(got, dt, b - a, left)
+                        np.copyto(dst, got)
         finally:
             if into is not None:
                 into.close()
@@ -218,7 +245,7 @@ class GroupAlgorithms:
         node = binomial_tree(self.size, root, self.rank)
         acc = flat.copy()
         for child in reversed(node.children):  # smallest subtree first: it finishes first
-            got = await self._recv(seq, tag(bucket, 6, child), child)
+            got = self._checked(await self._recv(seq, tag(bucket, 6, child), child), acc.dtype, acc.size, child)
             acc = fn(acc, got) if self.rank < child else fn(got, acc)
         if node.parent is not None:
             self._post(node.parent, seq, tag(bucket, 6, self.rank), acc)
@@ -246,7 +273,7 @@ class GroupAlgorithms:
         self._post(right, seq, tag(0, 8, 0), buf[a:b])
         for s, step in enumerate(rs):
             a, b = bounds[(step.recv - 1) % n]
-            got = await self._recv(seq, tag(0, 8, s), left)
+            got = self._checked(await self._recv(seq, tag(0, 8, s), left), buf.dtype, b - a, left)
             view = buf[a:b]
             fn(view, got, out=view)
             if s + 1 < len(rs):
@@ -328,10 +355,6 @@ def _aliases(got: Any, dst: np.ndarray) -> bool:
         and got.shape == dst.shape
         and got.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
     )
-
-
-def _to_bytes(x: np.ndarray) -> bytes:
-    return x.tobytes()
 
 
 def _same(x: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config import CollectivesSection
 from ..core.ports import DeviceArrays, MemberEventInfo, MemberEvents, Messaging, ReceiveInto
+from ..errors import CollectiveError
 from ..instrument import Instruments
 from .bench import BENCH_SERVICE
 from .group import Group
@@ -39,6 +40,7 @@ class Collectives:
         self._groups: set[Group] = set()
         self._states: dict[str, str] = {}  # member -> last state membership reported
         self._gone: dict[str, str] = {}  # member -> why, for members dead or left
+        self._stopped = False  # the node stopped: no new groups (a stopped node does not start again)
         members.on_member_change(self._on_member)
         messaging.add_service(BENCH_SERVICE, self._bench)  # `aionet bench OP --connect URL`
 
@@ -48,6 +50,14 @@ class Collectives:
         return self.make(members, name or "g:" + ",".join(members), 0)
 
     def make(self, members: list[str], name: str, epoch: int) -> Group:
+        if self._stopped:
+            raise CollectiveError(f"node {self._msg.name!r} is stopped: collectives need a running node")
+        for g in self._groups:
+            # The same group again (``node.group()`` in every step of a loop): the same object.
+            # A second one would take over the channel at sequence number 0 while peers still
+            # send for the first one's numbers, and both would wait for ever.
+            if g.name == name and g.epoch == epoch and g.members == tuple(members) and not g.closed:
+                return g
         cfg = self.cfg
         g = Group(
             self._msg,
@@ -111,7 +121,8 @@ class Collectives:
             self._gone.pop(name, None)
 
     async def close(self) -> None:
-        await asyncio.gather(*(g.close() for g in list(self._groups)), return_exceptions=True)
+        self._stopped = True
+        await asyncio.gather(*(g.close("its node stopped") for g in list(self._groups)), return_exceptions=True)
 
 
 __all__ = ["Collectives"]

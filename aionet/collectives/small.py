@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,7 +28,7 @@ from .wire import Tag, tag
 
 #: arrays below this many bytes travel as their raw bytes in the latency-bound algorithms
 #: (short ``bytes`` are packed by the link itself, inline, without the serializer)
-RAW_MAX = 1024
+RAW_MAX = 1023  # + the dtype byte: 1024 at most, what the link packs inline
 FOLD, ROUND, UNFOLD = tag(0, 0, 0), 1, tag(0, 2, 0)  # the generic doubling's tags (bucket 0)
 Key = tuple[int, Tag, int]
 
@@ -88,7 +89,7 @@ class DoublingRun:
     def _begin(self) -> Any:
         plan, seq = self._plan, self._seq
         if plan.fold_to is not None:
-            self._post(plan.fold_to, seq, FOLD, self._acc.tobytes())
+            self._post(plan.fold_to, seq, FOLD, self._acc.tobytes() + self._dec.suffix)
             self._k = -2
             return self._wait((seq, UNFOLD, plan.fold_to))
         self._acc = self._acc.copy()  # reduced in place by the fold, kept as the partner saw it
@@ -132,10 +133,10 @@ class DoublingRun:
         plan, seq = self._plan, self._seq
         if k < len(plan.partners):
             partner = plan.partners[k]
-            self._post(partner, seq, self._tags[k], self._acc.tobytes())
+            self._post(partner, seq, self._tags[k], self._acc.tobytes() + self._dec.suffix)
             return self._wait((seq, self._tags[k], partner))
         if plan.unfold_to is not None:
-            self._post(plan.unfold_to, seq, UNFOLD, self._acc.tobytes())
+            self._post(plan.unfold_to, seq, UNFOLD, self._acc.tobytes() + self._dec.suffix)
         self._finish(self._acc)
         return MISSING
 
@@ -148,29 +149,75 @@ class DoublingRun:
             self.done.set_result(acc)
 
 
+_KINDS = "biufc"
+_KIND_BASE = MappingProxyType({k: i * 40 for i, k in enumerate(_KINDS)})  # a constant: no call per lookup
+
+
+def dtype_code(dtype: np.dtype[Any]) -> int:
+    """One byte naming a numeric dtype's kind and size (platform-independent: int64 is int64
+    whether numpy calls it ``l`` or ``q``)."""
+    return _KIND_BASE[dtype.kind] + dtype.itemsize
+
+
+def code_dtype(code: int) -> str:
+    """The dtype a :func:`dtype_code` byte names, for error messages."""
+    kind, size = divmod(code, 40)
+    return str(np.dtype(f"{_KINDS[kind]}{size}")) if kind < len(_KINDS) and size else f"dtype code {code}"
+
+
 class RawDecoder:
     """Decode the raw bytes a peer sent for an array of ``dtype`` and ``shape`` (read-only,
-    over the received bytes); anything else passes through as it came (an older peer's array)."""
+    over the received bytes); an array of this dtype and size passes as it came (an older peer's).
 
-    __slots__ = ("dtype", "nbytes", "shape")
+    The bytes end with one byte naming the sender's dtype (:attr:`suffix`, appended by the
+    sender): without it, ranks whose dtypes disagree but whose byte counts agree (four float32
+    against two float64, or the scalars ``1`` and ``1.5``) would reduce garbage without a word."""
+
+    __slots__ = ("code", "count", "dtype", "nbytes", "shape", "suffix")
 
     def __init__(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
         self.dtype, self.shape = dtype, shape
-        self.nbytes = math.prod(shape) * dtype.itemsize
+        self.count = math.prod(shape)
+        self.nbytes = self.count * dtype.itemsize + 1
+        self.code = _KIND_BASE[dtype.kind] + dtype.itemsize  # dtype_code, inlined: one per small call
+        self.suffix = bytes((self.code,))
+
+    def encode(self, x: np.ndarray) -> bytes:
+        """What the sender puts on the wire for ``x`` (of this dtype)."""
+        return x.tobytes() + self.suffix
 
     def __call__(self, b: Any) -> np.ndarray:
         if type(b) is not bytes:
-            return b  # type: ignore[no-any-return]
-        if len(b) != self.nbytes:
+            # an array (an older peer, or a peer that compressed this call): only if it fits
+            if type(b) is np.ndarray and b.dtype == self.dtype and b.size == self.count:
+                return b.reshape(self.shape)
+            theirs = f"{b.size} {b.dtype} elements" if type(b) is np.ndarray else f"a {type(b).__name__}"
             raise CollectiveError(
-                f"a peer sent {len(b)} bytes for a {self.dtype} array of shape {self.shape}: call the same "
-                "collective with the same shape and dtype on every rank"
+                f"a peer sent {theirs} for this rank's {self.dtype} array of shape {self.shape}: call the same "
+                "collective with the same shape and dtype (and compression) on every rank"
             )
-        return np.frombuffer(b, self.dtype).reshape(self.shape)
+        if len(b) != self.nbytes or b[-1] != self.code:
+            theirs = code_dtype(b[-1]) if b else "nothing"
+            n = (len(b) - 1) // max(1, np.dtype(theirs).itemsize) if b and "code" not in theirs else "?"
+            raise CollectiveError(
+                f"a peer sent {n} {theirs} elements for this rank's {self.dtype} array of shape {self.shape} "
+                f"({self.count} elements): call the same collective with the same shape and dtype on every rank"
+            )
+        return np.frombuffer(b, self.dtype, self.count).reshape(self.shape)
 
 
 def round_tags(plan: DoublingPlan) -> tuple[Tag, ...]:
     return tuple(tag(0, ROUND, k) for k in range(len(plan.partners)))
 
 
-__all__ = ["MISSING", "RAW_MAX", "DoublingRun", "Expect", "Post", "RawDecoder", "round_tags"]
+__all__ = [
+    "MISSING",
+    "RAW_MAX",
+    "DoublingRun",
+    "Expect",
+    "Post",
+    "RawDecoder",
+    "code_dtype",
+    "dtype_code",
+    "round_tags",
+]

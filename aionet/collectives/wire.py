@@ -4,6 +4,11 @@ The channel is ``aionet.coll/<group name>#<epoch>.<digest of the member list>``:
 (new epoch) and groups whose member lists disagree never read each other's messages. The tag
 names the message within one call: the fused bucket, the algorithm's phase, its step and the
 segment of a pipelined chunk.
+
+A call that fails on one rank for a reason of its own (arguments that disagree with the other
+ranks', a cancelled call, a timeout) sends every other member ``[seq, ABORT, src, [what, reason,
+breaks]]``, so their matching call raises instead of waiting for messages that will never come
+(``breaks``: the sender's group broke, so the receiver's breaks too and every member shrinks).
 """
 
 from __future__ import annotations
@@ -20,4 +25,6 @@ def tag(bucket: int, phase: int, step: int, segment: int = 0) -> Tag:
     return (bucket << 48) | (phase << 40) | (step << 20) | segment
 
 
-__all__ = ["CHANNEL_PREFIX", "Tag", "tag"]
+ABORT: Tag = tag(0, 255, 0)  # phase 255: a call failed on the sender (see the module docstring)
+
+__all__ = ["ABORT", "CHANNEL_PREFIX", "Tag", "tag"]
