@@ -1,0 +1,147 @@
+"""Point-to-point messaging as a demanding user meets it, over tcp:// and zmq+tcp://: every
+wait is released with a typed error that says what happened, giving up leaves nothing
+behind, and a consumer's bug costs only its own message."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from structlog.testing import capture_logs
+
+import aionet
+from aionet import Node
+from aionet.errors import NodeClosed
+from tests.conftest import wait_for
+
+Pair = tuple[Node, Node]
+
+
+@pytest.fixture(params=["tcp", "zmq+tcp"])
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
+    """Node a, and node b joined to it, over one transport."""
+    scheme = request.param
+    async with (
+        Node(name="a", listen=f"{scheme}://127.0.0.1:0") as a,
+        Node(name="b", listen=f"{scheme}://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        yield a, b
+
+
+@pytest.mark.timeout(60)
+async def test_recv_and_recv_batch_waiting_at_stop_are_released_with_node_closed(pair: Pair) -> None:
+    a, b = pair
+    await b.send("a", "kept", "delivered before the stop")
+    assert await a.recv_from("kept", timeout=5) == ("b", "delivered before the stop")
+    await b.send("a", "kept", "still waiting at the stop")
+    await wait_for(lambda: a.router.mailbox("kept").qsize() == 1)
+    waiting = [
+        asyncio.ensure_future(a.recv("never")),
+        asyncio.ensure_future(a.recv_from("never", timeout=30)),
+        asyncio.ensure_future(a.recv_batch("other")),
+    ]
+    await asyncio.sleep(0.01)
+    await a.stop()
+    for fut in waiting:
+        with pytest.raises(NodeClosed, match="node 'a' is stopped"):
+            await asyncio.wait_for(fut, 5)
+    # what was delivered before the stop can still be taken; then the stop is told at once
+    assert await asyncio.wait_for(a.recv("kept"), 5) == "still waiting at the stop"
+    with pytest.raises(NodeClosed):
+        await asyncio.wait_for(a.recv("kept"), 5)
+    with pytest.raises(NodeClosed):
+        await asyncio.wait_for(a.recv("a channel never used"), 5)
+    assert isinstance(NodeClosed("x"), aionet.AionetError)
+
+
+@pytest.mark.timeout(60)
+async def test_timeouts_name_what_timed_out(pair: Pair) -> None:
+    a, b = pair
+
+    @a.service("slow")
+    async def slow(x: float) -> float:
+        await asyncio.sleep(x)
+        return x
+
+    with pytest.raises(TimeoutError, match="'slow' to 'a' timed out after 0.05 s"):
+        await b.request("a", "slow", 10, timeout=0.05)
+    # a request to the node itself says the same
+    with pytest.raises(TimeoutError, match="'slow' to 'a' timed out after 0.05 s"):
+        await a.request("a", "slow", 10, timeout=0.05)
+    with pytest.raises(TimeoutError, match="recv_from\\('idle'\\): no message within 0.05 s"):
+        await a.recv("idle", timeout=0.05)
+    with pytest.raises(TimeoutError, match="recv_batch\\('idle'\\): no message within 0.05 s"):
+        await a.recv_batch("idle", timeout=0.05)
+    assert await a.request("a", "slow", 0, timeout=5) == 0
+
+
+@pytest.mark.timeout(60)
+async def test_recv_batch_timeout_and_polling_recv_leaves_nothing_behind(pair: Pair) -> None:
+    a, b = pair
+    for _ in range(300):  # a polling loop on an idle channel
+        with pytest.raises(TimeoutError):
+            await a.recv("idle", timeout=0.0001)
+        with pytest.raises(TimeoutError):
+            await a.recv_batch("idle", timeout=0.0001)
+    assert len(a.router.mailbox("idle")._getters) == 0
+    await b.send_many("a", "idle", [1, 2, 3])
+    got: list[int] = []
+    while len(got) < 3:
+        got += await a.recv_batch("idle", timeout=5)
+    assert got == [1, 2, 3]
+    # a message already waiting is returned even with a zero timeout
+    await b.send("a", "idle", 4)
+    await wait_for(lambda: a.router.mailbox("idle").qsize() == 1)
+    assert await a.recv("idle", timeout=0) == 4
+
+
+@pytest.mark.timeout(60)
+async def test_a_recv_waiting_when_on_channel_is_set_gets_messages_after_it_is_removed(pair: Pair) -> None:
+    a, b = pair
+    pending = asyncio.ensure_future(a.recv("ch"))
+    await asyncio.sleep(0.01)
+    taken: list[int] = []
+    a.on_channel("ch", lambda _sender, obj: taken.append(obj))
+    await b.send("a", "ch", 1)
+    await wait_for(lambda: taken == [1])
+    assert not pending.done()
+    a.on_channel("ch", None)
+    await b.send("a", "ch", 2)
+    assert await asyncio.wait_for(pending, 5) == 2
+
+
+@pytest.mark.timeout(60)
+async def test_an_on_channel_consumer_that_raises_loses_only_its_message(pair: Pair) -> None:
+    a, b = pair
+    taken: list[int] = []
+    lost = asyncio.Event()
+    a.on_connection_event(lambda _p, ev, _d: lost.set() if ev == "lost" else None)
+
+    def consumer(_sender: str, obj: int) -> None:
+        if obj % 3 == 0:
+            raise (ValueError if obj % 2 else RuntimeError)(f"consumer bug at {obj}")
+        taken.append(obj)
+
+    a.on_channel("ch", consumer)
+    with capture_logs() as logs:
+        for i in range(1, 10):
+            await b.send("a", "ch", i)  # small: one batched envelope
+        await b.send_many("a", "ch", list(range(10, 20)))
+        await wait_for(lambda: taken and taken[-1] == 19)
+        assert await b.request("a", "aionet.echo", "still up", timeout=5) == "still up"
+    assert taken == [i for i in range(1, 20) if i % 3]
+    assert not lost.is_set(), "the connection was closed for the consumer's bug"
+    failed = [e for e in logs if "on_channel consumer" in e["event"]]
+    assert len(failed) == 6 and failed[0]["channel"] == "ch" and "consumer bug at 3" in failed[0]["error"]
+    assert not [e for e in logs if "bad message from peer" in e["event"] or "reader failed" in e["event"]]
+
+
+@pytest.mark.timeout(60)
+async def test_a_clean_stop_logs_no_reader_failure(pair: Pair) -> None:
+    a, b = pair
+    assert await b.request("a", "aionet.echo", 1, timeout=5) == 1
+    with capture_logs() as logs:
+        await b.stop()
+        await a.stop()
+    assert not [e for e in logs if e["log_level"] == "error"], logs
