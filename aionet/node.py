@@ -10,7 +10,7 @@ import errno
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ._version import __version__
@@ -287,6 +287,7 @@ class Node:
         await self.router.drain(grace)  # in-flight handlers answer, or are cancelled after grace
         await self._directory.close_links()  # BYE to each connected peer, then close
         self.router.fail_all("local node is shutting down")
+        self.router.close_mailboxes()  # a recv waiting now (or later) raises NodeClosed
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
@@ -513,8 +514,7 @@ class Node:
                 try:
                     await fut
                 except asyncio.CancelledError:
-                    if fut.done() and not fut.cancelled():
-                        mb.wake_putter()
+                    mb.give_up_room(fut)
                     raise
                 mb.wake_putter()  # we put nothing ourselves: pass the wake-up on
             return
@@ -544,15 +544,17 @@ class Node:
                 i += 1
 
     async def recv(self, channel: str, timeout: float | None = None) -> Any:
-        """Next object from mailbox ``channel`` (any sender)."""
+        """Next object from mailbox ``channel`` (any sender). See :meth:`recv_from`."""
         return (await self.recv_from(channel, timeout))[1]
 
     async def recv_from(self, channel: str, timeout: float | None = None) -> tuple[str, Any]:
-        """Next (sender name, object) from mailbox ``channel``."""
+        """Next (sender name, object) from mailbox ``channel``. Raises TimeoutError when
+        nothing came within ``timeout`` s (a message waiting already is returned even with
+        ``timeout=0``), NodeClosed once this node has stopped and the mailbox is empty."""
         mb = self.router.mailbox(channel)
-        if timeout is None:
+        if timeout is None or mb.qsize():
             return await mb.get()
-        return await asyncio.wait_for(mb.get(), timeout)
+        return await _within(mb.get(), timeout, f"recv_from({channel!r})")
 
     def on_channel(self, channel: str, fn: Callable[[str, Any], None] | None) -> None:
         """Low-level, for services: hand each message for ``channel`` to ``fn(sender, obj)`` as
@@ -560,16 +562,23 @@ class Node:
         must bound what it keeps; ``None`` restores the mailbox). Collectives use it."""
         self.router.on_channel(channel, fn)
 
-    async def recv_batch(self, channel: str, limit: int = 65536) -> list[Any]:
-        """At least one object, plus everything already waiting (up to ``limit``): cheap draining."""
-        return [obj for _s, obj in await self.router.mailbox(channel).get_batch(limit)]
+    async def recv_batch(self, channel: str, limit: int = 65536, timeout: float | None = None) -> list[Any]:
+        """At least one object, plus everything already waiting (up to ``limit``): cheap
+        draining. ``timeout`` and errors as for :meth:`recv_from`."""
+        mb = self.router.mailbox(channel)
+        if timeout is None or mb.qsize():
+            return [obj for _s, obj in await mb.get_batch(limit)]
+        return [obj for _s, obj in await _within(mb.get_batch(limit), timeout, f"recv_batch({channel!r})")]
 
     async def request(self, peer: str, service: str, obj: Any = None, timeout: float | None = None) -> Any:
         """Call ``service`` on ``peer`` and return its reply. Raises RemoteError if the handler
         raised, PeerUnavailable if the peer is gone, asyncio.TimeoutError after ``timeout``."""
         if peer == self.name:
             coro = self.router.call_local(service, obj)
-            return await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
+            if timeout is None:
+                return await coro
+            # a timeout names the call, as a remote one's does (wait_for's says nothing)
+            return await _within(coro, timeout, None, _expired(peer, service, timeout))
         if timeout is None:
             return await self._request(peer, service, obj)
         p = self._peers.get(peer)
@@ -667,6 +676,20 @@ class Node:
 
 def _echo(x: Any) -> Any:
     return x
+
+
+async def _within(aw: Awaitable[Any], timeout: float, what: str | None, exc: TimeoutError | None = None) -> Any:
+    """``await aw`` for at most ``timeout`` s, on the caller's task (no task per call, unlike
+    ``asyncio.wait_for``); at the deadline raise ``exc``, or a TimeoutError naming ``what``,
+    so that the user reads which wait ran out, not an empty TimeoutError."""
+    cm = asyncio.timeout(timeout)
+    try:
+        async with cm:
+            return await aw
+    except TimeoutError:
+        if not cm.expired():
+            raise
+        raise (exc or TimeoutError(f"{what}: no message within {timeout} s")) from None
 
 
 def _expired(peer: str, service: str, timeout: float) -> TimeoutError:

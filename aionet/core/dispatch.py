@@ -252,8 +252,8 @@ class Dispatcher:
         except PeerUnavailable:
             pass
         except asyncio.CancelledError:
-            if mb is not None and aw.done() and not aw.cancelled():
-                mb.wake_putter()  # woken, then cancelled: pass the wake-up on
+            if mb is not None:
+                mb.give_up_room(aw)  # forget the wait, or pass on a wake-up already had
             raise
         if link.dead is not None:
             if mb is not None:

@@ -7,6 +7,7 @@ envelopes together with a ``reply`` callable, and it hands back envelopes to sen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 import traceback
@@ -19,7 +20,7 @@ from typing import Any
 from ..codecs.batch import rpc_items
 from ..codecs.envelope import ERR, REP
 from ..config import LinkSection
-from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
+from ..errors import AionetError, NodeClosed, PeerUnavailable, ProtocolError, RemoteError
 from ..instrument import Instruments
 from ..stats import RouterStats
 from .ports import INLINE_MARK
@@ -42,7 +43,18 @@ class Mailbox:
     on the wire: a few huge messages must not hold unbounded memory just because they are
     few). A single message larger than ``maxbytes`` is let into an empty mailbox."""
 
-    __slots__ = ("_bytes", "_getters", "_items", "_maxbytes", "_maxsize", "_on_take", "_putters", "_sizes", "gen")
+    __slots__ = (
+        "_bytes",
+        "_closed",
+        "_getters",
+        "_items",
+        "_maxbytes",
+        "_maxsize",
+        "_on_take",
+        "_putters",
+        "_sizes",
+        "gen",
+    )
 
     def __init__(
         self, maxsize: int, maxbytes: int = 1 << 62, on_take: Callable[[str, int, int], None] | None = None
@@ -56,6 +68,18 @@ class Mailbox:
         self._maxbytes = maxbytes
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: deque[asyncio.Future[None]] = deque()
+        self._closed: str | None = None  # why nothing more can arrive (close)
+
+    def close(self, why: str) -> None:
+        """Nothing more will arrive (the node stopped): wake everyone waiting here, so that a
+        ``recv`` or a blocked put raises :class:`NodeClosed` rather than waiting for good.
+        What is already waiting is still handed out first."""
+        self._closed = why
+        for waiters in (self._getters, self._putters):
+            while waiters:
+                f = waiters.popleft()
+                if not f.done():
+                    f.set_result(None)
 
     def put_nowait(self, item: tuple[str, Any], nbytes: int = 0) -> bool:
         items = self._items
@@ -93,12 +117,13 @@ class Mailbox:
 
     async def put(self, item: tuple[str, Any], nbytes: int = 0) -> None:
         while not self.put_nowait(item, nbytes):
+            if self._closed is not None:
+                raise NodeClosed(self._closed)
             fut = self.wait_room()
             try:
                 await fut
             except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():  # woken, then cancelled: pass the wake-up on
-                    self.wake_putter()
+                self.give_up_room(fut)
                 raise
 
     def wait_room(self) -> asyncio.Future[None]:
@@ -114,6 +139,16 @@ class Mailbox:
         """Wake the longest-waiting putter (see :meth:`wait_room`)."""
         self._wake_putter()
 
+    def give_up_room(self, fut: asyncio.Future[None]) -> None:
+        """The caller of :meth:`wait_room` gave up (cancelled): forget its future, so that
+        waiters that keep giving up (timeouts) do not pile up here, or, if it had already
+        been woken, pass the wake-up on."""
+        if fut.done() and not fut.cancelled():
+            self._wake_putter()
+        else:
+            with contextlib.suppress(ValueError):
+                self._putters.remove(fut)
+
     def _wake_putter(self) -> None:
         putters = self._putters
         while putters:
@@ -124,15 +159,20 @@ class Mailbox:
 
     async def _wait(self) -> None:
         while not self._items:
+            if self._closed is not None:
+                raise NodeClosed(self._closed)
             fut = asyncio.get_running_loop().create_future()
             self._getters.append(fut)
             try:
                 await fut
             except asyncio.CancelledError:
-                if fut.done() and self._items and self._getters:  # pass the wake-up on
-                    nxt = self._getters.popleft()
-                    if not nxt.done():
-                        nxt.set_result(None)
+                if fut.cancelled():
+                    # gave up before a message came (a recv timeout): forget the future, or a
+                    # polling loop on an idle channel would grow this deque without bound
+                    with contextlib.suppress(ValueError):
+                        self._getters.remove(fut)
+                elif self._items and self._getters:  # woken, then cancelled: pass the wake-up on
+                    self._wake_getter()
                 raise
 
     async def get(self) -> tuple[str, Any]:
@@ -316,6 +356,7 @@ class Router:
         self._budget_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._gen = 0
         self._prune_at = PRUNE_MAILBOXES_FROM
+        self._closed: str | None = None  # set when the node stops (close_mailboxes)
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._deadlines = _Deadlines(self.pending)
@@ -356,8 +397,28 @@ class Router:
             if len(self.mailboxes) >= self._prune_at:
                 self._prune()
             mb = self.mailboxes[channel] = Mailbox(self.mailbox_size, self.mailbox_bytes, self._taken)
+            if self._closed is not None:
+                mb.close(self._closed)
         mb.gen = self._gen
         return mb
+
+    def close_mailboxes(self) -> None:
+        """The node stopped: nothing more can arrive, so release every ``recv`` waiting (and
+        every later one, once its mailbox is empty) with :class:`NodeClosed`, and every
+        connection reader paused on a full mailbox, rather than let them wait for good."""
+        self._closed = (
+            f"node {self.node_name!r} is stopped: no more messages can arrive "
+            "(what was delivered before the stop can still be taken; start a new Node to receive again)"
+        )
+        for mb in self.mailboxes.values():
+            mb.close(self._closed)
+        # a reader paused on a peer's share of the mailboxes resumes (and finds its link gone)
+        # rather than stay a task of the transport's that outlives the node
+        for waiters in self._budget_waiters.values():
+            for f in waiters:
+                if not f.done():
+                    f.set_result(None)
+        self._budget_waiters.clear()
 
     def _prune(self) -> None:
         """Forget idle mailboxes not handed out since the last prune (so one a receiver has
@@ -374,15 +435,32 @@ class Router:
         of queueing it in a mailbox (``None``: back to the mailbox). For services that keep
         their own bounded state (collectives): it saves a task wake-up per message, and ``fn``
         must neither block nor keep unbounded memory, and should drop (and log) what it cannot
-        use rather than raise. Messages already waiting go to ``fn`` now."""
+        use rather than raise (one that raises loses that message only: see :meth:`_consumer_failed`).
+        Messages already waiting go to ``fn`` now. The mailbox itself stays: a ``recv`` already
+        waiting on it gets the messages sent after ``fn`` is removed again."""
         if fn is None:
             self.consumers.pop(channel, None)
             return
         self.consumers[channel] = fn
-        mb = self.mailboxes.pop(channel, None)
+        mb = self.mailboxes.get(channel)
         if mb is not None:
             for sender, obj in mb.take_all():
-                fn(sender, obj)
+                try:
+                    fn(sender, obj)
+                except Exception as exc:
+                    self._consumer_failed(channel, sender, exc)
+
+    def _consumer_failed(self, channel: str, sender: str, exc: Exception) -> None:
+        """An ``on_channel`` consumer raised: its message is dropped with an error line. The
+        message was delivered (acknowledged; one batched envelope carries many), so letting
+        the error reach the connection's reader would close the connection, blame the peer,
+        and lose the rest of the batch without a word; replaying cannot help either."""
+        self.log.error(
+            "on_channel consumer raised; its message is dropped",
+            channel=channel,
+            peer=sender,
+            error=f"{_type_name(exc)}: {exc}",
+        )
 
     def deliver(self, peer: str, channel: str, obj: Any, nbytes: int) -> asyncio.Future[None] | Mailbox | None:
         """Put a message from ``peer`` into mailbox ``channel``. None when done; else what to
@@ -392,7 +470,10 @@ class Router:
         if self.consumers:
             fn = self.consumers.get(channel)
             if fn is not None:
-                fn(peer, obj)
+                try:
+                    fn(peer, obj)
+                except Exception as exc:
+                    self._consumer_failed(channel, peer, exc)
                 return None
         q = self._queued.get(peer)
         if q is not None and (q[0] + nbytes > self.peer_mailbox_bytes or q[1] >= self.peer_mailbox_size):
@@ -421,7 +502,10 @@ class Router:
             fn = self.consumers.get(env[3])
             if fn is not None:
                 for obj in islice(env, 4, None):
-                    fn(peer, obj)
+                    try:
+                        fn(peer, obj)
+                    except Exception as exc:
+                        self._consumer_failed(env[3], peer, exc)
                 return None
         q = self._queued.get(peer)
         if q is not None and (q[0] + nbytes > self.peer_mailbox_bytes or q[1] + n > self.peer_mailbox_size):
