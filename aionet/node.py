@@ -559,7 +559,9 @@ class Node:
     def on_channel(self, channel: str, fn: Callable[[str, Any], None] | None) -> None:
         """Low-level, for services: hand each message for ``channel`` to ``fn(sender, obj)`` as
         it arrives instead of a mailbox (no mailbox bounds apply, so ``fn`` must not block and
-        must bound what it keeps; ``None`` restores the mailbox). Collectives use it."""
+        must bound what it keeps; ``None`` restores the mailbox, and a ``recv`` waiting on it
+        meanwhile gets what arrives after). If ``fn`` raises, that message is dropped with an
+        error log line; the connection goes on. Collectives use it."""
         self.router.on_channel(channel, fn)
 
     async def recv_batch(self, channel: str, limit: int = 65536, timeout: float | None = None) -> list[Any]:
