@@ -5,6 +5,7 @@ behind, and a consumer's bug costs only its own message."""
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import AsyncIterator
 
 import pytest
@@ -159,3 +160,45 @@ async def test_a_stop_while_a_full_mailbox_pauses_reading_leaves_no_task_and_log
     left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     assert not [t for t in left if "_resume" in repr(t.get_coro())], left
     assert not [e for e in logs if e["log_level"] == "error"], logs
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scheme", ["tcp", "zmq+tcp"])
+async def test_calls_waiting_for_window_space_when_the_peer_dies_each_get_their_own_error(scheme: str) -> None:
+    """A request blocked on window space leaves no failed reply future unretrieved (the
+    loop-error guard would report it), and every caller's PeerUnavailable carries only its
+    own frames: one shared exception raised again and again would show each caller the
+    frames of all the others, and keep those frames alive."""
+    tiny = aionet.Config.from_dict({"link": {"mailbox_size": 2}})
+    narrow = aionet.Config.from_dict({"link": {"max_inflight_bytes": 1 << 20}})
+    async with (
+        Node(name="a", listen=f"{scheme}://127.0.0.1:0", config=tiny) as a,
+        Node(name="b", listen=f"{scheme}://127.0.0.1:0", join=[a.address], config=narrow) as b,
+    ):
+        assert await b.request("a", "aionet.echo", 0, timeout=5) == 0
+        sent = 0
+        while True:  # a never reads "x": its mailbox fills, it stops reading, b's window fills
+            try:
+                b.send_nowait("a", "x", [sent, b"y" * 50_000])
+                sent += 1
+            except aionet.WouldBlock:
+                try:
+                    await asyncio.wait_for(b.wait_space("a"), 0.5)
+                except TimeoutError:
+                    break
+        calls = [
+            asyncio.ensure_future(b.request("a", "aionet.echo", 1)),
+            asyncio.ensure_future(b.request("a", "aionet.echo", 2, timeout=30)),
+            asyncio.ensure_future(b.send("a", "x", 3)),
+            asyncio.ensure_future(b.send("a", "x", 4)),
+            asyncio.ensure_future(b.wait_space("a")),
+        ]
+        await asyncio.sleep(0.05)
+        assert not any(c.done() for c in calls)
+        b.declare_dead("a", "test verdict")
+        errors = await asyncio.gather(*(asyncio.wait_for(c, 10) for c in calls), return_exceptions=True)
+        assert all(isinstance(e, aionet.PeerUnavailable) and "declared dead (test verdict)" in str(e) for e in errors)
+        send_error = errors[2]
+        assert isinstance(send_error, BaseException)
+        frames = [f.name for f in traceback.extract_tb(send_error.__traceback__)]
+        assert "request" not in frames and "wait_space" not in frames, frames
