@@ -593,17 +593,25 @@ class Router:
         )
 
     def fail_peer(self, peer: str, exc: BaseException) -> None:
-        """Fail every request waiting on ``peer`` (its link died or it left)."""
+        """Fail every request waiting on ``peer`` (its link died or it left).
+
+        Each future is marked retrieved: its caller may be blocked before the reply (on
+        window space, the transport, staging) and then raises the link's own error, never
+        looking at the future, which asyncio would report as "Future exception was never
+        retrieved" once collected. A caller that awaits it still gets the exception."""
         for rid, (fut, p) in list(self.pending.items()):
             if p == peer:
                 del self.pending[rid]
                 if not fut.done():
                     fut.set_exception(exc)
+                    fut.exception()
 
     def fail_all(self, why: str) -> None:
+        """Fail every pending request: the node stops (retrieved as in :meth:`fail_peer`)."""
         for _rid, (fut, p) in list(self.pending.items()):
             if not fut.done():
                 fut.set_exception(PeerUnavailable(f"{p}: {why}"))
+                fut.exception()
         self.pending.clear()
         self._deadlines.close()
 
