@@ -202,3 +202,49 @@ async def test_calls_waiting_for_window_space_when_the_peer_dies_each_get_their_
         assert isinstance(send_error, BaseException)
         frames = [f.name for f in traceback.extract_tb(send_error.__traceback__)]
         assert "request" not in frames and "wait_space" not in frames, frames
+
+
+@pytest.mark.timeout(120)
+async def test_ten_thousand_cancelled_requests_and_sends_leave_nothing_behind(pair: Pair) -> None:
+    a, b = pair
+    gate = asyncio.Event()
+
+    @a.service("hold")
+    async def hold(x: int) -> int:
+        await gate.wait()
+        return x
+
+    assert await b.request("a", "aionet.echo", 0, timeout=5) == 0
+    deadlines = b.router._deadlines
+    for r in range(4):  # 10,000 cancelled requests, half of them with a deadline
+        calls = [asyncio.ensure_future(b.request("a", "hold", i, timeout=30 if i % 2 else None)) for i in range(2500)]
+        await asyncio.sleep(0.01)  # let them go out
+        assert len(b.router.pending) == 2500
+        for c in calls:
+            c.cancel()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results)
+        assert b.router.pending == {} and b.router._timing == {}
+        # deadlines of abandoned requests are compacted away, not kept until they pass (30 s)
+        assert deadlines._n <= max(1024, 2 * 1250) + 1, (r, deadlines._n)
+    gate.set()  # the handlers answer; the replies find nobody waiting and are dropped
+    await wait_for(lambda: not a.router.running and not a.router.tasks, timeout=90)
+    assert await b.request("a", "hold", 7, timeout=30) == 7
+    assert b.router.pending == {}
+    assert a.router._slot_waiters == {} and b.router._slot_waiters == {}
+    # sends blocked on a full window, cancelled: nothing left waiting on the link
+    link = b._peers["a"].link
+    assert link is not None
+    full = link.state.max_inflight_bytes
+    link.state.max_inflight_bytes = 0  # the window is full from now on
+    sends = [asyncio.ensure_future(b.send("a", "ch", [i, "x"])) for i in range(10_000)]
+    await asyncio.sleep(0.01)
+    assert not any(s.done() for s in sends)
+    for s in sends:
+        s.cancel()
+    await asyncio.gather(*sends, return_exceptions=True)
+    link.state.max_inflight_bytes = full
+    link._space.set()
+    assert link._waiting_senders == 0 and len(link._ack_waiters) == 0
+    await b.send("a", "ch", "after")
+    assert await a.recv("ch", timeout=10) == "after"  # none of the cancelled sends went out
