@@ -248,3 +248,33 @@ async def test_ten_thousand_cancelled_requests_and_sends_leave_nothing_behind(pa
     assert link._waiting_senders == 0 and len(link._ack_waiters) == 0
     await b.send("a", "ch", "after")
     assert await a.recv("ch", timeout=10) == "after"  # none of the cancelled sends went out
+
+
+class _Unprintable(Exception):
+    """An exception whose message cannot be rendered (a bug in user code, but a handler's)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ failed")
+
+
+@pytest.mark.timeout(60)
+async def test_a_handler_raising_an_exception_that_cannot_be_printed_still_answers(pair: Pair) -> None:
+    """Rendering the error used to raise in the reader (sync handler: the connection closed
+    and the caller, whose request counted as delivered, waited for good) or in the handler's
+    task (async: "Task exception was never retrieved", the caller waited for good)."""
+    a, b = pair
+
+    @a.service("sync_bad")
+    def sync_bad(_x: int) -> None:
+        raise _Unprintable()
+
+    @a.service("async_bad")
+    async def async_bad(_x: int) -> None:
+        raise _Unprintable()
+
+    for caller, service in [(b, "sync_bad"), (b, "async_bad"), (a, "sync_bad"), (a, "async_bad")]:
+        with pytest.raises(aionet.RemoteError) as err:
+            await caller.request("a", service, 1, timeout=5)
+        assert err.value.remote_type.endswith("_Unprintable")
+        assert "str() failed" in err.value.remote_message
+    assert await b.request("a", "aionet.echo", "still up", timeout=5) == "still up"
