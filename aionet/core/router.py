@@ -663,7 +663,7 @@ class Router:
                 out = await out
             return out
         except Exception as exc:
-            raise RemoteError(_type_name(exc), str(exc), traceback.format_exc(), self.node_name) from exc
+            raise RemoteError(_type_name(exc), _message(exc), traceback.format_exc(), self.node_name) from exc
 
     def _not_found(self, service: str) -> str:
         return f"no service {service!r} on node {self.node_name!r}; services: {', '.join(sorted(self.services))}"
@@ -883,6 +883,15 @@ def _type_name(exc: BaseException) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, which runs user code (``__str__``) and can itself fail: rendering a
+    handler's error must never raise, or the reply is never sent and its caller waits for good."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"<str() failed: {_type_name(inner)}>"
+
+
 def _error_fields(rid: Any, exc: BaseException) -> list[Any]:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return [rid, _type_name(exc), str(exc), tb]
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))  # survives a bad __str__
+    return [rid, _type_name(exc), _message(exc), tb]
