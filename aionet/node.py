@@ -526,7 +526,8 @@ class Node:
 
     async def send_many(self, peer: str, channel: str, objs: Sequence[Any]) -> None:
         """:meth:`send` each of ``objs`` in order (cheaper per message than a loop of sends);
-        waits for window space as often as needed."""
+        waits for window space as often as needed. One that cannot be sent (SerializationError,
+        FrameTooLarge) raises: those before it are sent, none after it."""
         items = objs if isinstance(objs, list) else list(objs)
         if peer == self.name:
             for obj in items:

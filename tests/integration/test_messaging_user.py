@@ -278,3 +278,13 @@ async def test_a_handler_raising_an_exception_that_cannot_be_printed_still_answe
         assert err.value.remote_type.endswith("_Unprintable")
         assert "str() failed" in err.value.remote_message
     assert await b.request("a", "aionet.echo", "still up", timeout=5) == "still up"
+
+
+@pytest.mark.timeout(60)
+async def test_send_many_stops_at_the_first_object_it_cannot_send(pair: Pair) -> None:
+    a, b = pair
+    with pytest.raises(aionet.SerializationError, match="builtins.object.*security.allow_pickle"):
+        await b.send_many("a", "many", [1, [2, "two"], object(), 3])
+    await b.send("a", "many", "next")
+    got = [await a.recv("many", timeout=5) for _ in range(3)]
+    assert got == [1, [2, "two"], "next"]  # the ones before it, none after it
