@@ -666,7 +666,15 @@ class Router:
             raise RemoteError(_type_name(exc), _message(exc), traceback.format_exc(), self.node_name) from exc
 
     def _not_found(self, service: str) -> str:
-        return f"no service {service!r} on node {self.node_name!r}; services: {', '.join(sorted(self.services))}"
+        """What a caller of an unregistered service reads: the fix, and the application's own
+        services (the twenty-odd built-in ``aionet.*`` ones only counted, or they would bury them)."""
+        own = sorted(n for n in self.services if not n.startswith("aionet."))
+        builtin = len(self.services) - len(own)
+        return (
+            f"no service {service!r} on node {self.node_name!r}: register it there with "
+            f"@node.service({service!r}) (or check the name); its services: {', '.join(own) or 'none'}"
+            f" (and {builtin} built-in aionet.* ones)"
+        )
 
     def on_request(self, rid: Any, service: Any, payload: Any, reply: Reply, peer: str = "") -> Awaitable[None] | None:
         """Handle REQ from ``peer``. Sync handlers answer inline; async ones get a task;

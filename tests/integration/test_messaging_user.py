@@ -288,3 +288,16 @@ async def test_send_many_stops_at_the_first_object_it_cannot_send(pair: Pair) ->
     await b.send("a", "many", "next")
     got = [await a.recv("many", timeout=5) for _ in range(3)]
     assert got == [1, [2, "two"], "next"]  # the ones before it, none after it
+
+
+@pytest.mark.timeout(60)
+async def test_an_unknown_service_error_names_the_fix_and_the_applications_services(pair: Pair) -> None:
+    a, b = pair
+    a.add_service("mine", lambda x: x)
+    for caller in (b, a):
+        with pytest.raises(aionet.RemoteError) as err:
+            await caller.request("a", "nope", 1, timeout=5)
+        assert err.value.remote_type == "aionet.ServiceNotFound"
+        msg = err.value.remote_message
+        assert "no service 'nope' on node 'a'" in msg and "@node.service('nope')" in msg
+        assert "its services: mine (and " in msg and "aionet.cache" not in msg
