@@ -452,7 +452,8 @@ class Node:
     # ------------------------------------------------------------------ messaging API
     async def send(self, peer: str, channel: str, obj: Any) -> None:
         """Send ``obj`` to ``peer``'s mailbox ``channel``: ordered, exactly once while both
-        nodes live, back-pressured by ``link.max_inflight_bytes``."""
+        nodes live, back-pressured by ``link.max_inflight_bytes``. To this node's own name
+        ``obj`` itself is queued, unserialized (do not change it after sending)."""
         if peer == self.name:
             if (fn := self.router.consumers.get(channel)) is not None:
                 fn(self.name, obj)
