@@ -301,3 +301,35 @@ async def test_an_unknown_service_error_names_the_fix_and_the_applications_servi
         msg = err.value.remote_message
         assert "no service 'nope' on node 'a'" in msg and "@node.service('nope')" in msg
         assert "its services: mine (and " in msg and "aionet.cache" not in msg
+
+
+@pytest.mark.timeout(60)
+async def test_a_request_to_the_node_itself_is_released_when_it_stops(pair: Pair) -> None:
+    """Remote callers of a handler still running at the stop are told; a request to the node
+    itself runs its handler on the caller's task, which nothing cancelled: it waited for good."""
+    a, _b = pair
+    started = asyncio.Event()
+    cleaned = asyncio.Event()
+
+    @a.service("forever")
+    async def forever(_x: int) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.set()
+
+    calls = [
+        asyncio.ensure_future(a.request("a", "forever", 1)),
+        asyncio.ensure_future(a.request("a", "forever", 2, timeout=30)),
+    ]
+    await asyncio.wait_for(started.wait(), 5)
+    await a.stop(grace=0.1)
+    for call in calls:
+        with pytest.raises(aionet.RemoteError) as err:
+            await asyncio.wait_for(call, 5)
+        assert err.value.remote_type == "asyncio.CancelledError"
+        assert "node shutting down" in err.value.remote_message
+    assert cleaned.is_set()
+    with pytest.raises(aionet.PeerUnavailable, match="local node is not running"):
+        await a.request("a", "aionet.echo", 1, timeout=5)
