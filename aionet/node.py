@@ -27,7 +27,7 @@ from .core.peers import Peer, PeerDirectory
 from .core.receive_targets import ReceiveTargets
 from .core.router import Router
 from .devices import Devices
-from .errors import AionetError, PeerUnavailable, SerializationError, WouldBlock
+from .errors import AionetError, PeerUnavailable, RemoteError, SerializationError, WouldBlock
 from .instrument import Instrument, Instruments
 from .log import apply_level as apply_log_level
 from .log import get_logger
@@ -174,6 +174,8 @@ class Node:
         )
         self.observer: Any = None  # aionet.observe.Observer while [http] port is set
         self._self_full: Any = None  # the own mailbox that last refused a send_nowait to this node
+        # requests to this node itself still running (their deadlines, moved to now at stop)
+        self._local_calls: set[asyncio.Timeout] = set()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -285,6 +287,9 @@ class Node:
             with contextlib.suppress(Exception):
                 await lst.close()
         await self.router.drain(grace)  # in-flight handlers answer, or are cancelled after grace
+        for cm in list(self._local_calls):  # ... and so are requests to this node itself
+            if not cm.expired():
+                cm.reschedule(-1.0)  # a past deadline: expires at once
         await self._directory.close_links()  # BYE to each connected peer, then close
         self.router.fail_all("local node is shutting down")
         self.router.close_mailboxes()  # a recv waiting now (or later) raises NodeClosed
@@ -578,11 +583,7 @@ class Node:
         """Call ``service`` on ``peer`` and return its reply. Raises RemoteError if the handler
         raised, PeerUnavailable if the peer is gone, asyncio.TimeoutError after ``timeout``."""
         if peer == self.name:
-            coro = self.router.call_local(service, obj)
-            if timeout is None:
-                return await coro
-            # a timeout names the call, as a remote one's does (wait_for's says nothing)
-            return await _within(coro, timeout, None, _expired(peer, service, timeout))
+            return await self._request_self(service, obj, timeout)
         if timeout is None:
             return await self._request(peer, service, obj)
         p = self._peers.get(peer)
@@ -624,6 +625,29 @@ class Node:
             if not cm.expired():
                 raise
             raise _expired(peer, service, timeout) from None
+
+    async def _request_self(self, service: str, obj: Any, timeout: float | None) -> Any:
+        """A request to this node itself: the handler runs on the caller's task, within a
+        deadline that :meth:`stop` moves to now, so that, like a remote caller, it is told
+        (RemoteError ``asyncio.CancelledError``) rather than left waiting for a handler
+        nothing will cancel. A timeout names the call, as a remote one's does."""
+        if self._closing and not self._running:  # stopped (during stop, services may still ask)
+            raise PeerUnavailable(f"{self.name}: local node is not running")
+        cm = asyncio.timeout(timeout)
+        self._local_calls.add(cm)
+        try:
+            async with cm:
+                return await self.router.call_local(service, obj)
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            if self._closing:
+                raise RemoteError(
+                    "asyncio.CancelledError", "handler cancelled (node shutting down)", "", self.name
+                ) from None
+            raise _expired(self.name, service, timeout or 0.0) from None
+        finally:
+            self._local_calls.discard(cm)
 
     async def _request(self, peer: str, service: str, obj: Any) -> Any:
         p = self._peers.get(peer)
@@ -682,10 +706,10 @@ def _echo(x: Any) -> Any:
     return x
 
 
-async def _within(aw: Awaitable[Any], timeout: float, what: str | None, exc: TimeoutError | None = None) -> Any:
+async def _within(aw: Awaitable[Any], timeout: float, what: str) -> Any:
     """``await aw`` for at most ``timeout`` s, on the caller's task (no task per call, unlike
-    ``asyncio.wait_for``); at the deadline raise ``exc``, or a TimeoutError naming ``what``,
-    so that the user reads which wait ran out, not an empty TimeoutError."""
+    ``asyncio.wait_for``); at the deadline raise a TimeoutError naming ``what``, so that the
+    user reads which wait ran out, not an empty TimeoutError."""
     cm = asyncio.timeout(timeout)
     try:
         async with cm:
@@ -693,7 +717,7 @@ async def _within(aw: Awaitable[Any], timeout: float, what: str | None, exc: Tim
     except TimeoutError:
         if not cm.expired():
             raise
-        raise (exc or TimeoutError(f"{what}: no message within {timeout} s")) from None
+        raise TimeoutError(f"{what}: no message within {timeout} s") from None
 
 
 def _expired(peer: str, service: str, timeout: float) -> TimeoutError:
