@@ -333,3 +333,34 @@ async def test_a_request_to_the_node_itself_is_released_when_it_stops(pair: Pair
     assert cleaned.is_set()
     with pytest.raises(aionet.PeerUnavailable, match="local node is not running"):
         await a.request("a", "aionet.echo", 1, timeout=5)
+
+
+@pytest.mark.timeout(60)
+async def test_recv_timeouts_racing_arrivals_lose_and_repeat_nothing(pair: Pair) -> None:
+    """A recv whose deadline fires as its message arrives leaves the message for the next one."""
+    a, b = pair
+    n = 3000
+
+    async def sender() -> None:
+        for i in range(n):
+            await b.send("a", "race", i)
+            if i % 3 == 0:
+                await asyncio.sleep(0.0002)  # arrivals spread out: deadlines fire around them
+
+    task = asyncio.ensure_future(sender())
+    got: list[int] = []
+    timeouts = 0
+    while len(got) < n:
+        try:
+            if len(got) % 2:
+                got.append(await a.recv("race", timeout=0.0002))
+            else:
+                got += await a.recv_batch("race", limit=5, timeout=0.0002)
+        except TimeoutError:
+            timeouts += 1
+            if timeouts > 100_000:
+                raise
+    await task
+    assert got == list(range(n))
+    assert timeouts > 0  # the race was run
+    assert len(a.router.mailbox("race")._getters) == 0
