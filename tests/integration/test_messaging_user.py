@@ -5,6 +5,7 @@ behind, and a consumer's bug costs only its own message."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import traceback
 from collections.abc import AsyncIterator
 
@@ -364,3 +365,43 @@ async def test_recv_timeouts_racing_arrivals_lose_and_repeat_nothing(pair: Pair)
     assert got == list(range(n))
     assert timeouts > 0  # the race was run
     assert len(a.router.mailbox("race")._getters) == 0
+
+
+class _AsyncCallable:
+    """A service object whose ``__call__`` is a coroutine function."""
+
+    async def __call__(self, x: int) -> int:
+        await asyncio.sleep(0)
+        return x + 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # "coroutine ... was never awaited"
+async def test_handlers_that_are_coroutines_in_disguise(pair: Pair) -> None:
+    """An object with ``async def __call__`` is an async handler (it was run as a sync one:
+    its coroutine was never awaited and the caller read "cannot serialize coroutine"); a
+    plain def that returns a coroutine is refused with the fix named."""
+    a, b = pair
+
+    async def add(k: int, x: int) -> int:
+        return x + k
+
+    a.add_service("callable", _AsyncCallable())
+    a.add_service("returns_coroutine", lambda x: add(5, x))
+
+    @a.service("cancels_itself")
+    async def cancels_itself(_x: int) -> None:
+        raise asyncio.CancelledError()
+
+    for caller in (b, a):
+        assert await caller.request("a", "callable", 1, timeout=5) == 2
+        with pytest.raises(aionet.RemoteError) as err:
+            await caller.request("a", "returns_coroutine", 1, timeout=5)
+        assert "returned a coroutine" in err.value.remote_message and "async def" in err.value.remote_message
+    # a handler cancelled by its own doing is not blamed on a shutdown that is not happening
+    with pytest.raises(aionet.RemoteError) as err:
+        await b.request("a", "cancels_itself", 1, timeout=5)
+    assert err.value.remote_type == "asyncio.CancelledError"
+    assert "shutting down" not in err.value.remote_message
+    assert await b.request("a", "aionet.echo", "up", timeout=5) == "up"
+    gc.collect()  # a coroutine never awaited warns when collected
