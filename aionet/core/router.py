@@ -357,6 +357,7 @@ class Router:
         self._gen = 0
         self._prune_at = PRUNE_MAILBOXES_FROM
         self._closed: str | None = None  # set when the node stops (close_mailboxes)
+        self._draining = False  # the node is stopping: handlers are being cancelled (drain)
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._deadlines = _Deadlines(self.pending)
@@ -383,7 +384,9 @@ class Router:
         ``max_concurrent_requests`` like an async handler)."""
         if not callable(fn):
             raise TypeError(f"service {name!r}: handler must be callable")
-        if inspect.iscoroutinefunction(fn):
+        # an object whose __call__ is an async def is one too (run as a plain def, its
+        # coroutine was never awaited and the caller read "cannot serialize coroutine")
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
             mode = ASYNC
         elif getattr(fn, INLINE_MARK, False):
             mode = INLINE
@@ -659,9 +662,14 @@ class Router:
             if mode == ASYNC:
                 return await fn(payload)
             out = fn(payload)
-            if mode == INLINE and type(out) is CoroutineType:
+            if type(out) is CoroutineType:
+                if mode != INLINE:
+                    out.close()
+                    raise RemoteError("aionet.SerializationError", returned_coroutine(service), "", self.node_name)
                 out = await out
             return out
+        except RemoteError:
+            raise
         except Exception as exc:
             raise RemoteError(_type_name(exc), _message(exc), traceback.format_exc(), self.node_name) from exc
 
@@ -811,6 +819,7 @@ class Router:
     async def drain(self, grace: float) -> None:
         """Let running handlers answer for up to ``grace`` s, then cancel what still runs."""
         handlers = list(self.tasks)
+        self._draining = True  # what is cancelled from now on is told "node shutting down"
         if handlers:
             _done, pending = await asyncio.wait(handlers, timeout=grace)
             for t in pending:
@@ -855,7 +864,10 @@ class Router:
             try:
                 result = await fn(payload)
             except asyncio.CancelledError:
-                await _quiet(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
+                why = (
+                    "handler cancelled (node shutting down)" if self._draining else "the handler raised CancelledError"
+                )
+                await _quiet(reply(ERR, [rid, "asyncio.CancelledError", why, ""]))
                 raise
             except Exception as exc:
                 await _quiet(reply(ERR, _error_fields(rid, exc)))
@@ -889,6 +901,15 @@ async def _quiet(aw: Awaitable[None] | None) -> None:
 def _type_name(exc: BaseException) -> str:
     t = type(exc)
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def returned_coroutine(service: Any = None) -> str:
+    """Why a plain ``def`` handler's coroutine is refused, naming the fix."""
+    which = "the handler" if service is None else f"the handler of service {service!r}"
+    return (
+        f"{which} returned a coroutine: register an async def (or mark the def with "
+        "aionet.core.ports.inline_handler, which awaits what it returns)"
+    )
 
 
 def _message(exc: BaseException) -> str:
