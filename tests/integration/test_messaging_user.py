@@ -405,3 +405,33 @@ async def test_handlers_that_are_coroutines_in_disguise(pair: Pair) -> None:
     assert "shutting down" not in err.value.remote_message
     assert await b.request("a", "aionet.echo", "up", timeout=5) == "up"
     gc.collect()  # a coroutine never awaited warns when collected
+
+
+@pytest.mark.timeout(60)
+async def test_sends_to_the_node_itself_are_released_and_refused_once_it_stops() -> None:
+    small = aionet.Config.from_dict({"link": {"mailbox_size": 2}})
+    a = Node(name="a", listen="tcp://127.0.0.1:0", config=small)
+    await a.start()
+    try:
+        a.send_nowait("a", "me", 1)
+        await a.send("a", "me", 2)
+        with pytest.raises(aionet.WouldBlock):
+            a.send_nowait("a", "me", 3)
+        space = asyncio.ensure_future(a.wait_space("a"))
+        blocked = asyncio.ensure_future(a.send("a", "me", 3))
+        await asyncio.sleep(0.01)
+        assert not space.done() and not blocked.done()
+    finally:
+        await a.stop()
+    await asyncio.wait_for(space, 5)  # woken: the caller's next send says why
+    with pytest.raises(NodeClosed):
+        await asyncio.wait_for(blocked, 5)
+    for call in (
+        lambda: a.send("a", "me", 4),
+        lambda: a.wait_space("a"),
+        lambda: a.send_many("a", "me", [5]),
+        lambda: asyncio.sleep(0, a.send_nowait("a", "me", 6)),
+    ):
+        with pytest.raises(aionet.PeerUnavailable, match="'a': local node is not running|a: local node is not running"):
+            await asyncio.wait_for(call(), 5)
+    assert [await a.recv("me", timeout=1) for _ in range(2)] == [1, 2]  # delivered before the stop
