@@ -460,6 +460,7 @@ class Node:
         nodes live, back-pressured by ``link.max_inflight_bytes``. To this node's own name
         ``obj`` itself is queued, unserialized (do not change it after sending)."""
         if peer == self.name:
+            self._check_running()
             if (fn := self.router.consumers.get(channel)) is not None:
                 fn(self.name, obj)
                 return
@@ -489,6 +490,7 @@ class Node:
         referenced until ``wait_space`` returns: do not modify it before. Device arrays need
         staging, which waits: send those with :meth:`send` (SerializationError here)."""
         if peer == self.name:
+            self._check_running()
             if (fn := self.router.consumers.get(channel)) is not None:
                 fn(self.name, obj)
                 return
@@ -514,8 +516,10 @@ class Node:
         """Wait until :meth:`send_nowait` to ``peer`` can take a message (connecting first if
         needed). Raises PeerUnavailable if the peer is gone."""
         if peer == self.name:
+            self._check_running()
             mb, self._self_full = self._self_full, None
             if mb is not None and mb.qsize() >= self.router.mailbox_size:
+                mb.check_open()  # stopping: nothing will take from it to wake us
                 fut = mb.wait_room()
                 try:
                     await fut
@@ -631,8 +635,7 @@ class Node:
         deadline that :meth:`stop` moves to now, so that, like a remote caller, it is told
         (RemoteError ``asyncio.CancelledError``) rather than left waiting for a handler
         nothing will cancel. A timeout names the call, as a remote one's does."""
-        if self._closing and not self._running:  # stopped (during stop, services may still ask)
-            raise PeerUnavailable(f"{self.name}: local node is not running")
+        self._check_running()
         cm = asyncio.timeout(timeout)
         self._local_calls.add(cm)
         try:
@@ -648,6 +651,12 @@ class Node:
             raise _expired(self.name, service, timeout or 0.0) from None
         finally:
             self._local_calls.discard(cm)
+
+    def _check_running(self) -> None:
+        """Messages to this node itself, once it has stopped, are refused as those to any peer
+        are (its mailboxes take nothing more: a full one would make a sender wait for good)."""
+        if self._closing and not self._running:  # (during stop, services may still ask)
+            raise PeerUnavailable(f"{self.name}: local node is not running")
 
     async def _request(self, peer: str, service: str, obj: Any) -> Any:
         p = self._peers.get(peer)

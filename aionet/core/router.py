@@ -81,6 +81,11 @@ class Mailbox:
                 if not f.done():
                     f.set_result(None)
 
+    def check_open(self) -> None:
+        """Raise :class:`NodeClosed` if :meth:`close` was called (before waiting for room)."""
+        if self._closed is not None:
+            raise NodeClosed(self._closed)
+
     def put_nowait(self, item: tuple[str, Any], nbytes: int = 0) -> bool:
         items = self._items
         if len(items) >= self._maxsize or (self._bytes + nbytes > self._maxbytes and items):
