@@ -467,7 +467,7 @@ class Router:
             "on_channel consumer raised; its message is dropped",
             channel=channel,
             peer=sender,
-            error=f"{_type_name(exc)}: {exc}",
+            error=f"{_type_name(exc)}: {_message(exc)}",
         )
 
     def deliver(self, peer: str, channel: str, obj: Any, nbytes: int) -> asyncio.Future[None] | Mailbox | None:
