@@ -435,3 +435,21 @@ async def test_sends_to_the_node_itself_are_released_and_refused_once_it_stops()
         with pytest.raises(aionet.PeerUnavailable, match="'a': local node is not running|a: local node is not running"):
             await asyncio.wait_for(call(), 5)
     assert [await a.recv("me", timeout=1) for _ in range(2)] == [1, 2]  # delivered before the stop
+
+
+@pytest.mark.timeout(60)
+async def test_send_nowait_to_a_peer_it_can_never_reach_says_so_instead_of_would_block(pair: Pair) -> None:
+    """WouldBlock means "wait, then send again": for a peer that does not exist or has left,
+    a loop that retries on WouldBlock would retry for ever. It gets send's PeerUnavailable."""
+    a, b = pair
+    with pytest.raises(aionet.PeerUnavailable, match="unknown peer 'zz'"):
+        b.send_nowait("zz", "c", 1)
+    b.send_nowait("a", "c", 1)
+    assert await a.recv("c", timeout=5) == 1
+    await a.stop()
+    await wait_for(lambda: b._peers["a"].link is None or b._peers["a"].link.dead is not None)
+    with pytest.raises(aionet.PeerUnavailable, match="left"):
+        b.send_nowait("a", "c", 2)
+    await b.stop()
+    with pytest.raises(aionet.PeerUnavailable, match="not running"):
+        b.send_nowait("a", "c", 3)
