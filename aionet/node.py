@@ -486,7 +486,8 @@ class Node:
         stream now (same order, exactly-once and bounds as :meth:`send`), or nothing is sent
         and :class:`~aionet.WouldBlock` is raised when the send would have to wait (the
         link's window is full, the transport is busy, or the link is not up yet). Then
-        ``await node.wait_space(peer)`` and send again. A large buffer you pass may be
+        ``await node.wait_space(peer)`` and send again. A peer no wait can reach (unknown,
+        left, or this node stopped) raises PeerUnavailable, as :meth:`send` does. A large buffer you pass may be
         referenced until ``wait_space`` returns: do not modify it before. Device arrays need
         staging, which waits: send those with :meth:`send` (SerializationError here)."""
         if peer == self.name:
@@ -502,6 +503,7 @@ class Node:
         p = self._peers.get(peer)
         link = p.link if p is not None else None
         if link is None or link.dead is not None:
+            self._connector.check_reachable(peer)  # never reachable: PeerUnavailable, not "wait"
             raise WouldBlock(f"no link to {peer!r} yet; await node.wait_space({peer!r}) (it connects) and send again")
         if link.push(channel, obj):
             return
