@@ -444,15 +444,18 @@ class Router:
         their own bounded state (collectives): it saves a task wake-up per message, and ``fn``
         must neither block nor keep unbounded memory, and should drop (and log) what it cannot
         use rather than raise (one that raises loses that message only: see :meth:`_consumer_failed`).
-        Messages already waiting go to ``fn`` now. The mailbox itself stays: a ``recv`` already
-        waiting on it gets the messages sent after ``fn`` is removed again."""
+        Messages already waiting go to ``fn`` now. The mailbox stays while a ``recv`` waits on
+        it (that recv gets the messages sent after ``fn`` is removed again)."""
         if fn is None:
             self.consumers.pop(channel, None)
             return
         self.consumers[channel] = fn
         mb = self.mailboxes.get(channel)
         if mb is not None:
-            for sender, obj in mb.take_all():
+            waiting = mb.take_all()
+            if mb.idle():  # nobody waits on it: forgotten (made again if needed)
+                del self.mailboxes[channel]
+            for sender, obj in waiting:
                 try:
                     fn(sender, obj)
                 except Exception as exc:
