@@ -74,6 +74,12 @@ class PeerUnavailable(AionetError):
     """A peer is dead, unknown or unreachable past its deadline."""
 
 
+class NodeClosed(AionetError):
+    """This node has stopped: a ``recv`` (or a send to itself) waiting on one of its mailboxes
+    is released with it, since nothing can arrive any more. Messages delivered before the stop
+    are still handed out first."""
+
+
 class WouldBlock(AionetError):
     """``Node.send_nowait`` could not take the message without waiting: the link's window
     (``link.max_inflight_bytes``) is full, the transport is above its high-water mark, or the
@@ -121,6 +127,7 @@ __all__ = [
     "DecodeError",
     "FrameTooLarge",
     "HandshakeError",
+    "NodeClosed",
     "PeerUnavailable",
     "ProtocolError",
     "RemoteError",

@@ -10,7 +10,7 @@ import errno
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ._version import __version__
@@ -27,7 +27,7 @@ from .core.peers import Peer, PeerDirectory
 from .core.receive_targets import ReceiveTargets
 from .core.router import Router
 from .devices import Devices
-from .errors import AionetError, PeerUnavailable, SerializationError, WouldBlock
+from .errors import AionetError, PeerUnavailable, RemoteError, SerializationError, WouldBlock
 from .instrument import Instrument, Instruments
 from .log import apply_level as apply_log_level
 from .log import get_logger
@@ -174,6 +174,8 @@ class Node:
         )
         self.observer: Any = None  # aionet.observe.Observer while [http] port is set
         self._self_full: Any = None  # the own mailbox that last refused a send_nowait to this node
+        # requests to this node itself still running (their deadlines, moved to now at stop)
+        self._local_calls: set[asyncio.Timeout] = set()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -285,8 +287,12 @@ class Node:
             with contextlib.suppress(Exception):
                 await lst.close()
         await self.router.drain(grace)  # in-flight handlers answer, or are cancelled after grace
+        for cm in list(self._local_calls):  # ... and so are requests to this node itself
+            if not cm.expired():
+                cm.reschedule(-1.0)  # a past deadline: expires at once
         await self._directory.close_links()  # BYE to each connected peer, then close
         self.router.fail_all("local node is shutting down")
+        self.router.close_mailboxes()  # a recv waiting now (or later) raises NodeClosed
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
@@ -451,8 +457,10 @@ class Node:
     # ------------------------------------------------------------------ messaging API
     async def send(self, peer: str, channel: str, obj: Any) -> None:
         """Send ``obj`` to ``peer``'s mailbox ``channel``: ordered, exactly once while both
-        nodes live, back-pressured by ``link.max_inflight_bytes``."""
+        nodes live, back-pressured by ``link.max_inflight_bytes``. To this node's own name
+        ``obj`` itself is queued, unserialized (do not change it after sending)."""
         if peer == self.name:
+            self._check_running()
             if (fn := self.router.consumers.get(channel)) is not None:
                 fn(self.name, obj)
                 return
@@ -478,10 +486,12 @@ class Node:
         stream now (same order, exactly-once and bounds as :meth:`send`), or nothing is sent
         and :class:`~aionet.WouldBlock` is raised when the send would have to wait (the
         link's window is full, the transport is busy, or the link is not up yet). Then
-        ``await node.wait_space(peer)`` and send again. A large buffer you pass may be
+        ``await node.wait_space(peer)`` and send again. A peer no wait can reach (unknown,
+        left, or this node stopped) raises PeerUnavailable, as :meth:`send` does. A large buffer you pass may be
         referenced until ``wait_space`` returns: do not modify it before. Device arrays need
         staging, which waits: send those with :meth:`send` (SerializationError here)."""
         if peer == self.name:
+            self._check_running()
             if (fn := self.router.consumers.get(channel)) is not None:
                 fn(self.name, obj)
                 return
@@ -493,6 +503,7 @@ class Node:
         p = self._peers.get(peer)
         link = p.link if p is not None else None
         if link is None or link.dead is not None:
+            self._connector.check_reachable(peer)  # never reachable: PeerUnavailable, not "wait"
             raise WouldBlock(f"no link to {peer!r} yet; await node.wait_space({peer!r}) (it connects) and send again")
         if link.push(channel, obj):
             return
@@ -507,14 +518,15 @@ class Node:
         """Wait until :meth:`send_nowait` to ``peer`` can take a message (connecting first if
         needed). Raises PeerUnavailable if the peer is gone."""
         if peer == self.name:
+            self._check_running()
             mb, self._self_full = self._self_full, None
             if mb is not None and mb.qsize() >= self.router.mailbox_size:
+                mb.check_open()  # stopping: nothing will take from it to wake us
                 fut = mb.wait_room()
                 try:
                     await fut
                 except asyncio.CancelledError:
-                    if fut.done() and not fut.cancelled():
-                        mb.wake_putter()
+                    mb.give_up_room(fut)
                     raise
                 mb.wake_putter()  # we put nothing ourselves: pass the wake-up on
             return
@@ -526,7 +538,8 @@ class Node:
 
     async def send_many(self, peer: str, channel: str, objs: Sequence[Any]) -> None:
         """:meth:`send` each of ``objs`` in order (cheaper per message than a loop of sends);
-        waits for window space as often as needed."""
+        waits for window space as often as needed. One that cannot be sent (SerializationError,
+        FrameTooLarge) raises: those before it are sent, none after it."""
         items = objs if isinstance(objs, list) else list(objs)
         if peer == self.name:
             for obj in items:
@@ -544,32 +557,39 @@ class Node:
                 i += 1
 
     async def recv(self, channel: str, timeout: float | None = None) -> Any:
-        """Next object from mailbox ``channel`` (any sender)."""
+        """Next object from mailbox ``channel`` (any sender). See :meth:`recv_from`."""
         return (await self.recv_from(channel, timeout))[1]
 
     async def recv_from(self, channel: str, timeout: float | None = None) -> tuple[str, Any]:
-        """Next (sender name, object) from mailbox ``channel``."""
+        """Next (sender name, object) from mailbox ``channel``. Raises TimeoutError when
+        nothing came within ``timeout`` s (a message waiting already is returned even with
+        ``timeout=0``), NodeClosed once this node has stopped and the mailbox is empty."""
         mb = self.router.mailbox(channel)
-        if timeout is None:
+        if timeout is None or mb.qsize():
             return await mb.get()
-        return await asyncio.wait_for(mb.get(), timeout)
+        return await _within(mb.get(), timeout, f"recv_from({channel!r})")
 
     def on_channel(self, channel: str, fn: Callable[[str, Any], None] | None) -> None:
         """Low-level, for services: hand each message for ``channel`` to ``fn(sender, obj)`` as
         it arrives instead of a mailbox (no mailbox bounds apply, so ``fn`` must not block and
-        must bound what it keeps; ``None`` restores the mailbox). Collectives use it."""
+        must bound what it keeps; ``None`` restores the mailbox, and a ``recv`` waiting on it
+        meanwhile gets what arrives after). If ``fn`` raises, that message is dropped with an
+        error log line; the connection goes on. Collectives use it."""
         self.router.on_channel(channel, fn)
 
-    async def recv_batch(self, channel: str, limit: int = 65536) -> list[Any]:
-        """At least one object, plus everything already waiting (up to ``limit``): cheap draining."""
-        return [obj for _s, obj in await self.router.mailbox(channel).get_batch(limit)]
+    async def recv_batch(self, channel: str, limit: int = 65536, timeout: float | None = None) -> list[Any]:
+        """At least one object, plus everything already waiting (up to ``limit``): cheap
+        draining. ``timeout`` and errors as for :meth:`recv_from`."""
+        mb = self.router.mailbox(channel)
+        if timeout is None or mb.qsize():
+            return [obj for _s, obj in await mb.get_batch(limit)]
+        return [obj for _s, obj in await _within(mb.get_batch(limit), timeout, f"recv_batch({channel!r})")]
 
     async def request(self, peer: str, service: str, obj: Any = None, timeout: float | None = None) -> Any:
         """Call ``service`` on ``peer`` and return its reply. Raises RemoteError if the handler
         raised, PeerUnavailable if the peer is gone, asyncio.TimeoutError after ``timeout``."""
         if peer == self.name:
-            coro = self.router.call_local(service, obj)
-            return await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
+            return await self._request_self(service, obj, timeout)
         if timeout is None:
             return await self._request(peer, service, obj)
         p = self._peers.get(peer)
@@ -611,6 +631,34 @@ class Node:
             if not cm.expired():
                 raise
             raise _expired(peer, service, timeout) from None
+
+    async def _request_self(self, service: str, obj: Any, timeout: float | None) -> Any:
+        """A request to this node itself: the handler runs on the caller's task, within a
+        deadline that :meth:`stop` moves to now, so that, like a remote caller, it is told
+        (RemoteError ``asyncio.CancelledError``) rather than left waiting for a handler
+        nothing will cancel. A timeout names the call, as a remote one's does."""
+        self._check_running()
+        cm = asyncio.timeout(timeout)
+        self._local_calls.add(cm)
+        try:
+            async with cm:
+                return await self.router.call_local(service, obj)
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            if self._closing:
+                raise RemoteError(
+                    "asyncio.CancelledError", "handler cancelled (node shutting down)", "", self.name
+                ) from None
+            raise _expired(self.name, service, timeout or 0.0) from None
+        finally:
+            self._local_calls.discard(cm)
+
+    def _check_running(self) -> None:
+        """Messages to this node itself, once it has stopped, are refused as those to any peer
+        are (its mailboxes take nothing more: a full one would make a sender wait for good)."""
+        if self._closing and not self._running:  # (during stop, services may still ask)
+            raise PeerUnavailable(f"{self.name}: local node is not running")
 
     async def _request(self, peer: str, service: str, obj: Any) -> Any:
         p = self._peers.get(peer)
@@ -667,6 +715,20 @@ class Node:
 
 def _echo(x: Any) -> Any:
     return x
+
+
+async def _within(aw: Awaitable[Any], timeout: float, what: str) -> Any:
+    """``await aw`` for at most ``timeout`` s, on the caller's task (no task per call, unlike
+    ``asyncio.wait_for``); at the deadline raise a TimeoutError naming ``what``, so that the
+    user reads which wait ran out, not an empty TimeoutError."""
+    cm = asyncio.timeout(timeout)
+    try:
+        async with cm:
+            return await aw
+    except TimeoutError:
+        if not cm.expired():
+            raise
+        raise TimeoutError(f"{what}: no message within {timeout} s") from None
 
 
 def _expired(peer: str, service: str, timeout: float) -> TimeoutError:

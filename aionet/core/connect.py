@@ -265,11 +265,11 @@ class Connector:
                 return True
         return False
 
-    async def link_to(self, name: str) -> Link:
-        """A live link to ``name``, dialing it if needed."""
+    def check_reachable(self, name: str) -> Peer:
+        """Raise PeerUnavailable when no wait could give a link to ``name`` (this node is not
+        running, the peer is unknown or has left); else its entry. ``send_nowait`` asks this
+        before it says WouldBlock, which tells the caller to wait and try again."""
         p = self._peers.get(name)
-        if p is not None and p.link is not None and p.link.dead is None:
-            return p.link
         if not self._running() or self._closing():
             raise PeerUnavailable(f"{name}: local node is not running")
         if p is None or not p.addresses:
@@ -277,6 +277,14 @@ class Connector:
             raise PeerUnavailable(f"unknown peer {name!r} (known peers: {known})")
         if p.link is not None and p.link.left:
             raise PeerUnavailable(f"{name}: peer has left the cluster")
+        return p
+
+    async def link_to(self, name: str) -> Link:
+        """A live link to ``name``, dialing it if needed."""
+        p = self._peers.get(name)
+        if p is not None and p.link is not None and p.link.dead is None:
+            return p.link
+        p = self.check_reachable(name)
         if p.dialing is None or p.dialing.done():
             # on a task of its own, shared by every caller: a caller that gives up (its
             # request timed out, it was cancelled) stops waiting without cancelling the dial

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from types import CoroutineType
 from typing import Any
 
 from ..codecs.array_send import decode_array_send
@@ -20,7 +21,7 @@ from .device_transfer import DeviceTransfers, StagingRequired
 from .link import Link, nbytes_of
 from .peers import PeerConn, PeerDirectory, Spawn
 from .receive_targets import ReceiveTargets
-from .router import Mailbox, Router
+from .router import Mailbox, Router, returned_coroutine
 
 ControlHandler = Callable[[str, list[Any]], None]
 
@@ -71,7 +72,11 @@ class Dispatcher:
                 self._spawn(self._device.send_reply(link, kind, fields), "aionet-reply")
                 return None
             except AionetError as exc:
-                aw = link.post(ERR, [fields[0], "aionet.SerializationError", f"cannot send the reply: {exc}", ""])
+                why = f"cannot send the reply: {exc}"
+                if type(fields[-1]) is CoroutineType:  # a plain def returned a coroutine
+                    fields[-1].close()  # (never to be awaited: no "never awaited" warning)
+                    why = returned_coroutine()
+                aw = link.post(ERR, [fields[0], "aionet.SerializationError", why, ""])
             if aw is not None:
                 self._spawn(self._finish_reply(aw, link, kind, fields), "aionet-reply")
             return None
@@ -252,8 +257,8 @@ class Dispatcher:
         except PeerUnavailable:
             pass
         except asyncio.CancelledError:
-            if mb is not None and aw.done() and not aw.cancelled():
-                mb.wake_putter()  # woken, then cancelled: pass the wake-up on
+            if mb is not None:
+                mb.give_up_room(aw)  # forget the wait, or pass on a wake-up already had
             raise
         if link.dead is not None:
             if mb is not None:

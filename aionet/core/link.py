@@ -23,6 +23,7 @@ ack timers. Attaching connections, replay, reconnect, resume and failure are in
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -187,6 +188,13 @@ class Link(LinkRecovery):
         # high-water mark) or an ack waiter (a big message sent with send_nowait)
         self._blocked: asyncio.Future[None] | None = None
 
+    def _dead_error(self) -> BaseException:
+        """Why the link failed, as a fresh exception for one caller. Raising the one ``dead``
+        instance in every waiter would append each caller's frames to its single traceback:
+        a user would read the frames of every other blocked call, and all those frames (and
+        what they hold) would stay alive as long as the dead link does."""
+        return copy.copy(self.dead)  # a copy has the type and message, no traceback
+
     # ------------------------------------------------------------------ sending
     async def send(self, kind: int, fields: list[Any]) -> None:
         """Send a sequenced envelope. Returns when the transport took it; the caller may reuse
@@ -200,7 +208,7 @@ class Link(LinkRecovery):
         """Like :meth:`send` but synchronous when nothing needs waiting: the message's place
         in the stream is fixed by this call; returns an awaitable to await otherwise."""
         if self.dead is not None:
-            raise self.dead
+            raise self._dead_error()
         st = self.state
         if self._waiting_senders or st.inflight_bytes >= st.max_inflight_bytes or self._blocked is not None:
             self._waiting_senders += 1
@@ -406,7 +414,7 @@ class Link(LinkRecovery):
         something to wait for (a big one, until acknowledged; the transport's buffer) blocks
         the next ones until :meth:`wait_space` has seen it done."""
         if self.dead is not None:
-            raise self.dead
+            raise self._dead_error()
         st = self.state
         b = self._blocked
         if b is not None and b.done():
@@ -447,7 +455,7 @@ class Link(LinkRecovery):
         if self._blocked is b:
             self._blocked = None
         if self.dead is not None and not b.cancelled() and b.exception() is not None:
-            raise self.dead
+            raise self._dead_error()
 
     def _seal_soon(self) -> None:
         self._seal_scheduled = False
@@ -621,17 +629,17 @@ class Link(LinkRecovery):
         st = self.state
         while st.inflight_bytes >= st.max_inflight_bytes:
             if self.dead is not None:
-                raise self.dead
+                raise self._dead_error()
             self._space.clear()
             await self._space.wait()
         if self.dead is not None:
-            raise self.dead
+            raise self._dead_error()
 
     async def wait_acked(self, seq: int) -> None:
         if self.state.acked >= seq:
             return
         if self.dead is not None:
-            raise self.dead
+            raise self._dead_error()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._add_ack_waiter(seq, fut)
         await fut

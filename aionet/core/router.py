@@ -7,6 +7,7 @@ envelopes together with a ``reply`` callable, and it hands back envelopes to sen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 import traceback
@@ -19,7 +20,7 @@ from typing import Any
 from ..codecs.batch import rpc_items
 from ..codecs.envelope import ERR, REP
 from ..config import LinkSection
-from ..errors import AionetError, PeerUnavailable, ProtocolError, RemoteError
+from ..errors import AionetError, NodeClosed, PeerUnavailable, ProtocolError, RemoteError
 from ..instrument import Instruments
 from ..stats import RouterStats
 from .ports import INLINE_MARK
@@ -42,7 +43,18 @@ class Mailbox:
     on the wire: a few huge messages must not hold unbounded memory just because they are
     few). A single message larger than ``maxbytes`` is let into an empty mailbox."""
 
-    __slots__ = ("_bytes", "_getters", "_items", "_maxbytes", "_maxsize", "_on_take", "_putters", "_sizes", "gen")
+    __slots__ = (
+        "_bytes",
+        "_closed",
+        "_getters",
+        "_items",
+        "_maxbytes",
+        "_maxsize",
+        "_on_take",
+        "_putters",
+        "_sizes",
+        "gen",
+    )
 
     def __init__(
         self, maxsize: int, maxbytes: int = 1 << 62, on_take: Callable[[str, int, int], None] | None = None
@@ -56,6 +68,23 @@ class Mailbox:
         self._maxbytes = maxbytes
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: deque[asyncio.Future[None]] = deque()
+        self._closed: str | None = None  # why nothing more can arrive (close)
+
+    def close(self, why: str) -> None:
+        """Nothing more will arrive (the node stopped): wake everyone waiting here, so that a
+        ``recv`` or a blocked put raises :class:`NodeClosed` rather than waiting for good.
+        What is already waiting is still handed out first."""
+        self._closed = why
+        for waiters in (self._getters, self._putters):
+            while waiters:
+                f = waiters.popleft()
+                if not f.done():
+                    f.set_result(None)
+
+    def check_open(self) -> None:
+        """Raise :class:`NodeClosed` if :meth:`close` was called (before waiting for room)."""
+        if self._closed is not None:
+            raise NodeClosed(self._closed)
 
     def put_nowait(self, item: tuple[str, Any], nbytes: int = 0) -> bool:
         items = self._items
@@ -93,12 +122,13 @@ class Mailbox:
 
     async def put(self, item: tuple[str, Any], nbytes: int = 0) -> None:
         while not self.put_nowait(item, nbytes):
+            if self._closed is not None:
+                raise NodeClosed(self._closed)
             fut = self.wait_room()
             try:
                 await fut
             except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():  # woken, then cancelled: pass the wake-up on
-                    self.wake_putter()
+                self.give_up_room(fut)
                 raise
 
     def wait_room(self) -> asyncio.Future[None]:
@@ -114,6 +144,16 @@ class Mailbox:
         """Wake the longest-waiting putter (see :meth:`wait_room`)."""
         self._wake_putter()
 
+    def give_up_room(self, fut: asyncio.Future[None]) -> None:
+        """The caller of :meth:`wait_room` gave up (cancelled): forget its future, so that
+        waiters that keep giving up (timeouts) do not pile up here, or, if it had already
+        been woken, pass the wake-up on."""
+        if fut.done() and not fut.cancelled():
+            self._wake_putter()
+        else:
+            with contextlib.suppress(ValueError):
+                self._putters.remove(fut)
+
     def _wake_putter(self) -> None:
         putters = self._putters
         while putters:
@@ -124,15 +164,20 @@ class Mailbox:
 
     async def _wait(self) -> None:
         while not self._items:
+            if self._closed is not None:
+                raise NodeClosed(self._closed)
             fut = asyncio.get_running_loop().create_future()
             self._getters.append(fut)
             try:
                 await fut
             except asyncio.CancelledError:
-                if fut.done() and self._items and self._getters:  # pass the wake-up on
-                    nxt = self._getters.popleft()
-                    if not nxt.done():
-                        nxt.set_result(None)
+                if fut.cancelled():
+                    # gave up before a message came (a recv timeout): forget the future, or a
+                    # polling loop on an idle channel would grow this deque without bound
+                    with contextlib.suppress(ValueError):
+                        self._getters.remove(fut)
+                elif self._items and self._getters:  # woken, then cancelled: pass the wake-up on
+                    self._wake_getter()
                 raise
 
     async def get(self) -> tuple[str, Any]:
@@ -316,6 +361,8 @@ class Router:
         self._budget_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._gen = 0
         self._prune_at = PRUNE_MAILBOXES_FROM
+        self._closed: str | None = None  # set when the node stops (close_mailboxes)
+        self._draining = False  # the node is stopping: handlers are being cancelled (drain)
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self._deadlines = _Deadlines(self.pending)
@@ -342,7 +389,9 @@ class Router:
         ``max_concurrent_requests`` like an async handler)."""
         if not callable(fn):
             raise TypeError(f"service {name!r}: handler must be callable")
-        if inspect.iscoroutinefunction(fn):
+        # an object whose __call__ is an async def is one too (run as a plain def, its
+        # coroutine was never awaited and the caller read "cannot serialize coroutine")
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
             mode = ASYNC
         elif getattr(fn, INLINE_MARK, False):
             mode = INLINE
@@ -356,8 +405,28 @@ class Router:
             if len(self.mailboxes) >= self._prune_at:
                 self._prune()
             mb = self.mailboxes[channel] = Mailbox(self.mailbox_size, self.mailbox_bytes, self._taken)
+            if self._closed is not None:
+                mb.close(self._closed)
         mb.gen = self._gen
         return mb
+
+    def close_mailboxes(self) -> None:
+        """The node stopped: nothing more can arrive, so release every ``recv`` waiting (and
+        every later one, once its mailbox is empty) with :class:`NodeClosed`, and every
+        connection reader paused on a full mailbox, rather than let them wait for good."""
+        self._closed = (
+            f"node {self.node_name!r} is stopped: no more messages can arrive "
+            "(what was delivered before the stop can still be taken; start a new Node to receive again)"
+        )
+        for mb in self.mailboxes.values():
+            mb.close(self._closed)
+        # a reader paused on a peer's share of the mailboxes resumes (and finds its link gone)
+        # rather than stay a task of the transport's that outlives the node
+        for waiters in self._budget_waiters.values():
+            for f in waiters:
+                if not f.done():
+                    f.set_result(None)
+        self._budget_waiters.clear()
 
     def _prune(self) -> None:
         """Forget idle mailboxes not handed out since the last prune (so one a receiver has
@@ -374,15 +443,35 @@ class Router:
         of queueing it in a mailbox (``None``: back to the mailbox). For services that keep
         their own bounded state (collectives): it saves a task wake-up per message, and ``fn``
         must neither block nor keep unbounded memory, and should drop (and log) what it cannot
-        use rather than raise. Messages already waiting go to ``fn`` now."""
+        use rather than raise (one that raises loses that message only: see :meth:`_consumer_failed`).
+        Messages already waiting go to ``fn`` now. The mailbox stays while a ``recv`` waits on
+        it (that recv gets the messages sent after ``fn`` is removed again)."""
         if fn is None:
             self.consumers.pop(channel, None)
             return
         self.consumers[channel] = fn
-        mb = self.mailboxes.pop(channel, None)
+        mb = self.mailboxes.get(channel)
         if mb is not None:
-            for sender, obj in mb.take_all():
-                fn(sender, obj)
+            waiting = mb.take_all()
+            if mb.idle():  # nobody waits on it: forgotten (made again if needed)
+                del self.mailboxes[channel]
+            for sender, obj in waiting:
+                try:
+                    fn(sender, obj)
+                except Exception as exc:
+                    self._consumer_failed(channel, sender, exc)
+
+    def _consumer_failed(self, channel: str, sender: str, exc: Exception) -> None:
+        """An ``on_channel`` consumer raised: its message is dropped with an error line. The
+        message was delivered (acknowledged; one batched envelope carries many), so letting
+        the error reach the connection's reader would close the connection, blame the peer,
+        and lose the rest of the batch without a word; replaying cannot help either."""
+        self.log.error(
+            "on_channel consumer raised; its message is dropped",
+            channel=channel,
+            peer=sender,
+            error=f"{_type_name(exc)}: {_message(exc)}",
+        )
 
     def deliver(self, peer: str, channel: str, obj: Any, nbytes: int) -> asyncio.Future[None] | Mailbox | None:
         """Put a message from ``peer`` into mailbox ``channel``. None when done; else what to
@@ -392,7 +481,10 @@ class Router:
         if self.consumers:
             fn = self.consumers.get(channel)
             if fn is not None:
-                fn(peer, obj)
+                try:
+                    fn(peer, obj)
+                except Exception as exc:
+                    self._consumer_failed(channel, peer, exc)
                 return None
         q = self._queued.get(peer)
         if q is not None and (q[0] + nbytes > self.peer_mailbox_bytes or q[1] >= self.peer_mailbox_size):
@@ -421,7 +513,10 @@ class Router:
             fn = self.consumers.get(env[3])
             if fn is not None:
                 for obj in islice(env, 4, None):
-                    fn(peer, obj)
+                    try:
+                        fn(peer, obj)
+                    except Exception as exc:
+                        self._consumer_failed(env[3], peer, exc)
                 return None
         q = self._queued.get(peer)
         if q is not None and (q[0] + nbytes > self.peer_mailbox_bytes or q[1] + n > self.peer_mailbox_size):
@@ -509,17 +604,25 @@ class Router:
         )
 
     def fail_peer(self, peer: str, exc: BaseException) -> None:
-        """Fail every request waiting on ``peer`` (its link died or it left)."""
+        """Fail every request waiting on ``peer`` (its link died or it left).
+
+        Each future is marked retrieved: its caller may be blocked before the reply (on
+        window space, the transport, staging) and then raises the link's own error, never
+        looking at the future, which asyncio would report as "Future exception was never
+        retrieved" once collected. A caller that awaits it still gets the exception."""
         for rid, (fut, p) in list(self.pending.items()):
             if p == peer:
                 del self.pending[rid]
                 if not fut.done():
                     fut.set_exception(exc)
+                    fut.exception()
 
     def fail_all(self, why: str) -> None:
+        """Fail every pending request: the node stops (retrieved as in :meth:`fail_peer`)."""
         for _rid, (fut, p) in list(self.pending.items()):
             if not fut.done():
                 fut.set_exception(PeerUnavailable(f"{p}: {why}"))
+                fut.exception()
         self.pending.clear()
         self._deadlines.close()
 
@@ -567,14 +670,27 @@ class Router:
             if mode == ASYNC:
                 return await fn(payload)
             out = fn(payload)
-            if mode == INLINE and type(out) is CoroutineType:
+            if type(out) is CoroutineType:
+                if mode != INLINE:
+                    out.close()
+                    raise RemoteError("aionet.SerializationError", returned_coroutine(service), "", self.node_name)
                 out = await out
             return out
+        except RemoteError:
+            raise
         except Exception as exc:
-            raise RemoteError(_type_name(exc), str(exc), traceback.format_exc(), self.node_name) from exc
+            raise RemoteError(_type_name(exc), _message(exc), traceback.format_exc(), self.node_name) from exc
 
     def _not_found(self, service: str) -> str:
-        return f"no service {service!r} on node {self.node_name!r}; services: {', '.join(sorted(self.services))}"
+        """What a caller of an unregistered service reads: the fix, and the application's own
+        services (the twenty-odd built-in ``aionet.*`` ones only counted, or they would bury them)."""
+        own = sorted(n for n in self.services if not n.startswith("aionet."))
+        builtin = len(self.services) - len(own)
+        return (
+            f"no service {service!r} on node {self.node_name!r}: register it there with "
+            f"@node.service({service!r}) (or check the name); its services: {', '.join(own) or 'none'}"
+            f" (and {builtin} built-in aionet.* ones)"
+        )
 
     def on_request(self, rid: Any, service: Any, payload: Any, reply: Reply, peer: str = "") -> Awaitable[None] | None:
         """Handle REQ from ``peer``. Sync handlers answer inline; async ones get a task;
@@ -711,6 +827,7 @@ class Router:
     async def drain(self, grace: float) -> None:
         """Let running handlers answer for up to ``grace`` s, then cancel what still runs."""
         handlers = list(self.tasks)
+        self._draining = True  # what is cancelled from now on is told "node shutting down"
         if handlers:
             _done, pending = await asyncio.wait(handlers, timeout=grace)
             for t in pending:
@@ -755,7 +872,10 @@ class Router:
             try:
                 result = await fn(payload)
             except asyncio.CancelledError:
-                await _quiet(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
+                why = (
+                    "handler cancelled (node shutting down)" if self._draining else "the handler raised CancelledError"
+                )
+                await _quiet(reply(ERR, [rid, "asyncio.CancelledError", why, ""]))
                 raise
             except Exception as exc:
                 await _quiet(reply(ERR, _error_fields(rid, exc)))
@@ -791,6 +911,24 @@ def _type_name(exc: BaseException) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+def returned_coroutine(service: Any = None) -> str:
+    """Why a plain ``def`` handler's coroutine is refused, naming the fix."""
+    which = "the handler" if service is None else f"the handler of service {service!r}"
+    return (
+        f"{which} returned a coroutine: register an async def (or mark the def with "
+        "aionet.core.ports.inline_handler, which awaits what it returns)"
+    )
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, which runs user code (``__str__``) and can itself fail: rendering a
+    handler's error must never raise, or the reply is never sent and its caller waits for good."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"<str() failed: {_type_name(inner)}>"
+
+
 def _error_fields(rid: Any, exc: BaseException) -> list[Any]:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return [rid, _type_name(exc), str(exc), tb]
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))  # survives a bad __str__
+    return [rid, _type_name(exc), _message(exc), tb]
