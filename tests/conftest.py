@@ -122,6 +122,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         mark = _LAYER_MARKS.get(rel[0]) if len(rel) > 1 else None
         if mark is not None:
             item.add_marker(mark)
+        if rel[0] == "system":
+            # under pytest-xdist (`-n 2`), the system tests run one at a time on one worker:
+            # their network namespaces, signals and latency bounds are not shared with each other
+            item.add_marker(pytest.mark.xdist_group("system"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -109,13 +109,21 @@ def _small_demo(*args):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", ["zmq+ipc", "tls"])
 def test_demo_runs_over_transport_and_leaves_no_files(transport, tmp_path):
-    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    import shutil
+    import tempfile
+
+    work = tmp_path / "work"
     work.mkdir()
-    tmp.mkdir()
-    out = _aionet(*_small_demo("--transport", transport), cwd=work, env={**os.environ, "TMPDIR": str(tmp)}, timeout=110)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "intact=True" in out.stdout and "shut down cleanly: True" in out.stdout
-    assert os.listdir(work) == [] and os.listdir(tmp) == []
+    # TMPDIR short, in /tmp: an ipc socket path is capped at 107 bytes, and pytest's own temp
+    # paths (longer still under xdist) would leave too little room for the demo's socket names
+    tmp = tempfile.mkdtemp(prefix="aio-", dir="/tmp")
+    try:
+        out = _aionet(*_small_demo("--transport", transport), cwd=work, env={**os.environ, "TMPDIR": tmp}, timeout=110)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "intact=True" in out.stdout and "shut down cleanly: True" in out.stdout
+        assert os.listdir(work) == [] and os.listdir(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.timeout(120)

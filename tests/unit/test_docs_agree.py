@@ -203,8 +203,9 @@ def test_every_command_and_flag_in_the_docs_exists() -> None:
     assert not bad, "\n".join(bad)
 
 
-#: flags of other programs the docs show (torchrun, mpirun, srun, useradd, kubectl, valgrind)
+#: flags of other programs the docs show (torchrun, mpirun, srun, useradd, kubectl, valgrind, pytest)
 FOREIGN_FLAGS = {
+    "--dist",
     "--standalone",
     "--nproc-per-node",
     "--oversubscribe",
