@@ -118,6 +118,8 @@ class Group(GroupAlgorithms):
         self._telling = OwnedTasks(get_logger("aionet.collectives"), "collective abort")  # ABORTs that had to wait
         self.lost: set[str] = set()
         self._closed = False
+        self._close_why = ""  # what close() was told, for the errors of later calls
+        self._broken_before_close: CollectiveError | None = None
         self.log = get_logger("aionet.collectives", node=messaging.name, group=name)
         # messages are taken as they arrive (no mailbox, no task wake-up per message); what
         # is kept for calls not reached yet is bounded by max_ahead_bytes
@@ -126,6 +128,11 @@ class Group(GroupAlgorithms):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def broken(self) -> bool:
+        """A member was lost (or a call failed on some rank): every call raises; shrink() it."""
+        return self._broken is not None
 
     def __repr__(self) -> str:
         return f"<Group {self.name!r} rank {self.rank}/{self.size}>"
@@ -169,6 +176,8 @@ class Group(GroupAlgorithms):
         if self._closed:
             return
         self._closed = True
+        self._close_why = f" ({why})" if why else ""
+        self._broken_before_close = self._broken
         self._break(CollectiveError(f"group {self.name!r} is closed{f' ({why})' if why else ''}"), quiet=True)
         self._msg.on_channel(self.channel, None)
         await self._telling.cancel_all()
@@ -283,10 +292,16 @@ class Group(GroupAlgorithms):
             hook(self.name, what, nbytes, time.perf_counter() - t0, error)
 
     async def _call(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None) -> Any:
-        if self._broken is not None:
-            raise self._broken
-        if self._closed:
-            raise CollectiveError(f"group {self.name!r} is closed")
+        if self._closed or self._broken is not None:
+            # a fresh error per refused call: re-raising one instance would grow its traceback
+            # with every call a loop makes on a dead group
+            if self._closed:
+                b = self._broken_before_close
+                was = f"; it had broken: {b}" if b is not None else ""
+                raise CollectiveError(f"group {self.name!r} is closed{self._close_why}{was}", b and b.member)
+            b = self._broken
+            assert b is not None
+            raise CollectiveError(str(b), member=b.member)
         seq = self._seq
         self._seq += 1
         self._active.add(seq)

@@ -13,8 +13,10 @@ from typing import Any
 
 from ..config import CollectivesSection
 from ..core.ports import DeviceArrays, MemberEventInfo, MemberEvents, Messaging, ReceiveInto
+from ..core.tasks import OwnedTasks
 from ..errors import CollectiveError
 from ..instrument import Instruments
+from ..log import get_logger
 from .bench import BENCH_SERVICE
 from .group import Group
 
@@ -41,6 +43,7 @@ class Collectives:
         self._states: dict[str, str] = {}  # member -> last state membership reported
         self._gone: dict[str, str] = {}  # member -> why, for members dead or left
         self._stopped = False  # the node stopped: no new groups (a stopped node does not start again)
+        self._retiring = OwnedTasks(get_logger("aionet.collectives", node=messaging.name), "collectives")
         members.on_member_change(self._on_member)
         messaging.add_service(BENCH_SERVICE, self._bench)  # `aionet bench OP --connect URL`
 
@@ -79,6 +82,11 @@ class Collectives:
             receive_into=self._receive_into,
         )
         self._groups.add(g)
+        if epoch > 0:
+            # shrink(): the broken groups it replaces are closed (their channels and what they kept
+            # released), else an elastic job would keep one per shrink for as long as it runs
+            for old in [x for x in self._groups if x.name == name and x.epoch < epoch and x.broken]:
+                self._retiring.spawn(old.close(f"shrunk to epoch {epoch}"), name="aionet-collectives-retire")
         for m in members:  # a member already gone: the group cannot work, say so at once
             if m in self._gone:
                 g.member_lost(m, self._gone[m])
@@ -122,6 +130,7 @@ class Collectives:
 
     async def close(self) -> None:
         self._stopped = True
+        await self._retiring.cancel_all()
         await asyncio.gather(*(g.close("its node stopped") for g in list(self._groups)), return_exceptions=True)
 
 

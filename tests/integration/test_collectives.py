@@ -188,6 +188,14 @@ async def test_timeout_breaks_the_group_and_shrink_goes_on(groups: list[Group]) 
     fresh = [g.shrink() for g in groups]
     assert [f.members for f in fresh] == [g.members for g in groups] and fresh[0].channel != groups[0].channel
     assert await each(fresh, lambda g: g.allreduce(1)) == [N] * N
+    # the broken groups shrink() replaced are closed: an elastic job does not keep one per shrink
+    await wait_for(lambda: all(g.closed for g in groups), 5)
+    with pytest.raises(CollectiveError, match="closed .shrunk to epoch 1.; it had broken: .* timed out") as first:
+        await groups[0].allreduce(1)
+    with pytest.raises(CollectiveError) as second:
+        await groups[0].allreduce(1)
+    assert second.value is not first.value  # a fresh error per call: no traceback growing with each
+    assert not any(f.closed for f in fresh)
 
 
 async def test_a_member_leaving_fails_pending_calls_and_the_survivors_shrink() -> None:
