@@ -580,6 +580,8 @@ class Node:
     async def recv_batch(self, channel: str, limit: int = 65536, timeout: float | None = None) -> list[Any]:
         """At least one object, plus everything already waiting (up to ``limit``): cheap
         draining. ``timeout`` and errors as for :meth:`recv_from`."""
+        if limit < 1:  # 0 would wait for a message, take none and return [] at once: a busy loop
+            raise ValueError(f"recv_batch: limit must be at least 1 (got {limit})")
         mb = self.router.mailbox(channel)
         if timeout is None or mb.qsize():
             return [obj for _s, obj in await mb.get_batch(limit)]

@@ -453,3 +453,13 @@ async def test_send_nowait_to_a_peer_it_can_never_reach_says_so_instead_of_would
     await b.stop()
     with pytest.raises(aionet.PeerUnavailable, match="not running"):
         b.send_nowait("a", "c", 3)
+
+
+async def test_recv_batch_refuses_a_limit_below_one(pair: Pair) -> None:
+    """limit=0 would wait for a message, take none and return [] at once: a caller's loop spins."""
+    a, b = pair
+    await b.send(a.name, "c", 1)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="limit must be at least 1"):
+            await a.recv_batch("c", limit=bad)
+    assert await a.recv_batch("c", limit=1, timeout=5) == [1]
