@@ -43,7 +43,8 @@ async def test_recv_and_recv_batch_waiting_at_stop_are_released_with_node_closed
         asyncio.ensure_future(a.recv_from("never", timeout=30)),
         asyncio.ensure_future(a.recv_batch("other")),
     ]
-    await asyncio.sleep(0.01)
+    mbs = a.router.mailbox("never"), a.router.mailbox("other")
+    await wait_for(lambda: len(mbs[0]._getters) == 2 and len(mbs[1]._getters) == 1)  # all three waiting
     await a.stop()
     for fut in waiting:
         with pytest.raises(NodeClosed, match="node 'a' is stopped"):
@@ -106,7 +107,7 @@ async def test_recv_batch_timeout_and_polling_recv_leaves_nothing_behind(pair: P
 async def test_a_recv_waiting_when_on_channel_is_set_gets_messages_after_it_is_removed(pair: Pair) -> None:
     a, b = pair
     pending = asyncio.ensure_future(a.recv("ch"))
-    await asyncio.sleep(0.01)
+    await wait_for(lambda: len(a.router.mailbox("ch")._getters) == 1)  # the recv is waiting
     taken: list[int] = []
     a.on_channel("ch", lambda _sender, obj: taken.append(obj))
     await b.send("a", "ch", 1)
@@ -157,9 +158,12 @@ async def test_a_stop_while_a_full_mailbox_pauses_reading_leaves_no_task_and_log
     with capture_logs() as logs:
         await a.stop()
         await b.stop()
-        await asyncio.sleep(0.05)
-    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
-    assert not [t for t in left if "_resume" in repr(t.get_coro())], left
+
+        def readers_left() -> list[asyncio.Task]:
+            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+            return [t for t in left if "_resume" in repr(t.get_coro())]
+
+        await wait_for(lambda: not readers_left(), 5)  # before the fix one stayed for good
     assert not [e for e in logs if e["log_level"] == "error"], logs
 
 
@@ -194,7 +198,8 @@ async def test_calls_waiting_for_window_space_when_the_peer_dies_each_get_their_
             asyncio.ensure_future(b.send("a", "x", 4)),
             asyncio.ensure_future(b.wait_space("a")),
         ]
-        await asyncio.sleep(0.05)
+        link = b._peers["a"].link
+        await wait_for(lambda: len(b.router.pending) == 2 and link._waiting_senders >= 2)  # all blocked
         assert not any(c.done() for c in calls)
         b.declare_dead("a", "test verdict")
         errors = await asyncio.gather(*(asyncio.wait_for(c, 10) for c in calls), return_exceptions=True)
@@ -219,8 +224,7 @@ async def test_ten_thousand_cancelled_requests_and_sends_leave_nothing_behind(pa
     deadlines = b.router._deadlines
     for r in range(4):  # 10,000 cancelled requests, half of them with a deadline
         calls = [asyncio.ensure_future(b.request("a", "hold", i, timeout=30 if i % 2 else None)) for i in range(2500)]
-        await asyncio.sleep(0.01)  # let them go out
-        assert len(b.router.pending) == 2500
+        await wait_for(lambda: len(b.router.pending) == 2500)  # all of them out
         for c in calls:
             c.cancel()
         results = await asyncio.gather(*calls, return_exceptions=True)
@@ -239,7 +243,7 @@ async def test_ten_thousand_cancelled_requests_and_sends_leave_nothing_behind(pa
     full = link.state.max_inflight_bytes
     link.state.max_inflight_bytes = 0  # the window is full from now on
     sends = [asyncio.ensure_future(b.send("a", "ch", [i, "x"])) for i in range(10_000)]
-    await asyncio.sleep(0.01)
+    await wait_for(lambda: link._waiting_senders == 10_000)  # every one blocked on the window
     assert not any(s.done() for s in sends)
     for s in sends:
         s.cancel()
@@ -419,7 +423,7 @@ async def test_sends_to_the_node_itself_are_released_and_refused_once_it_stops()
             a.send_nowait("a", "me", 3)
         space = asyncio.ensure_future(a.wait_space("a"))
         blocked = asyncio.ensure_future(a.send("a", "me", 3))
-        await asyncio.sleep(0.01)
+        await wait_for(lambda: len(a.router.mailbox("me")._putters) == 2)  # both waiting for room
         assert not space.done() and not blocked.done()
     finally:
         await a.stop()
