@@ -16,7 +16,7 @@ from typing import Any
 from ._version import __version__
 from .cache import Cache
 from .codecs import handshake
-from .codecs.envelope import CONTROL_MIN, REQ, SEND
+from .codecs.envelope import CANCEL, CONTROL_MIN, REQ, SEND
 from .codecs.serialize import Serializer
 from .collectives import Collectives, Group
 from .config import Config
@@ -92,6 +92,7 @@ class Node:
         )
         self.transports = TransportRegistry(transports)
         self.router = Router(self.name, cfg.link, self.log, self.instruments)
+        self.router.abandoned = self._abandoned
         self._token = load_token(cfg.security)
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -601,8 +602,10 @@ class Node:
             # with TimeoutError at the deadline (no timer per request, no asyncio.timeout)
             router = self.router
             rid, fut = router.new_request(peer, service)
+            sent = False
             try:
                 aw = link.post(REQ, [rid, service, obj])
+                sent = True
                 # the deadline is set once the request is written: its bookkeeping is then
                 # done while the peer works, not before the request leaves
                 router.expire_after(rid, service, timeout)
@@ -622,7 +625,7 @@ class Node:
                         raise
                     raise _expired(peer, service, timeout) from None
             finally:
-                router.forget(rid)
+                router.forget(rid, sent)
         # the timeout bounds the whole call: dialing, waiting for window space or for the
         # transport to drain, staging, and the reply
         cm = asyncio.timeout(timeout)
@@ -669,19 +672,34 @@ class Node:
             link = await self._connector.link_to(peer)
         router = self.router
         rid, fut = router.new_request(peer, service)
+        sent = False
         try:
             staged = False
             try:
                 aw = link.post(REQ, [rid, service, obj])
+                sent = True
                 if aw is not None:
                     await aw
             except StagingRequired:  # device arrays: staged below, outside the handler
-                staged = True
+                staged = sent = True
             if staged:
                 await self._device.send_request(link, [rid, service, obj], fut)
             return await fut
         finally:
-            router.forget(rid)
+            router.forget(rid, sent)
+
+    def _abandoned(self, peer: str, rid: int) -> None:
+        """Request ``rid`` to ``peer`` was given up unanswered (its caller cancelled, or its
+        timeout passed): tell the peer, which cancels the handler if it still runs. Best
+        effort: not sent when the link is gone or full, or the peer predates the feature."""
+        p = self._peers.get(peer)
+        link = p.link if p is not None else None
+        if link is None or link.dead is not None or not link.peer_cancels:
+            return
+        try:
+            link.post_nowait(CANCEL, [rid])
+        except AionetError as exc:  # WouldBlock (window full), the link just failed, ...
+            self.log.debug("request cancel not sent", peer=peer, rid=rid, why=str(exc))
 
     # --- tasks (issue 6) ------------------------------------------------------------------
     def submit(self, fn: Any, *args: Any, **options: Any) -> TaskRef:

@@ -41,7 +41,13 @@ class Kind(IntEnum):
     # (device_transfer.py): [XFER, seq, ack, transfer_id, chunk index (-1 = abort),
     # staging header (chunk 0) | None, chunk bytes]. Sequenced although it is > ACK.
     XFER = 8
-    # 9 and 10 are unused on a link (the handshake's REJECT and CONFIRM)
+    # the caller gave up on request req_id (its task was cancelled, or its timeout passed):
+    # the peer cancels the handler if it still runs (router.py). Sequenced, so it comes after
+    # its REQ, once, and is replayed after a cut; sent only to a peer whose HELLO announced
+    # the "cancel" feature. 9 is the handshake's REJECT, which a link never reads (a link
+    # message always follows the handshake's last one on the connection, as for 11 and 12).
+    CANCEL = 9  # [CANCEL, seq, ack, req_id]
+    # 10 is unused on a link (the handshake's CONFIRM)
     # control envelopes (unsequenced, best effort, not replayed): membership.py
     HB = 11  # [HB, seq, incarnation, load|None, updates, loads]
     HB_ACK = 12  # [HB_ACK, seq, incarnation, load|None, updates, loads]
@@ -85,6 +91,7 @@ PEERS: Final[int] = Kind.PEERS.value
 BYE: Final[int] = Kind.BYE.value
 ACK: Final[int] = Kind.ACK.value
 XFER: Final[int] = Kind.XFER.value
+CANCEL: Final[int] = Kind.CANCEL.value
 HB: Final[int] = Kind.HB.value
 HB_ACK: Final[int] = Kind.HB_ACK.value
 PROBE_REQ: Final[int] = Kind.PROBE_REQ.value
@@ -105,7 +112,7 @@ M_LOAD: Final[int] = SchedKind.LOAD.value
 M_RECONCILE: Final[int] = SchedKind.RECONCILE.value
 M_DEPARTED: Final[int] = SchedKind.DEPARTED.value
 
-SEQUENCED: Final[frozenset[int]] = frozenset({SEND, REQ, REP, ERR, PEERS, BYE, XFER})
+SEQUENCED: Final[frozenset[int]] = frozenset({SEND, REQ, REP, ERR, PEERS, BYE, XFER, CANCEL})
 CONTROL_MIN: Final[int] = HB  # kinds from here on are control kinds (Node.add_control_handler)
 
 
@@ -117,6 +124,7 @@ def is_sequenced(kind: int) -> bool:
 __all__ = [
     "ACK",
     "BYE",
+    "CANCEL",
     "CONFIRM",
     "CONTROL_MIN",
     "ERR",

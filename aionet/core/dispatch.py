@@ -13,7 +13,7 @@ from types import CoroutineType
 from typing import Any
 
 from ..codecs.array_send import decode_array_send
-from ..codecs.envelope import ACK, BYE, ERR, PEERS, REP, REQ, SEND, XFER
+from ..codecs.envelope import ACK, BYE, CANCEL, ERR, PEERS, REP, REQ, SEND, XFER
 from ..codecs.extensions import DecodeDeferred
 from ..codecs.serialize import Serializer
 from ..errors import AionetError, ConnectionClosed, PeerUnavailable, ProtocolError
@@ -150,7 +150,7 @@ class Dispatcher:
                 if type(env) is not list or not env:
                     raise ProtocolError("envelope is not a non-empty list")
                 kind = env[0]
-                if kind >= ACK and kind != XFER:
+                if kind >= ACK and kind != XFER and kind != CANCEL:
                     if kind == ACK:
                         link.on_ack(env[1])
                     else:
@@ -198,6 +198,8 @@ class Dispatcher:
                     router.on_reply(ERR, env[3], env[4:], peer)
                 elif kind == PEERS:
                     self._peers.learn(env[3])
+                elif kind == CANCEL:  # the caller gave up on its request env[3]
+                    router.on_cancel(env[3], peer)
                 elif kind == BYE:
                     self.log.info("peer left", peer=peer)
                     link.peer_left()

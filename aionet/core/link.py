@@ -161,6 +161,9 @@ class Link(LinkRecovery):
         self.recv_bytes = 0
         self.replayed = 0  # messages written again after a reconnect
         self.acks_sent = 0  # standalone ACK frames (for stats)
+        # the peer's handshake feature "cancel": it cancels a handler when told that its
+        # caller gave up (CANCEL); a peer without it is not sent one
+        self.peer_cancels = False
         self._waiting_senders = 0
         self.disconnected_since: float | None = None
         self._stuck_seq = 0  # oldest unacked seq when the last connection was lost ...

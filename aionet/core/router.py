@@ -13,6 +13,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from itertools import islice, repeat
 from types import CoroutineType
 from typing import Any
@@ -256,10 +257,13 @@ class _Deadlines:
     front when that timer fires, and by a compaction when the deques grow past twice what
     is pending (so memory follows the requests in flight, not the request rate)."""
 
-    __slots__ = ("_at", "_compact_at", "_handle", "_n", "_pending", "_queues")
+    __slots__ = ("_at", "_compact_at", "_expired", "_handle", "_n", "_pending", "_queues")
 
-    def __init__(self, pending: dict[int, tuple[asyncio.Future[Any], str]]) -> None:
+    def __init__(
+        self, pending: dict[int, tuple[asyncio.Future[Any], str]], expired: Callable[[str, int], None]
+    ) -> None:
         self._pending = pending
+        self._expired = expired  # (peer, rid) of a request that just timed out
         self._queues: dict[float, deque[tuple[float, int, str]]] = {}
         self._handle: asyncio.TimerHandle | None = None
         self._at = float("inf")  # when the armed timer fires
@@ -320,6 +324,7 @@ class _Deadlines:
                 fut, peer = entry
                 fut.set_exception(TimeoutError(f"request {service!r} to {peer!r} timed out after {timeout} s"))
                 fut.exception()  # retrieved: a caller that gave up meanwhile (its own timeout) leaves no warning
+                self._expired(peer, rid)
             if not q:
                 del self._queues[timeout]
         if nxt != float("inf"):
@@ -365,12 +370,18 @@ class Router:
         self._draining = False  # the node is stopping: handlers are being cancelled (drain)
         # req_id -> (future, peer); requests survive reconnects and fail when the peer's link does
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
-        self._deadlines = _Deadlines(self.pending)
+        self._deadlines = _Deadlines(self.pending, self._abandon)
+        # fn(peer, rid): a request this node sent was given up before its answer (the caller's
+        # task cancelled, its timeout passed), so the peer may cancel the handler (the node's)
+        self.abandoned: Callable[[str, int], None] | None = None
         # the node's event loop (bind_loop): asyncio.get_running_loop() costs a getpid()
         # system call per call on CPython 3.11, once per request
         self.loop: asyncio.AbstractEventLoop | None = None
         self._next_id = 0
         self.tasks: set[asyncio.Task[Any]] = set()
+        # (peer, req_id) -> the task of an async handler still computing its answer, so that a
+        # caller's CANCEL can reach it (on_cancel)
+        self.handling: dict[tuple[str, Any], asyncio.Task[Any]] = {}
         # async handlers running per requesting peer, bounded by max_concurrent_requests; a
         # peer at the bound is not read from (back-pressure) until one of them finishes
         self.max_concurrent_requests = max_concurrent_requests
@@ -571,11 +582,33 @@ class Router:
         (once the request is written)."""
         self._deadlines.add(self.loop or asyncio.get_running_loop(), rid, service, timeout)
 
-    def forget(self, rid: int) -> None:
-        """The caller is done with request ``rid`` (answered, failed or abandoned)."""
-        self.pending.pop(rid, None)
+    def forget(self, rid: int, sent: bool = False) -> None:
+        """The caller is done with request ``rid`` (answered, failed or abandoned). ``sent``:
+        the request went out, so if it is still unanswered its handler is told (``abandoned``)."""
+        entry = self.pending.pop(rid, None)
+        if entry is not None and sent:
+            self._abandon(entry[1], rid)
         if self._timing:
             self._finished(rid)
+
+    def _abandon(self, peer: str, rid: int) -> None:
+        if (fn := self.abandoned) is not None:
+            fn(peer, rid)
+
+    def on_cancel(self, rid: Any, peer: str) -> None:
+        """``peer`` gave up on its request ``rid``: cancel the handler if it still computes the
+        answer (a sync handler, or one that finished, has nothing left to cancel)."""
+        task = self.handling.pop((peer, rid), None)
+        if task is not None:
+            task.cancel()
+            # a task cancelled before its first step (its REQ and the CANCEL came in one read)
+            # never enters _run_async, whose finally frees the peer's slot: this callback does
+            task.add_done_callback(partial(self._cancelled, peer))
+
+    def _cancelled(self, peer: str, task: asyncio.Task[Any]) -> None:
+        if task in self.tasks:  # still listed: _run_async's finally did not run
+            self.tasks.discard(task)
+            self._handler_done(peer)
 
     def _finished(self, rid: int) -> None:
         timed = self._timing.pop(rid, None)
@@ -714,7 +747,9 @@ class Router:
                 # the usual async handler, untimed: what _handle and _start do for it, inline
                 self.running[peer] = running + 1
                 loop = self.loop or asyncio.get_running_loop()
-                self.tasks.add(loop.create_task(self._run_async(entry[0], rid, payload, reply, peer, loop)))
+                task = loop.create_task(self._run_async(entry[0], rid, payload, reply, peer, loop))
+                self.tasks.add(task)
+                self.handling[peer, rid] = task
                 return None
         self._handle(entry, rid, service, payload, reply, peer)
         return None
@@ -770,7 +805,9 @@ class Router:
         loop = self.loop or asyncio.get_running_loop()
         # the task takes itself out of self.tasks as it ends (_run_async): a done callback
         # would cost one more loop iteration per request
-        self.tasks.add(loop.create_task(self._run_async(fn, rid, payload, reply, peer, loop)))
+        task = loop.create_task(self._run_async(fn, rid, payload, reply, peer, loop))
+        self.tasks.add(task)
+        self.handling[peer, rid] = task
 
     def _timed(self, fn: Handler, mode: int, service: str, peer: str) -> Handler:
         """``fn`` wrapped to report its duration and outcome to the ``request_handled`` hook."""
@@ -868,18 +905,24 @@ class Router:
         """The task of one async handler: answer with ``await fn(payload)`` (or its error),
         then free the peer's slot and leave self.tasks. (One coroutine, not two: it runs for
         every request.)"""
+        key = (peer, rid)
         try:
             try:
                 result = await fn(payload)
             except asyncio.CancelledError:
+                if self.handling.pop(key, None) is None and not self._draining:
+                    raise  # the caller cancelled it (on_cancel): nobody waits for an answer
                 why = (
                     "handler cancelled (node shutting down)" if self._draining else "the handler raised CancelledError"
                 )
                 await _quiet(reply(ERR, [rid, "asyncio.CancelledError", why, ""]))
                 raise
             except Exception as exc:
+                self.handling.pop(key, None)
                 await _quiet(reply(ERR, _error_fields(rid, exc)))
                 return
+            # answered: a CANCEL from now on finds nothing to cancel (the reply has its place)
+            self.handling.pop(key, None)
             try:
                 aw = reply(REP, [rid, result])
                 if aw is not None:

@@ -26,6 +26,7 @@ WIRE: dict[type[IntEnum], dict[str, int]] = {
         "BYE": 6,
         "ACK": 7,
         "XFER": 8,
+        "CANCEL": 9,
         "HB": 11,
         "HB_ACK": 12,
         "PROBE_REQ": 13,
@@ -54,12 +55,13 @@ def test_no_two_kinds_collide(enum: type[IntEnum]) -> None:
 
 
 def test_handshake_kinds_a_link_could_confuse_are_phase_separated() -> None:
-    """HELLO, REJECT and CONFIRM are told from link traffic by value; WELCOME and RESUME share
-    HB / HB_ACK's values, safe only because they are read before a link exists and are
+    """HELLO and CONFIRM are told from link traffic by value; REJECT, WELCOME and RESUME share
+    CANCEL's, HB's and HB_ACK's values, safe only because they are read before a link exists
+    on the connection (a link message always follows the handshake's last one) and are
     therefore not link kinds a reader might dispatch."""
     link_values = {k.value for k in Kind}
-    assert {HandshakeKind.HELLO, HandshakeKind.REJECT, HandshakeKind.CONFIRM}.isdisjoint(link_values)
-    assert {k.value for k in HandshakeKind} & link_values == {Kind.HB, Kind.HB_ACK}
+    assert {HandshakeKind.HELLO, HandshakeKind.CONFIRM}.isdisjoint(link_values)
+    assert {k.value for k in HandshakeKind} & link_values == {Kind.CANCEL, Kind.HB, Kind.HB_ACK}
 
 
 def test_module_constants_are_plain_ints_of_the_members() -> None:
@@ -72,12 +74,13 @@ def test_module_constants_are_plain_ints_of_the_members() -> None:
 
 
 def test_sequenced_and_control_kinds_keep_their_rules() -> None:
-    # link.py's old rule: kinds 1..6 and 8 (XFER) are sequenced; node.py's: control kinds >= 11
+    # link.py's old rule: kinds 1..6 and 8 (XFER) are sequenced, and 9 (CANCEL) since; node.py's:
+    # control kinds >= 11
     for kind in range(-2, 40):
-        assert is_sequenced(kind) == (1 <= kind <= 6 or kind == 8), kind
+        assert is_sequenced(kind) == (1 <= kind <= 6 or kind in (8, 9)), kind
     assert CONTROL_MIN == 11
     assert [k for k in Kind if k >= CONTROL_MIN] == [Kind.HB, Kind.HB_ACK, Kind.PROBE_REQ, Kind.PROBE_RSP, Kind.GOSSIP]
-    assert not any(is_sequenced(k) for k in Kind if k >= Kind.ACK and k != Kind.XFER)
+    assert not any(is_sequenced(k) for k in Kind if k >= Kind.ACK and k not in (Kind.XFER, Kind.CANCEL))
 
 
 def kind_definitions_outside_envelope(root: Path = ROOT) -> list[str]:

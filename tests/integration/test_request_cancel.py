@@ -1,0 +1,163 @@
+"""A caller that gives up on a request (its task cancelled, or its ``timeout`` passed) has the
+peer cancel the handler, over tcp:// and zmq+tcp://: the handler's work stops, and its slot
+of ``link.max_concurrent_requests`` is free again, so abandoned calls cannot wedge the peer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aionet import Node
+from aionet.config import Config
+from tests.conftest import wait_for
+
+Pair = tuple[Node, Node]
+
+
+@pytest.fixture(params=["tcp", "zmq+tcp"])
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
+    """Node a (at most 2 async handlers per peer), and node b joined to it."""
+    scheme = request.param
+    cfg = Config.from_dict({"link": {"max_concurrent_requests": 2}}, env={})
+    async with (
+        Node(name="a", listen=f"{scheme}://127.0.0.1:0", config=cfg) as a,
+        Node(name="b", listen=f"{scheme}://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        yield a, b
+
+
+class Held:
+    """An async service that waits until released, and records how each call ended."""
+
+    def __init__(self) -> None:
+        self.started: asyncio.Queue[int] = asyncio.Queue()
+        self.cancelled: asyncio.Queue[int] = asyncio.Queue()
+        self.release = asyncio.Event()
+
+    async def __call__(self, x: int) -> int:
+        self.started.put_nowait(x)
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.put_nowait(x)
+            raise
+        return x
+
+
+def idle(node: Node) -> bool:
+    r = node.router
+    return not r.running and not r.tasks and not r.handling
+
+
+@pytest.mark.timeout(60)
+async def test_a_timed_out_request_cancels_its_handler(pair: Pair) -> None:
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    with pytest.raises(TimeoutError):
+        await b.request("a", "held", 1, timeout=0.2)
+    assert await asyncio.wait_for(held.started.get(), 5) == 1
+    assert await asyncio.wait_for(held.cancelled.get(), 5) == 1
+    await wait_for(lambda: idle(a))
+
+
+@pytest.mark.timeout(60)
+async def test_a_cancelled_caller_cancels_its_handler(pair: Pair) -> None:
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    call = asyncio.ensure_future(b.request("a", "held", 2))  # no timeout: only the cancel ends it
+    assert await asyncio.wait_for(held.started.get(), 5) == 2
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert await asyncio.wait_for(held.cancelled.get(), 5) == 2
+    await wait_for(lambda: idle(a))
+    assert b.router.pending == {}
+
+
+@pytest.mark.timeout(60)
+async def test_abandoned_calls_free_the_peers_handler_slots(pair: Pair) -> None:
+    """With 2 handlers allowed per peer, two abandoned calls to a handler that never ends
+    used to hold both slots for ever: the peer stopped reading from b, and every later call
+    from b waited. Now the slots come back and b's next calls are answered."""
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    for round_ in range(3):
+        calls = [asyncio.ensure_future(b.request("a", "held", i, timeout=0.3)) for i in range(2)]
+        for c in calls:
+            with pytest.raises(TimeoutError):
+                await c
+        assert sorted([await asyncio.wait_for(held.cancelled.get(), 5) for _ in range(2)]) == [0, 1], round_
+        assert await b.request("a", "aionet.echo", round_, timeout=5) == round_
+    await wait_for(lambda: idle(a))
+    held.release.set()
+    assert await b.request("a", "held", 9, timeout=5) == 9  # the service itself still answers
+
+
+@pytest.mark.timeout(60)
+async def test_a_cancel_after_the_answer_changes_nothing(pair: Pair) -> None:
+    a, b = pair
+    a.add_service("quick", lambda x: x)  # a sync handler: nothing ever runs to cancel
+
+    async def echo(x: int) -> int:
+        return x
+
+    a.add_service("echo2", echo)
+    for i in range(50):
+        assert await b.request("a", "quick", i, timeout=5) == i
+        assert await b.request("a", "echo2", i, timeout=5) == i
+    link = b._peers["a"].link
+    assert link is not None
+    b._abandoned("a", 10**9)  # a request id the peer never saw, or long answered
+    b._abandoned("a", 1)
+    assert await b.request("a", "echo2", 7, timeout=5) == 7  # the connection is fine
+    await wait_for(lambda: idle(a))
+
+
+@pytest.mark.timeout(60)
+async def test_a_peer_without_the_feature_is_not_sent_a_cancel(pair: Pair) -> None:
+    """An older peer (no "cancel" in its HELLO) would close the connection on an unknown
+    envelope kind: it is never sent one, and its handler runs on."""
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    link = b._peers["a"].link
+    assert link is not None and link.peer_cancels  # aionet peers announce it
+    link.peer_cancels = False
+    with pytest.raises(TimeoutError):
+        await b.request("a", "held", 3, timeout=0.2)
+    assert await asyncio.wait_for(held.started.get(), 5) == 3
+    assert a.router.running  # not cancelled: still waiting
+    held.release.set()
+    await wait_for(lambda: idle(a))
+    assert held.cancelled.empty()
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "zmq+tcp"])
+@pytest.mark.timeout(60)
+async def test_many_cancelled_callers_leave_nothing_running(scheme: str) -> None:
+    """Requests and their cancels arriving in the same read (the handler's task is cancelled
+    before its first step) still free their slots. (Within the default bound of 1024 handlers
+    per peer: a peer at its bound stops reading, and a cancel is read when a slot frees.)"""
+    async with (
+        Node(name="a", listen=f"{scheme}://127.0.0.1:0") as a,
+        Node(name="b", listen=f"{scheme}://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        await many_cancelled(a, b)
+
+
+async def many_cancelled(a: Node, b: Node) -> None:
+    held = Held()
+    a.add_service("held", held)
+    for _ in range(20):
+        calls = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(50)]
+        await asyncio.sleep(0)  # the requests go out in this loop iteration's batch
+        for c in calls:
+            c.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+    await wait_for(lambda: idle(a) and not b.router.pending, timeout=30)
+    assert await b.request("a", "aionet.echo", "still here", timeout=5) == "still here"

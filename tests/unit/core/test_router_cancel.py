@@ -1,0 +1,112 @@
+"""Router.on_cancel fed directly: the handler task of a request whose caller gave up is
+cancelled, and the peer's handler slot is freed even when the cancel comes before the task
+ever ran (its REQ and CANCEL in one read), when the handler already answered, or twice."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from aionet.codecs.envelope import ERR, REP
+from aionet.config import Config
+from aionet.core.router import Router
+
+
+def make() -> tuple[Router, list[tuple[int, list[Any]]]]:
+    router = Router("a", Config.from_dict({}, env={}).link, logging.getLogger("test"))
+    sent: list[tuple[int, list[Any]]] = []
+
+    def reply(kind: int, fields: list[Any]) -> None:
+        sent.append((kind, fields))
+
+    return router, sent
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.timeout(10)
+async def test_a_cancel_before_the_task_ran_frees_the_slot() -> None:
+    router, sent = make()
+    ran: list[int] = []
+
+    async def handler(x: int) -> int:
+        ran.append(x)
+        return x
+
+    router.add_service("h", handler)
+    reply = lambda kind, fields: sent.append((kind, fields))  # noqa: E731
+    assert router.on_request(1, "h", 5, reply, "b") is None
+    assert router.running == {"b": 1} and len(router.tasks) == 1 and ("b", 1) in router.handling
+    router.on_cancel(1, "b")  # same loop iteration: the task has not started
+    await settle()
+    assert ran == [] and sent == []  # never ran, nothing answered (the caller is gone)
+    assert router.running == {} and router.tasks == set() and router.handling == {}
+
+
+@pytest.mark.timeout(10)
+async def test_a_cancel_while_the_handler_waits_cancels_it_and_sends_nothing() -> None:
+    router, sent = make()
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(x: int) -> int:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return x
+
+    router.add_service("h", handler)
+    router.on_request(7, "h", 0, lambda k, f: sent.append((k, f)), "b")
+    await asyncio.wait_for(started.wait(), 5)
+    router.on_cancel(7, "b")
+    router.on_cancel(7, "b")  # twice: the second finds nothing
+    await asyncio.wait_for(cancelled.wait(), 5)
+    await settle()
+    assert sent == []
+    assert router.running == {} and router.tasks == set() and router.handling == {}
+
+
+@pytest.mark.timeout(10)
+async def test_a_cancel_from_another_peer_or_after_the_answer_changes_nothing() -> None:
+    router, sent = make()
+    release = asyncio.Event()
+
+    async def handler(x: int) -> int:
+        await release.wait()
+        return x
+
+    router.add_service("h", handler)
+    router.on_request(3, "h", 30, lambda k, f: sent.append((k, f)), "b")
+    await settle()
+    router.on_cancel(3, "c")  # same request id, another peer's: not this one
+    router.on_cancel(99, "b")  # an id never seen
+    release.set()
+    await settle()
+    assert sent == [(REP, [3, 30])]
+    router.on_cancel(3, "b")  # after the answer
+    await settle()
+    assert sent == [(REP, [3, 30])] and router.running == {} and router.handling == {}
+
+
+@pytest.mark.timeout(10)
+async def test_a_handler_that_raises_cancelled_error_itself_still_answers() -> None:
+    """Only a caller's cancel goes unanswered: a handler that raises CancelledError on its own
+    is reported to the caller as before."""
+    router, sent = make()
+
+    async def handler(x: int) -> int:
+        raise asyncio.CancelledError
+
+    router.add_service("h", handler)
+    router.on_request(4, "h", 0, lambda k, f: sent.append((k, f)), "b")
+    await settle()
+    assert [k for k, _ in sent] == [ERR] and sent[0][1][1] == "asyncio.CancelledError"
+    assert router.running == {} and router.handling == {}
