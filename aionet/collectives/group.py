@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -42,6 +42,7 @@ from .wire import (
     ABORT,
     CHANNEL_PREFIX,
     KINDS,
+    PROBE,
     SIG_SHIFT,
     Tag,
     bucket_of,
@@ -55,6 +56,10 @@ ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree")
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
 MAX_ABORTS = 1024  # peers' aborts kept for calls this rank has not reached (a flood beyond is dropped)
 ALGORITHM_BITS = 0x7 << SIG_SHIFT  # a signature's resolved algorithm (wire.py's layout)
+# A call that waited this long (between one and two periods) without ending asks the peers it
+# waits for what they call at its number (wire.PROBE): ranks that call different things and all
+# wait (nobody sends: a root that is not the root, a rank that waits for a fold first) find out.
+PROBE_AFTER = 0.5
 
 #: what a call accepts from its peers: the tag bits compared (wire.call_mask) and the values
 #: they may take (the call's signature OR'd with each of its buckets)
@@ -124,6 +129,8 @@ class Group(GroupAlgorithms):
         self._seq = 0
         self._active: set[int] = set()  # sequence numbers of calls in progress
         self._wants: dict[int, Want] = {}  # each call in progress: the signature its peers' messages carry
+        self._ticker: asyncio.TimerHandle | None = None  # probes stalled calls (_tick) while calls run
+        self._stalled: set[int] = set()  # the calls in progress at the last tick
         self._sends: dict[int, list[asyncio.Task[None]]] = {}
         self._waiting: dict[tuple[int, Tag, int], asyncio.Future[Any]] = {}
         self._early: dict[tuple[int, Tag, int], Any] = {}
@@ -201,6 +208,9 @@ class Group(GroupAlgorithms):
         self._broken_before_close = self._broken
         self._break(CollectiveError(f"group {self.name!r} is closed{f' ({why})' if why else ''}"), quiet=True)
         self._msg.on_channel(self.channel, None)
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         await self._telling.cancel_all()
         self._aborted.clear()
         self._early.clear()
@@ -228,6 +238,8 @@ class Group(GroupAlgorithms):
                 fut.set_result(payload)
         elif t == ABORT:
             self._on_abort(seq, src, payload)
+        elif t == PROBE:
+            self._on_probe(seq, src, payload)
         elif self._broken is None and not self._closed and seq >= self._low_seq():
             wants = self._wants  # wire.matches inlined: only messages no call waited for pay it
             if seq in wants and t & wants[seq][0] not in wants[seq][1]:
@@ -334,6 +346,8 @@ class Group(GroupAlgorithms):
         self._seq += 1
         self._active.add(seq)
         self._wants[seq] = want
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().call_later(PROBE_AFTER, self._tick)
         odd: tuple[int, Tag, int] | None = None  # a message a peer sent for another call at this number
         if self._early:
             low = self._low_seq()
@@ -351,7 +365,7 @@ class Group(GroupAlgorithms):
             if self._aborted and seq in self._aborted:
                 raise self._aborted[seq]  # a peer gave this call up before this rank reached it
             if odd is not None:
-                raise self._signature_error(seq, odd[1], odd[2])  # the peers are told below
+                raise self._signature_error(seq, want, odd[1], odd[2])  # the peers are told below
             if limit is None:  # the usual case: no timer to arm, no context to enter and leave
                 out = await fn(seq)
                 awaited = await await_sends(sends)
@@ -424,8 +438,12 @@ class Group(GroupAlgorithms):
         """Tell every other member that call ``seq`` failed here (wire.ABORT), without waiting."""
         if self._closed:
             return
-        msg = [seq, ABORT, self.rank, [what, reason[:2000], breaks]]
-        for dst, peer in enumerate(self.members):
+        self._tell(range(self.size), [seq, ABORT, self.rank, [what, reason[:2000], breaks]])
+
+    def _tell(self, dsts: Iterable[int], msg: list[Any]) -> None:
+        """Send a control message (ABORT, PROBE) to ranks ``dsts`` without waiting."""
+        for dst in dsts:
+            peer = self.members[dst]
             if dst == self.rank or peer in self.lost:
                 continue
             if self._nowait is not None:
@@ -436,7 +454,7 @@ class Group(GroupAlgorithms):
                     continue  # gone: membership tells the others
                 except WouldBlock:
                     pass
-            self._telling.spawn(self._send_abort(peer, msg), f"collective abort to {peer}")
+            self._telling.spawn(self._send_abort(peer, msg), f"collective message to {peer}")
 
     async def _send_abort(self, peer: str, msg: list[Any]) -> None:
         try:
@@ -501,14 +519,40 @@ class Group(GroupAlgorithms):
             return
         if seq in self._aborted:
             return  # the call failed already (told by a peer, or by an earlier message)
-        exc = self._signature_error(seq, t, src)
-        self._tell_abort(seq, KINDS[self._wants[seq][1][0] >> SIG_SHIFT >> 7], str(exc), breaks=False)
+        want = self._wants[seq]
+        exc = self._signature_error(seq, want, t, src)
+        self._tell_abort(seq, KINDS[want[1][0] >> SIG_SHIFT >> 7], str(exc), breaks=False)
         self._aborted[seq] = exc  # later waits of the call raise it; _call tells no one twice
         self._fail_call(seq, exc)
 
-    def _signature_error(self, seq: int, t: Tag, src: int) -> CollectiveError:
-        """The error of a call whose peer ``src`` sent ``t``, another call's tag, at number ``seq``."""
-        allowed = self._wants[seq][1]
+    def _tick(self) -> None:
+        """Every PROBE_AFTER while calls run: a call still running since the last tick asks the
+        peers it waits for what they call at its number (:meth:`_on_probe` answers)."""
+        self._ticker = None
+        if self._closed or self._broken is not None or not self._active:
+            self._stalled = set()
+            return
+        for seq in self._stalled & self._active:
+            srcs = {k[2] for k in self._waiting if k[0] == seq} | {k[2] for k in self._steps if k[0] == seq}
+            if srcs and seq not in self._aborted:
+                self._tell(sorted(srcs), [seq, PROBE, self.rank, self._wants[seq][1][0]])
+        self._stalled = set(self._active)
+        self._ticker = asyncio.get_running_loop().call_later(PROBE_AFTER, self._tick)
+
+    def _on_probe(self, seq: int, src: Any, t: Any) -> None:
+        """A peer's call ``seq`` (signature ``t``) waits for this rank: if this rank's call at that
+        number is running and is another call, fail it here and on every peer. Not reached yet:
+        the peer asks again at its next tick. Ended: what it sent was checked where it landed."""
+        if type(t) is not int or type(src) is not int or not 0 <= src < self.size or src == self.rank:
+            self.log.warning("malformed collective probe dropped", src=src)
+            return
+        want = self._wants.get(seq)
+        if want is not None and t & want[0] not in want[1]:
+            self._mismatched(seq, t, src)
+
+    def _signature_error(self, seq: int, want: Want, t: Tag, src: int) -> CollectiveError:
+        """The error of a call (``want``) whose peer ``src`` sent ``t``, another call's tag, at ``seq``."""
+        allowed = want[1]
         mine = next((a for a in allowed if bucket_of(a) == bucket_of(t)), allowed[0])
         theirs, ours = describe(t), describe(mine)
         if theirs == ours:  # the same call, another bucket: the listed arrays' dtypes differ

@@ -99,6 +99,7 @@ def bucket_of(t: Tag) -> int:
 
 
 ABORT: Tag = tag(0, 31, 0)  # phase 31 and no signature: a call failed on the sender (see above)
+PROBE: Tag = tag(0, 30, 0)  # a call that waits long asks what the receiver calls at its number
 
 __all__ = [
     "ABORT",
@@ -107,6 +108,7 @@ __all__ = [
     "CHANNEL_PREFIX",
     "KINDS",
     "PHASE_SHIFT",
+    "PROBE",
     "ROOTED",
     "SIG_MASK",
     "STEP_MASK",
