@@ -2,7 +2,8 @@
 
 Each collective call takes the group's next sequence number, so concurrent calls and calls that
 overlap in time on different ranks never mix their messages. Messages travel on the group's own
-mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`); the channel callback hands
+mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`: the tag names the call's
+signature, its bucket, phase, step and segment); the channel callback hands
 each to the waiting future (or, for a small allreduce, to its step: :mod:`.small`), keeping
 messages for calls this rank has not reached yet. The array algorithms (direct, doubling, ring,
 tree) are in :mod:`.group_algorithms`, a mixin :class:`Group` inherits.
@@ -16,6 +17,15 @@ A call that fails on one rank for a reason of its own (inputs that disagree with
 arguments refused there, cancellation) sends the peers an ABORT for its sequence number
 (:mod:`.wire`): their matching call raises CollectiveError naming the rank, and the group goes
 on. A timeout breaks the group on every member (its ABORT says so), so all of them shrink.
+
+Ranks that call different things at one number (another collective, op, algorithm or root):
+every tag carries its call's signature (:func:`.wire.signature`), and each call in progress
+registers what it accepts (``_wants``). A message no call waited for is checked against it as
+it arrives (inline bit operations, no call: only early or stray messages pay), and a call that
+starts checks the messages kept for its number; a mismatch fails the call here and ABORTs it
+on the peers. Where every rank waits and none sends, the group's ticker (every PROBE_AFTER
+while calls run) has each call still running since the last tick send the ranks it waits for a
+PROBE with its signature, and a rank whose running call differs fails it the same way.
 """
 
 from __future__ import annotations
