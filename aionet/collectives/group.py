@@ -2,7 +2,8 @@
 
 Each collective call takes the group's next sequence number, so concurrent calls and calls that
 overlap in time on different ranks never mix their messages. Messages travel on the group's own
-mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`); the channel callback hands
+mailbox channel as ``[seq, tag, src_rank, payload]`` (:mod:`.wire`: the tag names the call's
+signature, its bucket, phase, step and segment); the channel callback hands
 each to the waiting future (or, for a small allreduce, to its step: :mod:`.small`), keeping
 messages for calls this rank has not reached yet. The array algorithms (direct, doubling, ring,
 tree) are in :mod:`.group_algorithms`, a mixin :class:`Group` inherits.
@@ -16,6 +17,15 @@ A call that fails on one rank for a reason of its own (inputs that disagree with
 arguments refused there, cancellation) sends the peers an ABORT for its sequence number
 (:mod:`.wire`): their matching call raises CollectiveError naming the rank, and the group goes
 on. A timeout breaks the group on every member (its ABORT says so), so all of them shrink.
+
+Ranks that call different things at one number (another collective, op, algorithm or root):
+every tag carries its call's signature (:func:`.wire.signature`), and each call in progress
+registers what it accepts (``_wants``). A message no call waited for is checked against it as
+it arrives (inline bit operations, no call: only early or stray messages pay), and a call that
+starts checks the messages kept for its number; a mismatch fails the call here and ABORTs it
+on the peers. Where every rank waits and none sends, the group's ticker (every PROBE_AFTER
+while calls run) has each call still running since the last tick send the ranks it waits for a
+PROBE with its signature, and a rank whose running call differs fails it the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -36,13 +46,34 @@ from ..log import get_logger
 from .algorithms import chunk_bounds, recursive_doubling, ring_allgather
 from .compression import WireCodec, wire_codec
 from .group_algorithms import PIPELINE, GroupAlgorithms, _same, await_sends
-from .ops import Converted, check_out, finish_mean, for_op, from_numpy, to_numpy, ufunc, work_buffer, write_out
+from .ops import OPS, Converted, check_out, finish_mean, for_op, from_numpy, to_numpy, ufunc, work_buffer, write_out
 from .small import MISSING, RAW_MAX, DoublingRun, Key, round_tags
-from .wire import ABORT, CHANNEL_PREFIX, Tag, tag
+from .wire import (
+    ABORT,
+    CHANNEL_PREFIX,
+    KINDS,
+    PROBE,
+    SIG_SHIFT,
+    Tag,
+    bucket_of,
+    call_mask,
+    describe,
+    signature,
+    tag,
+)
 
 ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree")
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
 MAX_ABORTS = 1024  # peers' aborts kept for calls this rank has not reached (a flood beyond is dropped)
+ALGORITHM_BITS = 0x7 << SIG_SHIFT  # a signature's resolved algorithm (wire.py's layout)
+# A call that waited this long (between one and two periods) without ending asks the peers it
+# waits for what they call at its number (wire.PROBE): ranks that call different things and all
+# wait (nobody sends: a root that is not the root, a rank that waits for a fold first) find out.
+PROBE_AFTER = 0.5
+
+#: what a call accepts from its peers: the tag bits compared (wire.call_mask) and the values
+#: they may take (the call's signature OR'd with each of its buckets)
+Want = tuple[Tag, tuple[Tag, ...]]
 
 
 class Group(GroupAlgorithms):
@@ -96,13 +127,20 @@ class Group(GroupAlgorithms):
         self._nowait = getattr(messaging, "send_nowait", None)
         self._into = receive_into  # the ring's allgather segments land straight in the result
         self._doubling_plan = recursive_doubling(self.size, self.rank)
-        self._round_tags = round_tags(self._doubling_plan)
+        # the small allreduce's tags and what it accepts, per (kind, op): no work per call
+        self._small: dict[tuple[str, str], tuple[tuple[Tag, ...], Want]] = {}
+        for kind, op in [*(("allreduce", op) for op in OPS), ("barrier", "sum")]:
+            sig = signature(kind, op, "doubling" if kind == "allreduce" else "")
+            self._small[kind, op] = (round_tags(self._doubling_plan, sig), (call_mask(kind), (sig,)))
         self._instruments = instruments if instruments is not None else Instruments()  # collective_finished
         self._alive = alive
         self._on_close = on_close
         self._factory = factory
         self._seq = 0
         self._active: set[int] = set()  # sequence numbers of calls in progress
+        self._wants: dict[int, Want] = {}  # each call in progress: the signature its peers' messages carry
+        self._ticker: asyncio.TimerHandle | None = None  # probes stalled calls (_tick) while calls run
+        self._stalled: set[int] = set()  # the calls in progress at the last tick
         self._sends: dict[int, list[asyncio.Task[None]]] = {}
         self._waiting: dict[tuple[int, Tag, int], asyncio.Future[Any]] = {}
         self._early: dict[tuple[int, Tag, int], Any] = {}
@@ -180,6 +218,9 @@ class Group(GroupAlgorithms):
         self._broken_before_close = self._broken
         self._break(CollectiveError(f"group {self.name!r} is closed{f' ({why})' if why else ''}"), quiet=True)
         self._msg.on_channel(self.channel, None)
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         await self._telling.cancel_all()
         self._aborted.clear()
         self._early.clear()
@@ -207,7 +248,13 @@ class Group(GroupAlgorithms):
                 fut.set_result(payload)
         elif t == ABORT:
             self._on_abort(seq, src, payload)
+        elif t == PROBE:
+            self._on_probe(seq, src, payload)
         elif self._broken is None and not self._closed and seq >= self._low_seq():
+            wants = self._wants  # wire.matches inlined: only messages no call waited for pay it
+            if seq in wants and t & wants[seq][0] not in wants[seq][1]:
+                self._mismatched(seq, t, src)  # a peer's call #seq is another call than this rank's
+                return
             self._early[key] = payload  # for a call this rank has not reached yet
             if seq >= self._seq:
                 self._hold_ahead(key, payload)
@@ -274,15 +321,18 @@ class Group(GroupAlgorithms):
             self.member_lost(peer, f"unreachable ({exc})")
             raise self._broken or CollectiveError(str(exc), member=peer) from exc
 
-    async def _run(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None, nbytes: int = 0) -> Any:
-        """One collective call: its sequence number, the failure and timeout rules, the hook."""
+    async def _run(
+        self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None, want: Want, nbytes: int = 0
+    ) -> Any:
+        """One collective call: its sequence number, the failure and timeout rules, the hook.
+        ``want``: the signature the peers' messages for this call must carry (:meth:`_want`)."""
         hook = self._instruments.collective_finished
         if hook is None:
-            return await self._call(what, fn, timeout)
+            return await self._call(what, fn, timeout, want)
         t0 = time.perf_counter()
         error: str | None = "CancelledError"
         try:
-            out = await self._call(what, fn, timeout)
+            out = await self._call(what, fn, timeout, want)
             error = None
             return out
         except Exception as exc:
@@ -291,7 +341,7 @@ class Group(GroupAlgorithms):
         finally:
             hook(self.name, what, nbytes, time.perf_counter() - t0, error)
 
-    async def _call(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None) -> Any:
+    async def _call(self, what: str, fn: Callable[[int], Awaitable[Any]], timeout: float | None, want: Want) -> Any:
         if self._closed or self._broken is not None:
             # a fresh error per refused call: re-raising one instance would grow its traceback
             # with every call a loop makes on a dead group
@@ -305,6 +355,10 @@ class Group(GroupAlgorithms):
         seq = self._seq
         self._seq += 1
         self._active.add(seq)
+        self._wants[seq] = want
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().call_later(PROBE_AFTER, self._tick)
+        odd: tuple[int, Tag, int] | None = None  # a message a peer sent for another call at this number
         if self._early:
             low = self._low_seq()
             for k in [k for k in self._early if k[0] < low]:  # leftovers of failed calls
@@ -312,12 +366,16 @@ class Group(GroupAlgorithms):
                 self._release_ahead(k)
             for k in [k for k in self._ahead if k[0] == seq]:  # started now: no longer ahead
                 self._release_ahead(k)
+                if k[1] & want[0] not in want[1]:
+                    odd = k
         limit = self.timeout if timeout is None else timeout
         sends = self._sends[seq] = []
         awaited = -1  # how many of sends were awaited and succeeded (all of them: nothing left to reap)
         try:
             if self._aborted and seq in self._aborted:
                 raise self._aborted[seq]  # a peer gave this call up before this rank reached it
+            if odd is not None:
+                raise self._signature_error(seq, want, odd[1], odd[2])  # the peers are told below
             if limit is None:  # the usual case: no timer to arm, no context to enter and leave
                 out = await fn(seq)
                 awaited = await await_sends(sends)
@@ -343,6 +401,7 @@ class Group(GroupAlgorithms):
             raise
         finally:
             self._active.discard(seq)
+            del self._wants[seq]
             del self._sends[seq]
             if self._aborted:
                 self._aborted.pop(seq, None)
@@ -389,8 +448,12 @@ class Group(GroupAlgorithms):
         """Tell every other member that call ``seq`` failed here (wire.ABORT), without waiting."""
         if self._closed:
             return
-        msg = [seq, ABORT, self.rank, [what, reason[:2000], breaks]]
-        for dst, peer in enumerate(self.members):
+        self._tell(range(self.size), [seq, ABORT, self.rank, [what, reason[:2000], breaks]])
+
+    def _tell(self, dsts: Iterable[int], msg: list[Any]) -> None:
+        """Send a control message (ABORT, PROBE) to ranks ``dsts`` without waiting."""
+        for dst in dsts:
+            peer = self.members[dst]
             if dst == self.rank or peer in self.lost:
                 continue
             if self._nowait is not None:
@@ -401,7 +464,7 @@ class Group(GroupAlgorithms):
                     continue  # gone: membership tells the others
                 except WouldBlock:
                     pass
-            self._telling.spawn(self._send_abort(peer, msg), f"collective abort to {peer}")
+            self._telling.spawn(self._send_abort(peer, msg), f"collective message to {peer}")
 
     async def _send_abort(self, peer: str, msg: list[Any]) -> None:
         try:
@@ -435,8 +498,11 @@ class Group(GroupAlgorithms):
             f"group {self.name!r}: {what} #{seq} failed on rank {src} ({peer!r}): {reason}", member=peer
         )
         self._aborted[seq] = exc
-        if seq not in self._active:
-            return  # raised when this rank's call seq starts
+        if seq in self._active:  # else raised when this rank's call seq starts
+            self._fail_call(seq, exc)
+
+    def _fail_call(self, seq: int, exc: CollectiveError) -> None:
+        """End call ``seq`` (in progress) with ``exc``: what it waits for raises it."""
         for key in [k for k in self._waiting if k[0] == seq]:
             fut = self._waiting.pop(key)
             if not fut.done():
@@ -448,6 +514,70 @@ class Group(GroupAlgorithms):
         if run is not None and not run.done.done():
             run.done.set_exception(exc)
             run.done.exception()
+
+    # ------------------------------------------------------------------ signatures
+    def _want(self, kind: str, op: str = "", algorithm: str = "", root: int = 0, buckets: int = 1) -> Want:
+        """What call of ``kind`` accepts from its peers (wire.signature, wire.call_mask)."""
+        sig = signature(kind, op, algorithm, root)
+        return call_mask(kind), tuple(sig | tag(b, 0, 0) for b in range(buckets))
+
+    def _mismatched(self, seq: int, t: Tag, src: Any) -> None:
+        """A peer's message for call ``seq`` (in progress here) carries another call's signature:
+        fail the call here at once and tell every peer (so their call raises too, none waits)."""
+        if type(src) is not int or not 0 <= src < self.size or src == self.rank:
+            self.log.warning("collective message with a bad source rank dropped", src=src)
+            return
+        if seq in self._aborted:
+            return  # the call failed already (told by a peer, or by an earlier message)
+        want = self._wants[seq]
+        exc = self._signature_error(seq, want, t, src)
+        self._tell_abort(seq, KINDS[want[1][0] >> SIG_SHIFT >> 7], str(exc), breaks=False)
+        self._aborted[seq] = exc  # later waits of the call raise it; _call tells no one twice
+        self._fail_call(seq, exc)
+
+    def _tick(self) -> None:
+        """Every PROBE_AFTER while calls run: a call still running since the last tick asks the
+        peers it waits for what they call at its number (:meth:`_on_probe` answers)."""
+        self._ticker = None
+        if self._closed or self._broken is not None or not self._active:
+            self._stalled = set()
+            return
+        for seq in self._stalled & self._active:
+            srcs = {k[2] for k in self._waiting if k[0] == seq} | {k[2] for k in self._steps if k[0] == seq}
+            if srcs and seq not in self._aborted:
+                self._tell(sorted(srcs), [seq, PROBE, self.rank, self._wants[seq][1][0]])
+        self._stalled = set(self._active)
+        self._ticker = asyncio.get_running_loop().call_later(PROBE_AFTER, self._tick)
+
+    def _on_probe(self, seq: int, src: Any, t: Any) -> None:
+        """A peer's call ``seq`` (signature ``t``) waits for this rank: if this rank's call at that
+        number is running and is another call, fail it here and on every peer. Not reached yet:
+        the peer asks again at its next tick. Ended: what it sent was checked where it landed."""
+        if type(t) is not int or type(src) is not int or not 0 <= src < self.size or src == self.rank:
+            self.log.warning("malformed collective probe dropped", src=src)
+            return
+        want = self._wants.get(seq)
+        if want is not None and t & want[0] not in want[1]:
+            self._mismatched(seq, t, src)
+
+    def _signature_error(self, seq: int, want: Want, t: Tag, src: int) -> CollectiveError:
+        """The error of a call (``want``) whose peer ``src`` sent ``t``, another call's tag, at ``seq``."""
+        allowed = want[1]
+        mine = next((a for a in allowed if bucket_of(a) == bucket_of(t)), allowed[0])
+        theirs, ours = describe(t), describe(mine)
+        if theirs == ours:  # the same call, another bucket: the listed arrays' dtypes differ
+            theirs += f" with dtype bucket {bucket_of(t)}"
+            ours += f" with {len(allowed)} dtype bucket(s)"
+        hint = ""
+        if (t ^ mine) & ALGORITHM_BITS and (t ^ mine) >> SIG_SHIFT >> 3 == 0:
+            hint = " (algorithm='auto' picks by the input's size: check the shapes too)"
+        peer = self.members[src]
+        return CollectiveError(
+            f"group {self.name!r}: rank {src} ({peer!r}) called {theirs} where rank {self.rank} "
+            f"({self.members[self.rank]!r}) called {ours} at call #{seq}: call the same collective with the "
+            f"same arguments on every rank{hint}",
+            member=peer,
+        )
 
     def _post(self, dst: int, seq: int, t: Tag, payload: Any) -> asyncio.Task[None] | None:
         """Send without waiting (large messages wait for the peer's ack: pipelining needs many
@@ -519,14 +649,17 @@ class Group(GroupAlgorithms):
                 self._skip("allreduce", exc)
             raise
 
-    async def _small_allreduce(self, x: np.ndarray, op: str, out: Any, timeout: float | None) -> Any:
+    async def _small_allreduce(
+        self, x: np.ndarray, op: str, out: Any, timeout: float | None, kind: str = "allreduce"
+    ) -> Any:
         """Recursive doubling driven from the channel callback (:mod:`.small`): what ``auto``
         picks for arrays under RAW_MAX, with one future and one wake-up per call."""
         fn = ufunc(op)
+        tags, want = self._small[kind, op]
 
         async def go(seq: int) -> Any:
             done: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-            plan, tags = self._doubling_plan, self._round_tags
+            plan = self._doubling_plan
             run = DoublingRun(self._post, self._expect, self.rank, seq, x.reshape(-1), fn, plan, tags, done)
             self._runs[seq] = run
             try:
@@ -543,7 +676,7 @@ class Group(GroupAlgorithms):
                 return out
             return write_out(out, res)
 
-        return await self._run("allreduce", go, timeout, x.nbytes)
+        return await self._run(kind, go, timeout, want, x.nbytes)
 
     async def reduce(
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
@@ -622,14 +755,16 @@ class Group(GroupAlgorithms):
             return await self._allreduce_many(list(x), op, algorithm, timeout, comp)
         c = for_op(to_numpy(x), op)
         codec = self._codec(comp, c.flat.dtype, algorithm)
+        algo = self._resolve(algorithm, c.flat)
+        want = self._want("allreduce", op, algo)
 
         dest = work_buffer(out, c.flat)
 
         async def go(seq: int) -> Any:
-            res = await self._allreduce_flat(seq, c.flat, fn, algorithm, 0, codec, dest)
+            res = await self._allreduce_flat(seq, c.flat, fn, algo, want[1][0], codec, dest)
             return await self._finish(seq, c, res, op, out, dest)
 
-        return await self._run("allreduce", go, timeout, c.flat.nbytes)
+        return await self._run("allreduce", go, timeout, want, c.flat.nbytes)
 
     async def _flush(self, seq: int) -> None:
         """Wait for this call's posted sends: they may not have serialized the buffer yet, so
@@ -668,12 +803,18 @@ class Group(GroupAlgorithms):
         by_dtype: dict[np.dtype[Any], list[int]] = {}
         for i, c in enumerate(cs):
             by_dtype.setdefault(c.flat.dtype, []).append(i)
+        fused = [np.concatenate([cs[i].flat for i in idx]) if len(idx) > 1 else cs[idx[0]].flat
+                 for idx in by_dtype.values()]  # fmt: skip
+        # each bucket resolves 'auto' by its own size: the signature of each is its own
+        algos = [self._resolve(algorithm, f) for f in fused]
+        mask = call_mask("allreduce")
+        bases = tuple(signature("allreduce", op, a) | tag(b, 0, 0) for b, a in enumerate(algos))
 
         async def go(seq: int) -> list[Any]:
             results: list[Any] = [None] * len(cs)
             for bucket, idx in enumerate(by_dtype.values()):
-                fused = np.concatenate([cs[i].flat for i in idx]) if len(idx) > 1 else cs[idx[0]].flat
-                res = await self._allreduce_flat(seq, fused, fn, algorithm, bucket, codecs[fused.dtype])
+                f = fused[bucket]
+                res = await self._allreduce_flat(seq, f, fn, algos[bucket], bases[bucket], codecs[f.dtype])
                 start = 0
                 for i in idx:
                     n = cs[i].flat.size
@@ -681,7 +822,8 @@ class Group(GroupAlgorithms):
                     start += n
             return results
 
-        return await self._run("allreduce", go, timeout, sum(c.flat.nbytes for c in cs))
+        want = (mask, bases or (signature("allreduce", op),))  # an empty list: no bucket, no message
+        return await self._run("allreduce", go, timeout, want, sum(c.flat.nbytes for c in cs))
 
     async def _allreduce_flat(
         self,
@@ -689,36 +831,45 @@ class Group(GroupAlgorithms):
         flat: np.ndarray,
         fn: Any,
         algorithm: str,
-        bucket: int = 0,
+        base: Tag,
         codec: WireCodec | None = None,
         dest: np.ndarray | None = None,
     ) -> np.ndarray:
-        """The reduction of ``flat``; the ring and the direct exchange build it in ``dest`` when
-        given (the caller's ``out=``: no fresh pages to fault in and zero, no copy at the end)."""
+        """The reduction of ``flat`` by ``algorithm`` (:meth:`_resolve`'s), every tag OR'd with
+        ``base`` (the call's signature and bucket); the ring and the direct exchange build it in
+        ``dest`` when given (the caller's ``out=``: no fresh pages to fault in, no copy at the end)."""
         if self.size == 1:
             return flat.copy()
-        if algorithm == "auto":
-            algorithm = "doubling" if flat.nbytes <= self.small_bytes or flat.size < self.size else "ring"
-        if algorithm == "ring" and flat.size >= self.size:
-            return await self._ring_allreduce(seq, flat, fn, bucket, codec, dest)
+        if algorithm == "ring":
+            return await self._ring_allreduce(seq, flat, fn, base, codec, dest)
         if algorithm == "tree":
-            red = await self._tree_reduce(seq, flat, fn, 0, bucket)
-            return self._checked(await self._tree_bcast(seq, red, 0, bucket, phase=3), flat.dtype, flat.size, 0)
+            red = await self._tree_reduce(seq, flat, fn, 0, base)
+            return self._checked(await self._tree_bcast(seq, red, 0, base, phase=3), flat.dtype, flat.size, 0)
         if algorithm == "direct":  # sends its input to every peer while results land: never in place
-            return await self._direct(seq, flat, fn, bucket, codec, None if dest is flat else dest)
-        return await self._doubling(seq, flat, fn, bucket, codec)
+            return await self._direct(seq, flat, fn, base, codec, None if dest is flat else dest)
+        return await self._doubling(seq, flat, fn, base, codec)
+
+    def _resolve(self, algorithm: str, flat: np.ndarray) -> str:
+        """The algorithm that runs (``auto`` by size; the ring needs an element per rank): part
+        of the call's signature, the same on every rank whose input has the same size."""
+        if algorithm == "auto":
+            return "doubling" if flat.nbytes <= self.small_bytes or flat.size < self.size else "ring"
+        if algorithm == "ring" and flat.size < self.size:
+            return "doubling"
+        return algorithm
 
     async def _reduce(
         self, x: Any, root: int = 0, op: str = "sum", *, out: Any = None, timeout: float | None = None
     ) -> Any:
         fn, c = ufunc(op), for_op(to_numpy(x), op)
         self._check_root(root)
+        want = self._want("reduce", op, root=root)
 
         async def go(seq: int) -> Any:
-            res = await self._tree_reduce(seq, c.flat, fn, root, 0)
+            res = await self._tree_reduce(seq, c.flat, fn, root, want[1][0])
             return None if res is None else await self._finish(seq, c, res, op, out)
 
-        return await self._run("reduce", go, timeout, c.flat.nbytes)
+        return await self._run("reduce", go, timeout, want, c.flat.nbytes)
 
     async def _reduce_scatter(self, x: Any, op: str = "sum", *, timeout: float | None = None) -> Any:
         fn, c = ufunc(op), for_op(to_numpy(x), op)
@@ -727,20 +878,21 @@ class Group(GroupAlgorithms):
         rows = chunk_bounds(c.shape[0], self.size)
         per_row = c.flat.size // max(1, c.shape[0])
         bounds = [(a * per_row, b * per_row) for a, b in rows]
+        want = self._want("reduce_scatter", op)
 
         async def go(seq: int) -> Any:
             n, r = self.size, self.rank
             if n == 1:
                 res = c.flat.copy()
             else:
-                res = await self._ring_reduce_scatter(seq, c.flat, fn, bounds)
+                res = await self._ring_reduce_scatter(seq, c.flat, fn, bounds, want[1][0])
             if op == "mean":
                 await self._flush(seq)  # divided in place: the ring's last sends may still read it
                 res = finish_mean(res, n)
             a, b = rows[r]
             return from_numpy(Converted(res, (b - a, *c.shape[1:]), c.kind, x), res)
 
-        return await self._run("reduce_scatter", go, timeout, c.flat.nbytes)
+        return await self._run("reduce_scatter", go, timeout, want, c.flat.nbytes)
 
     # ------------------------------------------------------------------ data movement
     async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
@@ -749,7 +901,9 @@ class Group(GroupAlgorithms):
         try:
             self._check_root(root)
             nbytes = getattr(x, "nbytes", 0)
-            return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, 0), timeout, nbytes)
+            want = self._want("broadcast", root=root)
+            base = want[1][0]
+            return await self._run("broadcast", lambda seq: self._tree_bcast(seq, x, root, base), timeout, want, nbytes)
         except (TypeError, ValueError) as exc:
             if self._seq == seq0:
                 self._skip("broadcast", exc)
@@ -758,64 +912,75 @@ class Group(GroupAlgorithms):
     async def allgather(self, x: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's ``x``, in rank order, on every rank (around the ring)."""
 
+        want = self._want("allgather")
+        base = want[1][0]
+
         async def go(seq: int) -> list[Any]:
             n, r = self.size, self.rank
             items: list[Any] = [None] * n
             items[r] = x
             for s, step in enumerate(ring_allgather(n, r, first=r)):
-                self._post((r + 1) % n, seq, tag(0, 9, s), items[step.send])
-                items[step.recv] = await self._recv(seq, tag(0, 9, s), (r - 1) % n)
+                t = base | tag(0, 9, s)
+                self._post((r + 1) % n, seq, t, items[step.send])
+                items[step.recv] = await self._recv(seq, t, (r - 1) % n)
             return items
 
-        return await self._run("allgather", go, timeout, getattr(x, "nbytes", 0))
+        return await self._run("allgather", go, timeout, want, getattr(x, "nbytes", 0))
 
     async def gather(self, x: Any, root: int = 0, *, timeout: float | None = None) -> list[Any] | None:
         """Every rank's ``x`` in rank order on ``root`` (None elsewhere)."""
         self._check_root(root, "gather")
+        want = self._want("gather", root=root)
+        t = want[1][0] | tag(0, 10, 0)
 
         async def go(seq: int) -> list[Any] | None:
             if self.rank != root:
-                self._post(root, seq, tag(0, 10, 0), x)
+                self._post(root, seq, t, x)
                 return None
-            futs = {src: self._recv(seq, tag(0, 10, 0), src) for src in range(self.size) if src != root}
+            futs = {src: self._recv(seq, t, src) for src in range(self.size) if src != root}
             return [x if src == root else await futs[src] for src in range(self.size)]
 
-        return await self._run("gather", go, timeout, getattr(x, "nbytes", 0))
+        return await self._run("gather", go, timeout, want, getattr(x, "nbytes", 0))
 
     async def scatter(self, xs: Sequence[Any] | None = None, root: int = 0, *, timeout: float | None = None) -> Any:
         """Rank ``r`` gets ``xs[r]`` from ``root`` (``xs`` only matters on the root)."""
         self._check_root(root, "scatter")
         if self.rank == root and (xs is None or len(xs) != self.size):
             self._refuse("scatter", ValueError(f"scatter needs one item per rank on the root ({self.size})"))
+        want = self._want("scatter", root=root)
+        t = want[1][0] | tag(0, 11, 0)
 
         async def go(seq: int) -> Any:
             if self.rank == root:
                 assert xs is not None
                 for dst in range(self.size):
                     if dst != root:
-                        self._post(dst, seq, tag(0, 11, 0), xs[dst])
+                        self._post(dst, seq, t, xs[dst])
                 return xs[root]
-            return await self._recv(seq, tag(0, 11, 0), root)
+            return await self._recv(seq, t, root)
 
-        return await self._run("scatter", go, timeout)
+        return await self._run("scatter", go, timeout, want)
 
     async def alltoall(self, xs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
         """Rank ``r`` sends ``xs[d]`` to rank ``d`` and gets everyone's item for ``r``, in rank order."""
         if len(xs) != self.size:
             self._refuse("alltoall", ValueError(f"alltoall needs one item per rank ({self.size})"))
+        want = self._want("alltoall")
+        t = want[1][0] | tag(0, 12, 0)
 
         async def go(seq: int) -> list[Any]:
-            futs = {src: self._recv(seq, tag(0, 12, 0), src) for src in range(self.size) if src != self.rank}
+            futs = {src: self._recv(seq, t, src) for src in range(self.size) if src != self.rank}
             for dst in range(self.size):
                 if dst != self.rank:
-                    self._post(dst, seq, tag(0, 12, 0), xs[dst])
+                    self._post(dst, seq, t, xs[dst])
             return [xs[self.rank] if src == self.rank else await futs[src] for src in range(self.size)]
 
-        return await self._run("alltoall", go, timeout)
+        return await self._run("alltoall", go, timeout, want)
 
     async def barrier(self, *, timeout: float | None = None) -> None:
-        """Returns once every rank has entered it."""
-        await self.allreduce(np.zeros((), np.int64), timeout=timeout)  # what allreduce(0) sends
+        """Returns once every rank has entered it: a small allreduce of a zero under a signature
+        of its own (a barrier on one rank and an allreduce on another is a mismatch)."""
+        await self._small_allreduce(np.zeros((), np.int64), "sum", None, timeout, "barrier")
 
     def _check_root(self, root: int, what: str = "") -> None:
         if not 0 <= root < self.size:

@@ -1,6 +1,7 @@
 """How a :class:`~aionet.collectives.group.Group` moves and reduces arrays: the direct exchange,
 recursive doubling, the segmented ring (with its receive-into registrations) and the binomial
-tree, run over the group's messages. The schedules themselves (who sends what to whom, at
+tree, run over the group's messages. Each takes ``base``: the call's signature and fused bucket
+(:mod:`.wire`), OR'd into every tag it sends and waits for. The schedules themselves (who sends what to whom, at
 which step) are pure functions in :mod:`.algorithms`; the group's calls, membership and
 message bookkeeping are in :mod:`.group`.
 
@@ -21,7 +22,7 @@ from .algorithms import DoublingPlan, binomial_tree, chunk_bounds, ring_allgathe
 from .compression import WireCodec
 from .ops import frozen
 from .small import RAW_MAX, Key, RawDecoder
-from .wire import Tag, tag
+from .wire import PHASE_SHIFT, STEP_SHIFT, Tag, tag
 
 # Segments per ring chunk, at least, by default (collectives.pipeline_segments). Each segment costs
 # fixed CPU on both ends (measured, same processes alternating call by call: 4 -> 2 per chunk cut a
@@ -54,7 +55,7 @@ class GroupAlgorithms:
         seq: int,
         acc: np.ndarray,
         fn: Any,
-        bucket: int,
+        base: Tag,
         codec: WireCodec | None = None,
         dest: np.ndarray | None = None,
     ) -> np.ndarray:
@@ -70,11 +71,11 @@ class GroupAlgorithms:
         n, r = self.size, self.rank
         seg = self._segment_items(own.nbytes, own.itemsize) if own.nbytes >= self._inline_bytes else max(1, own.size)
         bounds = [(a, min(a + seg, own.size)) for a in range(0, own.size, seg)] or [(0, 0)]
-        futs = [[None if src == r else self._recv(seq, tag(bucket, 13, 0, j), src) for src in range(n)]
+        futs = [[None if src == r else self._recv(seq, base | tag(0, 13, 0, j), src) for src in range(n)]
                 for j in range(len(bounds))]  # fmt: skip
         for j, (a, b) in enumerate(bounds):
             for dst in range(r + 1, r + n):  # the next rank first: every rank's first message differs
-                self._post(dst % n, seq, tag(bucket, 13, 0, j), wire[a:b])
+                self._post(dst % n, seq, base | tag(0, 13, 0, j), wire[a:b])
         res = np.empty_like(own) if dest is None else dest
         for j, (a, b) in enumerate(bounds):
             parts = [own[a:b] if f is None else self._checked(dec(await f), own.dtype, b - a, src)
@@ -107,7 +108,7 @@ class GroupAlgorithms:
         return max(1, seg_bytes // max(1, itemsize))
 
     async def _doubling(
-        self, seq: int, acc: np.ndarray, fn: Any, bucket: int, codec: WireCodec | None = None
+        self, seq: int, acc: np.ndarray, fn: Any, base: Tag, codec: WireCodec | None = None
     ) -> np.ndarray:
         plan = self._doubling_plan
         if codec is not None:
@@ -120,24 +121,24 @@ class GroupAlgorithms:
         else:
             enc = dec = _same
         if plan.fold_to is not None:
-            self._post(plan.fold_to, seq, tag(bucket, 0, 0), enc(acc))
-            got = dec(await self._recv(seq, tag(bucket, 2, 0), plan.fold_to))
+            self._post(plan.fold_to, seq, base | tag(0, 0, 0), enc(acc))
+            got = dec(await self._recv(seq, base | tag(0, 2, 0), plan.fold_to))
             return np.array(self._checked(got, acc.dtype, acc.size, plan.fold_to))
         acc = acc.copy() if codec is None else codec.round(acc)  # kept as the partner will see it
         if plan.fold_from is not None:
-            got = dec(await self._recv(seq, tag(bucket, 0, 0), plan.fold_from))
+            got = dec(await self._recv(seq, base | tag(0, 0, 0), plan.fold_from))
             fn(acc, self._checked(got, acc.dtype, acc.size, plan.fold_from), out=acc)
         for k, partner in enumerate(plan.partners):
             if codec is not None:
                 acc = codec.round(acc)
-            self._post(partner, seq, tag(bucket, 1, k), enc(acc))
-            got = self._checked(dec(await self._recv(seq, tag(bucket, 1, k), partner)), acc.dtype, acc.size, partner)
+            self._post(partner, seq, base | tag(0, 1, k), enc(acc))
+            got = self._checked(dec(await self._recv(seq, base | tag(0, 1, k), partner)), acc.dtype, acc.size, partner)
             # the same operand order on both sides: results agree bit for bit (floats too)
             acc = fn(acc, got) if self.rank < partner else fn(got, acc)
         if codec is not None:
             acc = codec.round(acc)  # what a folded-in rank will receive: every rank the same bits
         if plan.unfold_to is not None:
-            self._post(plan.unfold_to, seq, tag(bucket, 2, 0), enc(acc))
+            self._post(plan.unfold_to, seq, base | tag(0, 2, 0), enc(acc))
         return acc
 
     async def _ring_allreduce(
@@ -145,7 +146,7 @@ class GroupAlgorithms:
         seq: int,
         flat: np.ndarray,
         fn: Any,
-        bucket: int,
+        base: Tag,
         codec: WireCodec | None = None,
         dest: np.ndarray | None = None,
     ) -> np.ndarray:
@@ -169,10 +170,10 @@ class GroupAlgorithms:
         ag = ring_allgather(n, r)
         # every step's tag with segment 0; segment j's is that plus j (tag()'s low 20 bits),
         # checked once here for the largest j rather than once per segment
-        rs_tags = [tag(bucket, 4, s) for s in range(len(rs))]
-        ag_tags = [tag(bucket, 5, s) for s in range(len(ag))]
-        tag(bucket, 5, len(ag), max(1, -(-max(b - a for a, b in bounds) // seg)) - 1)
-        into = _Into(self, seq, bucket, left, ag) if codec is None and self._into is not None else None
+        rs_tags = [base | tag(0, 4, s) for s in range(len(rs))]
+        ag_tags = [base | tag(0, 5, s) for s in range(len(ag))]
+        tag(0, 5, len(ag), max(1, -(-max(b - a for a, b in bounds) // seg)) - 1)
+        into = _Into(self, seq, base, left, ag) if codec is None and self._into is not None else None
         try:
             t0 = rs_tags[0]
             for j, (a, b) in enumerate(segments(rs[0].send)):
@@ -241,27 +242,29 @@ class GroupAlgorithms:
                 into.close()
         return res
 
-    async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, bucket: int) -> np.ndarray | None:
+    async def _tree_reduce(self, seq: int, flat: np.ndarray, fn: Any, root: int, base: Tag) -> np.ndarray | None:
         node = binomial_tree(self.size, root, self.rank)
         acc = flat.copy()
+        t = base | tag(0, 6, 0)  # one tag (a rooted call's root is in base): the sender tells children apart
         for child in reversed(node.children):  # smallest subtree first: it finishes first
-            got = self._checked(await self._recv(seq, tag(bucket, 6, child), child), acc.dtype, acc.size, child)
+            got = self._checked(await self._recv(seq, t, child), acc.dtype, acc.size, child)
             acc = fn(acc, got) if self.rank < child else fn(got, acc)
         if node.parent is not None:
-            self._post(node.parent, seq, tag(bucket, 6, self.rank), acc)
+            self._post(node.parent, seq, t, acc)
             return None
         return acc
 
-    async def _tree_bcast(self, seq: int, value: Any, root: int, bucket: int, phase: int = 7) -> Any:
+    async def _tree_bcast(self, seq: int, value: Any, root: int, base: Tag, phase: int = 7) -> Any:
         node = binomial_tree(self.size, root, self.rank)
+        t = base | tag(0, phase, 0)
         if node.parent is not None:
-            value = await self._recv(seq, tag(bucket, phase, 0), node.parent)
+            value = await self._recv(seq, t, node.parent)
         for child in node.children:
-            self._post(child, seq, tag(bucket, phase, 0), value)
+            self._post(child, seq, t, value)
         return value
 
     async def _ring_reduce_scatter(
-        self, seq: int, flat: np.ndarray, fn: Any, bounds: list[tuple[int, int]]
+        self, seq: int, flat: np.ndarray, fn: Any, bounds: list[tuple[int, int]], base: Tag
     ) -> np.ndarray:
         """The ring schedule with chunk ``c`` standing for block ``c - 1``, so that rank ``r``
         ends holding block ``r``."""
@@ -270,14 +273,14 @@ class GroupAlgorithms:
         buf = flat.copy()
         rs = ring_reduce_scatter(n, r)
         a, b = bounds[(rs[0].send - 1) % n]
-        self._post(right, seq, tag(0, 8, 0), buf[a:b])
+        self._post(right, seq, base | tag(0, 8, 0), buf[a:b])
         for s, step in enumerate(rs):
             a, b = bounds[(step.recv - 1) % n]
-            got = self._checked(await self._recv(seq, tag(0, 8, s), left), buf.dtype, b - a, left)
+            got = self._checked(await self._recv(seq, base | tag(0, 8, s), left), buf.dtype, b - a, left)
             view = buf[a:b]
             fn(view, got, out=view)
             if s + 1 < len(rs):
-                self._post(right, seq, tag(0, 8, s + 1), view)
+                self._post(right, seq, base | tag(0, 8, s + 1), view)
         a, b = bounds[r]
         return buf[a:b].copy()
 
@@ -288,16 +291,16 @@ class _Into:
     every registration is withdrawn when the call ends (so a failed call's array is written no
     more)."""
 
-    __slots__ = ("_bucket", "_channel", "_closed", "_keys", "_peer", "_ports", "_seq", "_src", "chunks")
+    __slots__ = ("_base", "_channel", "_closed", "_keys", "_peer", "_ports", "_seq", "_src", "chunks")
 
-    def __init__(self, g: GroupAlgorithms, seq: int, bucket: int, left: int, ag: list[Any]) -> None:
+    def __init__(self, g: GroupAlgorithms, seq: int, base: Tag, left: int, ag: list[Any]) -> None:
         assert g._into is not None
         self._ports = g._into
         self._peer = g.members[left]
         self._src = left  # the sender's rank, as its messages carry it
         self._channel = g.channel
         self._seq = seq
-        self._bucket = bucket
+        self._base = base  # the call's signature and bucket
         self._keys: list[Key] = []
         self._closed = False
         #: allgather chunk -> the step that receives it (the step is part of the message's tag)
@@ -316,8 +319,8 @@ class _Into:
         """Segment ``j`` of ring step ``s`` of ``phase`` (4: reduce-scatter, 5: allgather)."""
         if self._closed or not place.size:
             return
-        # tag(bucket, phase, s, j) inlined: the ring checked its largest tag when the call began
-        key = (self._seq, (self._bucket << 48) | (phase << 40) | (s << 20) | j, self._src)
+        # base | tag(0, phase, s, j) inlined: the ring checked its largest tag when the call began
+        key = (self._seq, self._base | (phase << PHASE_SHIFT) | (s << STEP_SHIFT) | j, self._src)
         self._keys.append(key)
         self._ports.expect(self._peer, self._channel, key, place)
 

@@ -8,8 +8,8 @@ sending round ``k + 1``). Here the message of each round is handed, as it arrive
 :class:`DoublingRun`, which reduces it and posts the next round's message from inside the
 callback: one future and one coroutine wake-up per call, whatever the number of rounds.
 
-The messages are the generic recursive doubling's (same tags, raw bytes of the same dtype and
-shape, same operand order), so ranks on either path agree, bit for bit.
+The messages are the generic recursive doubling's (same tags, signature included, raw bytes of
+the same dtype and shape, same operand order), so ranks on either path agree, bit for bit.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from .wire import Tag, tag
 #: arrays below this many bytes travel as their raw bytes in the latency-bound algorithms
 #: (short ``bytes`` are packed by the link itself, inline, without the serializer)
 RAW_MAX = 1023  # + the dtype byte: 1024 at most, what the link packs inline
-FOLD, ROUND, UNFOLD = tag(0, 0, 0), 1, tag(0, 2, 0)  # the generic doubling's tags (bucket 0)
+# the generic doubling's phases and tags (bucket 0), before the call's signature is OR'd in
+FOLD, ROUND, UNFOLD = tag(0, 0, 0), 1, tag(0, 2, 0)
 Key = tuple[int, Tag, int]
 
 
@@ -71,7 +72,7 @@ class DoublingRun:
         self._acc = acc
         self._fn = fn
         self._plan = plan
-        self._tags = tags  # one per round, computed once per group
+        self._tags = tags  # fold, unfold, then one per round (round_tags), computed once per group and op
         self._dec = RawDecoder(acc.dtype, acc.shape)
         self._k = -1  # -2: folded away, waiting for the result; -1: folding in; >= 0: round k
         self.done = done
@@ -89,12 +90,12 @@ class DoublingRun:
     def _begin(self) -> Any:
         plan, seq = self._plan, self._seq
         if plan.fold_to is not None:
-            self._post(plan.fold_to, seq, FOLD, self._acc.tobytes() + self._dec.suffix)
+            self._post(plan.fold_to, seq, self._tags[0], self._acc.tobytes() + self._dec.suffix)
             self._k = -2
-            return self._wait((seq, UNFOLD, plan.fold_to))
+            return self._wait((seq, self._tags[1], plan.fold_to))
         self._acc = self._acc.copy()  # reduced in place by the fold, kept as the partner saw it
         if plan.fold_from is not None:
-            return self._wait((seq, FOLD, plan.fold_from))
+            return self._wait((seq, self._tags[0], plan.fold_from))
         return self._next_round()
 
     def on_message(self, payload: Any) -> None:
@@ -133,10 +134,11 @@ class DoublingRun:
         plan, seq = self._plan, self._seq
         if k < len(plan.partners):
             partner = plan.partners[k]
-            self._post(partner, seq, self._tags[k], self._acc.tobytes() + self._dec.suffix)
-            return self._wait((seq, self._tags[k], partner))
+            t = self._tags[k + 2]
+            self._post(partner, seq, t, self._acc.tobytes() + self._dec.suffix)
+            return self._wait((seq, t, partner))
         if plan.unfold_to is not None:
-            self._post(plan.unfold_to, seq, UNFOLD, self._acc.tobytes() + self._dec.suffix)
+            self._post(plan.unfold_to, seq, self._tags[1], self._acc.tobytes() + self._dec.suffix)
         self._finish(self._acc)
         return MISSING
 
@@ -206,8 +208,10 @@ class RawDecoder:
         return np.frombuffer(b, self.dtype, self.count).reshape(self.shape)
 
 
-def round_tags(plan: DoublingPlan) -> tuple[Tag, ...]:
-    return tuple(tag(0, ROUND, k) for k in range(len(plan.partners)))
+def round_tags(plan: DoublingPlan, sig: Tag = 0) -> tuple[Tag, ...]:
+    """A call's tags, signature ``sig`` (:func:`.wire.signature`) OR'd in: the fold's, the
+    unfold's, then one per round of ``plan``."""
+    return (FOLD | sig, UNFOLD | sig, *(tag(0, ROUND, k) | sig for k in range(len(plan.partners))))
 
 
 __all__ = [

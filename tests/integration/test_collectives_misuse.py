@@ -232,3 +232,106 @@ async def test_an_object_too_big_to_send_fails_the_call_everywhere(nodes: list[N
     assert "max_header_bytes" in str(got[0]) and not isinstance(got[0], CollectiveError), got
     assert all(isinstance(o, CollectiveError) and o.member == "n0" and "max_header_bytes" in str(o) for o in got[1:])
     await still_usable(groups)
+
+
+def other_call(rank: int, mismatch: Any, other: Any) -> Any:
+    """Rank 0's call is ``mismatch``, every other rank's ``other`` (each a ``g -> awaitable``)."""
+    return mismatch if rank == 0 else other
+
+
+CALLS_THAT_DIFFER = {
+    # (what every rank's error names: both calls), rank 0's call, the others' call
+    "ring vs direct": (
+        ("algorithm='ring'", "algorithm='direct'"),
+        lambda g: g.allreduce(np.ones(20_000), algorithm="ring", timeout=20),
+        lambda g: g.allreduce(np.ones(20_000), algorithm="direct", timeout=20),
+    ),
+    "doubling vs ring": (
+        ("algorithm='doubling'", "algorithm='ring'"),
+        lambda g: g.allreduce(np.ones(20_000), algorithm="doubling", timeout=20),
+        lambda g: g.allreduce(np.ones(20_000), algorithm="ring", timeout=20),
+    ),
+    "tree vs ring": (
+        ("algorithm='tree'", "algorithm='ring'"),
+        lambda g: g.allreduce(np.ones(20_000), algorithm="tree", timeout=20),
+        lambda g: g.allreduce(np.ones(20_000), timeout=20),  # auto: the ring at this size
+    ),
+    "small max vs sum": (
+        ("op='max'", "op='sum'"),
+        lambda g: g.allreduce(np.ones(4), op="max", timeout=20),
+        lambda g: g.allreduce(np.ones(4), timeout=20),
+    ),
+    "ring max vs sum": (
+        ("op='max'", "op='sum'"),
+        lambda g: g.allreduce(np.ones(20_000), op="max", timeout=20),
+        lambda g: g.allreduce(np.ones(20_000), timeout=20),
+    ),
+    "mean vs sum": (
+        ("op='mean'", "op='sum'"),
+        lambda g: g.allreduce(np.ones(4), op="mean", timeout=20),
+        lambda g: g.allreduce(np.ones(4), timeout=20),
+    ),
+    "reduce_scatter min vs sum": (
+        ("op='min'", "op='sum'"),
+        lambda g: g.reduce_scatter(np.ones(30), op="min", timeout=20),
+        lambda g: g.reduce_scatter(np.ones(30), timeout=20),
+    ),
+    "allreduce vs broadcast": (
+        ("allreduce(", "broadcast(root=0)"),
+        lambda g: g.allreduce(np.ones(4), timeout=20),
+        lambda g: g.broadcast(None, root=0, timeout=20),
+    ),
+    "allreduce vs allgather": (
+        ("allreduce(", "allgather()"),
+        lambda g: g.allreduce(np.ones(4), timeout=20),
+        lambda g: g.allgather(np.ones(4), timeout=20),
+    ),
+    # every rank waits and nobody sends (rank 0 waits for root 1, the others for root 0): the
+    # stalled calls ask the peers they wait for what those call at that number (wire.PROBE)
+    "broadcast from roots that wait": (
+        ("broadcast(root=1)", "broadcast(root=0)"),
+        lambda g: g.broadcast(None, root=1, timeout=20),
+        lambda g: g.broadcast(None, root=0, timeout=20),
+    ),
+    # the barrier's messages were an allreduce of an int64 zero's: the two passed for each other
+    "barrier vs allreduce": (
+        ("barrier()", "allreduce("),
+        lambda g: g.barrier(timeout=20),
+        lambda g: g.allreduce(np.zeros((), np.int64), timeout=20),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS_THAT_DIFFER))
+async def test_ranks_that_call_different_things_at_one_number_all_raise_at_once(nodes: list[Node], case: str) -> None:
+    """A forced algorithm, an op or a collective that differs between ranks used to wait for
+    tags that never came (for ever, at collectives.timeout's default) or reduce garbage. Every
+    rank now raises, naming both calls, long before the 20 s timeout; the group goes on."""
+    names, theirs, others = CALLS_THAT_DIFFER[case]
+    groups = [n.group() for n in nodes]
+    t0 = asyncio.get_running_loop().time()
+    got = await outcomes(groups, lambda g: other_call(g.rank, theirs, others)(g), bound=15)
+    assert asyncio.get_running_loop().time() - t0 < 5, got
+    for g, o in zip(groups, got, strict=True):
+        assert isinstance(o, CollectiveError), (g.rank, got)
+        assert "timed out" not in str(o) and "same arguments on every rank" in str(o), o
+        assert all(name in str(o) for name in names), (names, o)
+        assert o.member is not None and o.member != g.members[g.rank], o  # names the other rank
+    assert not any(g.broken for g in groups)
+    await still_usable(groups)
+    assert not any(g._waiting or g._steps or g._aborted or g._wants for g in groups)  # nothing left behind
+
+
+async def test_a_broadcast_from_another_root_raises_where_its_message_lands(nodes: list[Node]) -> None:
+    """Ranks 0 and 1 broadcast from root 1, rank 2 from root 0: rank 2 used to wait for rank 0,
+    which sends nothing, for ever. It now raises on rank 1's message, naming both roots. Ranks 0
+    and 1 agree with each other and finish before any message could tell them otherwise: a rank
+    returns once its own part is done (docs/collectives.md)."""
+    groups = [n.group() for n in nodes]
+    got = await outcomes(
+        groups, lambda g: g.broadcast(f"from {g.rank}", root=1 if g.rank < 2 else 0, timeout=20), bound=15
+    )
+    assert got[:2] == ["from 1", "from 1"], got
+    assert isinstance(got[2], CollectiveError) and got[2].member == "n1", got
+    assert "broadcast(root=1)" in str(got[2]) and "broadcast(root=0)" in str(got[2]), got
+    await still_usable(groups)
