@@ -632,7 +632,11 @@ class Group(GroupAlgorithms):
                 type(x) is np.ndarray
                 and x.nbytes < RAW_MAX
                 and algorithm in ("auto", "doubling")
-                and (self.compression if compression is None else compression) in (None, "none")
+                and (
+                    compression in (None, "none")
+                    if compression is not None
+                    else self.compression in (None, "none") or x.dtype != np.float32  # the default: float32 only
+                )
                 and x.dtype.kind in "iufc"  # bool counts in int64 for sum, prod, mean (ops.for_op)
                 and x.flags.c_contiguous
                 and self.size > 1
@@ -754,6 +758,8 @@ class Group(GroupAlgorithms):
         if isinstance(x, (list, tuple)):
             return await self._allreduce_many(list(x), op, algorithm, timeout, comp)
         c = for_op(to_numpy(x), op)
+        if compression is None and c.flat.dtype != np.float32:
+            comp = None  # the group's default (collectives.compression) compresses float32 only
         codec = self._codec(comp, c.flat.dtype, algorithm)
         algo = self._resolve(algorithm, c.flat)
         want = self._want("allreduce", op, algo)

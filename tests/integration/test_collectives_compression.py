@@ -79,3 +79,23 @@ async def test_compression_halves_the_bytes_on_the_wire() -> None:
 
     plain, half = await sent("none"), await sent("fp16")
     assert plain >= 4 << 20 and half == plain // 2
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16"])
+async def test_the_group_default_compresses_float32_only_and_other_dtypes_reduce_exactly(codec: str) -> None:
+    """``collectives.compression`` applies to float32: an int64 count or a float64 sum in the same
+    job reduces exactly, small or large, instead of raising; only an explicit per-call
+    ``compression=`` on another dtype is refused."""
+    async with cluster(3, config={"collectives": {"compression": codec}}) as nodes:
+        groups = [node.group() for node in nodes]
+        for size in (1, 100, 200_000):  # the small path, doubling and the ring
+            for dtype in (np.int64, np.float64):
+                xs = [np.arange(size, dtype=dtype) * (r + 1) + 2**40 for r in range(3)]
+                outs = await asyncio.gather(*(g.allreduce(x, timeout=20) for g, x in zip(groups, xs, strict=True)))
+                for out in outs:
+                    assert out.dtype == dtype and np.array_equal(out, np.sum(xs, axis=0)), (size, dtype)
+        x = np.full(1000, 1.0001, np.float32)  # float32 still travels compressed (16 bits: 1.0)
+        outs = await asyncio.gather(*(g.allreduce(x, timeout=20) for g in groups))
+        assert not np.array_equal(outs[0], x * 3) and np.allclose(outs[0], x * 3, rtol=1e-2)
+        with pytest.raises(ValueError, match="applies to float32"):
+            await groups[0].allreduce(np.ones(4, np.float64), compression=codec)
