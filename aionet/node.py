@@ -410,17 +410,21 @@ class Node:
         return out
 
     # ------------------------------------------------------------------ services & types
-    def service(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator registering a request handler: ``@node.service("echo") async def f(msg): ...``"""
+    def service(self, name: str, *, cancellable: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering a request handler: ``@node.service("echo") async def f(msg): ...``
+        (``cancellable``: see :meth:`add_service`)."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.router.add_service(name, fn)
+            self.router.add_service(name, fn, cancellable=cancellable)
             return fn
 
         return deco
 
-    def add_service(self, name: str, fn: Callable[..., Any]) -> None:
-        self.router.add_service(name, fn)
+    def add_service(self, name: str, fn: Callable[..., Any], *, cancellable: bool = True) -> None:
+        """Register a request handler. An ``async def`` handler is cancelled when its caller
+        gives up (timeout, cancelled task); ``cancellable=False`` lets it run to the end (a
+        handler that must not stop half-way, and is not written to clean up on cancellation)."""
+        self.router.add_service(name, fn, cancellable=cancellable)
 
     def register_type(self, cls: type, name: str | None = None) -> type:
         """Register a dataclass so instances travel (do it on every node that sends or receives it)."""

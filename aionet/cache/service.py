@@ -114,7 +114,9 @@ class CacheService:
             SVC_WATCH: self._h_watch,
         }
         for svc, fn in self.handlers.items():
-            messaging.add_service(svc, fn)
+            # a write that replicates, a lock grant, a pull: never stopped half-way because a
+            # caller gave up (its retry, or the next caller, finds a consistent store)
+            messaging.add_service(svc, fn, cancellable=False)
         self._unsubscribe = members.on_member_change(self._on_member)
 
     # ------------------------------------------------------------------ lifecycle

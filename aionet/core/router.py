@@ -382,6 +382,8 @@ class Router:
         # (peer, req_id) -> the task of an async handler still computing its answer, so that a
         # caller's CANCEL can reach it (on_cancel)
         self.handling: dict[tuple[str, Any], asyncio.Task[Any]] = {}
+        self.uncancellable: set[str] = set()  # services whose handlers run to the end (add_service)
+        self._given_up: set[tuple[str, Any]] = set()  # handlers on_cancel cancelled, until they end
         # async handlers running per requesting peer, bounded by max_concurrent_requests; a
         # peer at the bound is not read from (back-pressure) until one of them finishes
         self.max_concurrent_requests = max_concurrent_requests
@@ -393,11 +395,13 @@ class Router:
         self.loop = loop
 
     # ------------------------------------------------------------------ services
-    def add_service(self, name: str, fn: Handler) -> None:
+    def add_service(self, name: str, fn: Handler, *, cancellable: bool = True) -> None:
         """A coroutine function runs as a task per request; a plain function answers inline on
         the connection's reader; one marked with :func:`~aionet.core.ports.inline_handler` answers inline unless it
         returns a coroutine, which then finishes as a task (and counts against
-        ``max_concurrent_requests`` like an async handler)."""
+        ``max_concurrent_requests`` like an async handler). ``cancellable``: the task is
+        cancelled when its caller gives up (a CANCEL, :meth:`on_cancel`); False for handlers
+        that must run to the end once started (a write that replicates, say)."""
         if not callable(fn):
             raise TypeError(f"service {name!r}: handler must be callable")
         # an object whose __call__ is an async def is one too (run as a plain def, its
@@ -409,6 +413,10 @@ class Router:
         else:
             mode = SYNC
         self.services[name] = (fn, mode)
+        if cancellable:
+            self.uncancellable.discard(name)
+        else:
+            self.uncancellable.add(name)
 
     def mailbox(self, channel: str) -> Mailbox:
         mb = self.mailboxes.get(channel)
@@ -598,14 +606,17 @@ class Router:
     def on_cancel(self, rid: Any, peer: str) -> None:
         """``peer`` gave up on its request ``rid``: cancel the handler if it still computes the
         answer (a sync handler, or one that finished, has nothing left to cancel)."""
-        task = self.handling.pop((peer, rid), None)
+        key = (peer, rid)
+        task = self.handling.pop(key, None)
         if task is not None:
+            self._given_up.add(key)
             task.cancel()
             # a task cancelled before its first step (its REQ and the CANCEL came in one read)
             # never enters _run_async, whose finally frees the peer's slot: this callback does
-            task.add_done_callback(partial(self._cancelled, peer))
+            task.add_done_callback(partial(self._cancelled, peer, key))
 
-    def _cancelled(self, peer: str, task: asyncio.Task[Any]) -> None:
+    def _cancelled(self, peer: str, key: tuple[str, Any], task: asyncio.Task[Any]) -> None:
+        self._given_up.discard(key)
         if task in self.tasks:  # still listed: _run_async's finally did not run
             self.tasks.discard(task)
             self._handler_done(peer)
@@ -749,7 +760,8 @@ class Router:
                 loop = self.loop or asyncio.get_running_loop()
                 task = loop.create_task(self._run_async(entry[0], rid, payload, reply, peer, loop))
                 self.tasks.add(task)
-                self.handling[peer, rid] = task
+                if service not in self.uncancellable:
+                    self.handling[peer, rid] = task
                 return None
         self._handle(entry, rid, service, payload, reply, peer)
         return None
@@ -787,7 +799,7 @@ class Router:
         if mode != SYNC:
             running = self.running.get(peer, 0)
             if mode == ASYNC:
-                self._start(fn, rid, payload, reply, peer, running)
+                self._start(fn, rid, payload, reply, peer, running, service not in self.uncancellable)
                 return
         try:
             result = fn(payload)
@@ -795,19 +807,25 @@ class Router:
             self._spawn_reply(reply(ERR, _error_fields(rid, exc)))
             return
         if mode == INLINE and type(result) is CoroutineType:  # it must wait: finish on a task
-            self._start(_awaited, rid, result, reply, peer, self.running.get(peer, 0))
+            self._start(
+                _awaited, rid, result, reply, peer, self.running.get(peer, 0), service not in self.uncancellable
+            )
             return
         self._spawn_reply(reply(REP, [rid, result]))
 
-    def _start(self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int) -> None:
-        """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers."""
+    def _start(
+        self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int, cancellable: bool
+    ) -> None:
+        """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers
+        (and reachable by the caller's CANCEL when ``cancellable``)."""
         self.running[peer] = running + 1
         loop = self.loop or asyncio.get_running_loop()
         # the task takes itself out of self.tasks as it ends (_run_async): a done callback
         # would cost one more loop iteration per request
         task = loop.create_task(self._run_async(fn, rid, payload, reply, peer, loop))
         self.tasks.add(task)
-        self.handling[peer, rid] = task
+        if cancellable:
+            self.handling[peer, rid] = task
 
     def _timed(self, fn: Handler, mode: int, service: str, peer: str) -> Handler:
         """``fn`` wrapped to report its duration and outcome to the ``request_handled`` hook."""
@@ -910,7 +928,8 @@ class Router:
             try:
                 result = await fn(payload)
             except asyncio.CancelledError:
-                if self.handling.pop(key, None) is None and not self._draining:
+                self.handling.pop(key, None)
+                if key in self._given_up and not self._draining:
                     raise  # the caller cancelled it (on_cancel): nobody waits for an answer
                 why = (
                     "handler cancelled (node shutting down)" if self._draining else "the handler raised CancelledError"

@@ -161,7 +161,7 @@ class Membership(Verification):
         control.add_control_handler(PROBE_RSP, self._on_probe_rsp)
         control.add_control_handler(GOSSIP, self._on_gossip)
         control.on_connection_event(self._on_conn_event)
-        messaging.add_service(SYNC_SERVICE, self._on_sync)
+        messaging.add_service(SYNC_SERVICE, self._on_sync, cancellable=False)
         messaging.add_service(MEMBERS_SERVICE, lambda _arg: self.status())
 
     # ------------------------------------------------------------------ lifecycle

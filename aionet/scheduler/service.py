@@ -154,9 +154,11 @@ class Scheduler:
         # would learn an empty pool and place nothing here, or fail tasks as unschedulable)
         self._ready = asyncio.Event()
         self._running = False
-        messaging.add_service(SVC_RESOURCES, self._svc_resources)
-        messaging.add_service(SVC_FETCH, self._svc_fetch)
-        messaging.add_service(SVC_STEAL, self._svc_steal)
+        # run to the end even when the asker gives up: a steal that took tasks off this node's
+        # queue must answer with them, not stop between the two
+        messaging.add_service(SVC_RESOURCES, self._svc_resources, cancellable=False)
+        messaging.add_service(SVC_FETCH, self._svc_fetch, cancellable=False)
+        messaging.add_service(SVC_STEAL, self._svc_steal, cancellable=False)
         control.on_connection_event(self._on_connection_event)
         members.on_member_change(self._on_member_change)
         if load_fields is not None:

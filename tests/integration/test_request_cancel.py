@@ -161,3 +161,31 @@ async def many_cancelled(a: Node, b: Node) -> None:
         await asyncio.gather(*calls, return_exceptions=True)
     await wait_for(lambda: idle(a) and not b.router.pending, timeout=30)
     assert await b.request("a", "aionet.echo", "still here", timeout=5) == "still here"
+
+
+@pytest.mark.timeout(60)
+async def test_a_service_registered_not_cancellable_runs_to_the_end(pair: Pair) -> None:
+    a, b = pair
+    held = Held()
+    a.add_service("held", held, cancellable=False)
+    with pytest.raises(TimeoutError):
+        await b.request("a", "held", 4, timeout=0.2)
+    assert await asyncio.wait_for(held.started.get(), 5) == 4
+    assert a.router.running and not a.router.handling  # not reachable by a cancel
+    held.release.set()
+    await wait_for(lambda: idle(a))
+    assert held.cancelled.empty()  # it finished; its answer found nobody waiting
+
+
+@pytest.mark.timeout(60)
+async def test_aionets_own_stateful_services_are_not_cancellable() -> None:
+    """The cache (writes that replicate, lock grants), the scheduler (a steal that took tasks
+    off a queue) and membership's sync must not stop half-way because an asker gave up."""
+    async with Node(name="a", listen="tcp://127.0.0.1:0") as a:
+        services = set(a.router.services)
+        cache = {s for s in services if s.startswith("aionet.cache")}
+        sched = {s for s in services if s.startswith("aionet.sched")}
+        assert cache and sched
+        assert cache | sched <= a.router.uncancellable
+        assert "aionet.membership.sync" in a.router.uncancellable
+        assert "aionet.echo" not in a.router.uncancellable

@@ -68,7 +68,7 @@ class FakeMessaging:
     async def request(self, peer: str, service: str, obj: Any = None, timeout: float | None = None) -> Any:
         raise NotImplementedError
 
-    def add_service(self, name: str, fn: Any) -> None:
+    def add_service(self, name: str, fn: Any, *, cancellable: bool = True) -> None:
         pass
 
     def register_type(self, cls: type, name: str | None = None) -> type:

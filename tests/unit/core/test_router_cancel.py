@@ -110,3 +110,29 @@ async def test_a_handler_that_raises_cancelled_error_itself_still_answers() -> N
     await settle()
     assert [k for k, _ in sent] == [ERR] and sent[0][1][1] == "asyncio.CancelledError"
     assert router.running == {} and router.handling == {}
+
+
+@pytest.mark.timeout(10)
+async def test_a_service_that_is_not_cancellable_ignores_the_cancel_and_still_reports_its_errors() -> None:
+    router, sent = make()
+    release = asyncio.Event()
+
+    async def slow(x: int) -> int:
+        await release.wait()
+        return x
+
+    async def raises(x: int) -> int:
+        raise asyncio.CancelledError
+
+    router.add_service("slow", slow, cancellable=False)
+    router.add_service("raises", raises, cancellable=False)
+    router.on_request(5, "slow", 50, lambda k, f: sent.append((k, f)), "b")
+    router.on_request(6, "raises", 0, lambda k, f: sent.append((k, f)), "b")
+    await settle()
+    router.on_cancel(5, "b")
+    release.set()
+    await settle()
+    assert (REP, [5, 50]) in sent  # ran to the end despite the cancel
+    errs = [f for k, f in sent if k == ERR]
+    assert len(sent) == 2 and errs[0][:2] == [6, "asyncio.CancelledError"]  # its own CancelledError told
+    assert router.running == {} and router.handling == {}
