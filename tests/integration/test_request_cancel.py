@@ -11,6 +11,7 @@ import pytest
 
 from aionet import Node
 from aionet.config import Config
+from aionet.testing import FaultProxy
 from tests.conftest import wait_for
 
 Pair = tuple[Node, Node]
@@ -189,3 +190,47 @@ async def test_aionets_own_stateful_services_are_not_cancellable() -> None:
         assert cache | sched <= a.router.uncancellable
         assert "aionet.membership.sync" in a.router.uncancellable
         assert "aionet.echo" not in a.router.uncancellable
+
+
+@pytest.mark.timeout(60)
+async def test_a_cancel_lost_in_a_cut_connection_is_replayed_after_the_reconnect() -> None:
+    """The cancel is a sequenced message: one written into a connection that then dies (here it
+    sits in a stalled proxy when the proxy cuts) is sent again on the next connection, once."""
+    a = Node(name="a", listen="tcp://127.0.0.1:0")
+    b = Node(name="b", listen="tcp://127.0.0.1:0")
+    await a.start()
+    await b.start()
+    pa, pb = FaultProxy.to(a.addresses[0]), FaultProxy.to(b.addresses[0])
+    try:
+        await pa.start()
+        await pb.start()
+        a.config.node.advertise = pa.address
+        b.config.node.advertise = pb.address
+        await b.connect(pa.address)
+        held = Held()
+        a.add_service("held", held)
+        call = asyncio.ensure_future(b.request("a", "held", 5, timeout=0.5))
+        assert await asyncio.wait_for(held.started.get(), 5) == 5
+        pa.stall()
+        pb.stall()
+        with pytest.raises(TimeoutError):
+            await call  # its cancel is written now, into the stalled connection
+        link = b._peers["a"].link
+        assert link is not None
+        await wait_for(lambda: b.router.pending == {} and link.state.inflight_bytes > 0)
+        assert held.cancelled.empty()  # it has not arrived
+        replayed = link.replayed
+        pa.cut()
+        pb.cut()
+        pa.stall(False)
+        pb.stall(False)
+        assert await asyncio.wait_for(held.cancelled.get(), 20) == 5
+        assert link.replayed > replayed  # it came on the new connection, written again
+        await wait_for(lambda: idle(a), 20)
+        assert held.cancelled.empty()  # once
+        assert await b.request("a", "aionet.echo", "after", timeout=10) == "after"
+    finally:
+        await b.stop()
+        await a.stop()
+        await pa.stop()
+        await pb.stop()
