@@ -704,6 +704,8 @@ class Node:
             link.post_nowait(CANCEL, [rid])
         except AionetError as exc:  # WouldBlock (window full), the link just failed, ...
             self.log.debug("request cancel not sent", peer=peer, rid=rid, why=str(exc))
+        except Exception as exc:  # never into the deadline timer or the caller's finally
+            self.log.warning("request cancel failed", peer=peer, rid=rid, error=repr(exc))
 
     # --- tasks (issue 6) ------------------------------------------------------------------
     def submit(self, fn: Any, *args: Any, **options: Any) -> TaskRef:

@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -63,6 +64,34 @@ async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.005):
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def proxied_pair(config_a=None):
+    """Nodes a and b on 127.0.0.1, each advertising a FaultProxy in front of it, b connected to
+    a through a's proxy: yields ``(a, b, pa, pb)``; cut or stall the proxies to break the link."""
+    from aionet import Node
+    from aionet.testing import FaultProxy
+
+    a = Node(name="a", listen="tcp://127.0.0.1:0", config=config_a)
+    b = Node(name="b", listen="tcp://127.0.0.1:0")
+    await a.start()
+    await b.start()
+    pa, pb = FaultProxy.to(a.addresses[0]), FaultProxy.to(b.addresses[0])
+    try:
+        await pa.start()
+        await pb.start()
+        a.config.node.advertise = pa.address
+        b.config.node.advertise = pb.address
+        await b.connect(pa.address)
+        yield a, b, pa, pb
+    finally:
+        pa.stop_cutting()
+        pb.stop_cutting()
+        await b.stop()
+        await a.stop()
+        await pa.stop()
+        await pb.stop()
 
 
 async def wait_for_async(probe, timeout: float = 10.0, interval: float = 0.05):

@@ -11,8 +11,7 @@ import pytest
 
 from aionet import Node
 from aionet.config import Config
-from aionet.testing import FaultProxy
-from tests.conftest import wait_for
+from tests.conftest import proxied_pair, wait_for
 
 Pair = tuple[Node, Node]
 
@@ -196,17 +195,7 @@ async def test_aionets_own_stateful_services_are_not_cancellable() -> None:
 async def test_a_cancel_lost_in_a_cut_connection_is_replayed_after_the_reconnect() -> None:
     """The cancel is a sequenced message: one written into a connection that then dies (here it
     sits in a stalled proxy when the proxy cuts) is sent again on the next connection, once."""
-    a = Node(name="a", listen="tcp://127.0.0.1:0")
-    b = Node(name="b", listen="tcp://127.0.0.1:0")
-    await a.start()
-    await b.start()
-    pa, pb = FaultProxy.to(a.addresses[0]), FaultProxy.to(b.addresses[0])
-    try:
-        await pa.start()
-        await pb.start()
-        a.config.node.advertise = pa.address
-        b.config.node.advertise = pb.address
-        await b.connect(pa.address)
+    async with proxied_pair() as (a, b, pa, pb):
         held = Held()
         a.add_service("held", held)
         call = asyncio.ensure_future(b.request("a", "held", 5, timeout=0.5))
@@ -229,8 +218,30 @@ async def test_a_cancel_lost_in_a_cut_connection_is_replayed_after_the_reconnect
         await wait_for(lambda: idle(a), 20)
         assert held.cancelled.empty()  # once
         assert await b.request("a", "aionet.echo", "after", timeout=10) == "after"
-    finally:
-        await b.stop()
-        await a.stop()
-        await pa.stop()
-        await pb.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_a_cancel_that_cannot_be_sent_changes_nothing_for_the_caller(pair: Pair) -> None:
+    """Whatever posting the cancel raises stays out of the caller's error and out of the
+    deadline timer: every timed-out request still raises TimeoutError."""
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    link = b._peers["a"].link
+    assert link is not None
+
+    def broken(kind: int, fields: list) -> None:
+        raise RuntimeError("cannot post")
+
+    link.post_nowait = broken  # type: ignore[method-assign]
+    calls = [b.request("a", "held", i, timeout=0.2) for i in range(3)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, TimeoutError) for r in results), results
+    cancelled = asyncio.ensure_future(b.request("a", "held", 9))
+    await asyncio.wait_for(held.started.get(), 5)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    del link.post_nowait
+    held.release.set()
+    assert await b.request("a", "held", 10, timeout=5) == 10

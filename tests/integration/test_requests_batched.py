@@ -15,8 +15,7 @@ import pytest
 
 from aionet import Node, RemoteError
 from aionet.config import Config
-from aionet.testing import FaultProxy
-from tests.conftest import wait_for
+from tests.conftest import proxied_pair, wait_for
 
 
 @contextlib.asynccontextmanager
@@ -37,32 +36,22 @@ async def test_many_requests_in_flight_run_once_and_are_answered_once_across_cut
     envelopes (fewer sequence numbers than requests). With a handler bound of 8, batches
     start part by part while connections are cut."""
     cfg = Config.from_dict({"link": {"max_concurrent_requests": bound}}, env={})
-    a = Node(name="a", listen="tcp://127.0.0.1:0", config=cfg)
-    b = Node(name="b", listen="tcp://127.0.0.1:0")
-    await a.start()
-    await b.start()
-    pa, pb = FaultProxy.to(a.addresses[0]), FaultProxy.to(b.addresses[0])
-    seen: Counter[int] = Counter()
+    async with proxied_pair(cfg) as (a, b, pa, pb):
+        seen: Counter[int] = Counter()
 
-    @a.service("async_once")
-    async def async_once(x: int) -> int:
-        seen[x] += 1
-        # the scenario, not synchronisation: every 7th handler takes 1 ms, the rest suspend once,
-        # so replies finish out of order while connections are cut
-        await asyncio.sleep(0.001 if x % 7 == 0 else 0)
-        return x + 1
+        @a.service("async_once")
+        async def async_once(x: int) -> int:
+            seen[x] += 1
+            # the scenario, not synchronisation: every 7th handler takes 1 ms, the rest suspend once,
+            # so replies finish out of order while connections are cut
+            await asyncio.sleep(0.001 if x % 7 == 0 else 0)
+            return x + 1
 
-    @a.service("sync_once")
-    def sync_once(x: int) -> int:
-        seen[x] += 1
-        return x + 1
+        @a.service("sync_once")
+        def sync_once(x: int) -> int:
+            seen[x] += 1
+            return x + 1
 
-    try:
-        await pa.start()
-        await pb.start()
-        a.config.node.advertise = pa.address
-        b.config.node.advertise = pb.address
-        await b.connect(pa.address)
         await b.request("a", "aionet.echo", 0, timeout=10)
         link = b._peers["a"].link
         assert link._rpc_max > 1, "the peer did not advertise rpc_batch"
@@ -85,13 +74,6 @@ async def test_many_requests_in_flight_run_once_and_are_answered_once_across_cut
         assert results == [[w * 10_000 + i + 1 for i in range(per)] for w in range(64)]
         assert len(seen) == 64 * per and set(seen.values()) == {1}, "a request ran twice (or not at all)"
         assert link.state.next_seq - seq0 < 64 * per / 3, "requests did not share envelopes"
-    finally:
-        pa.stop_cutting()
-        pb.stop_cutting()
-        await b.stop()
-        await a.stop()
-        await pa.stop()
-        await pb.stop()
 
 
 @pytest.mark.timeout(60)

@@ -13,8 +13,7 @@ import pytest
 from aionet import Node, WouldBlock
 from aionet.config import Config
 from aionet.errors import SerializationError
-from aionet.testing import FaultProxy
-from tests.conftest import wait_for
+from tests.conftest import proxied_pair, wait_for
 from tests.unit.devices.test_staging import CAIArray
 
 
@@ -207,17 +206,7 @@ async def test_a_peer_that_does_not_batch_still_gets_everything():
 async def test_exactly_once_in_order_across_cuts_with_batches():
     """send_nowait and send_many through a proxy that cuts every connection every 30 ms:
     nothing lost, nothing twice, nothing reordered."""
-    a = Node(name="a", listen="tcp://127.0.0.1:0")
-    b = Node(name="b", listen="tcp://127.0.0.1:0")
-    await a.start()
-    await b.start()
-    pa, pb = FaultProxy.to(a.addresses[0]), FaultProxy.to(b.addresses[0])
-    try:
-        await pa.start()
-        await pb.start()
-        a.config.node.advertise = pa.address
-        b.config.node.advertise = pb.address
-        await b.connect(pa.address)
+    async with proxied_pair() as (a, b, pa, pb):
         n = 60_000
         reader = asyncio.ensure_future(_recv(a, "seq", n, timeout=90))
         cuts = lambda: pa.stats.cuts + pb.stats.cuts  # noqa: E731
@@ -237,10 +226,3 @@ async def test_exactly_once_in_order_across_cuts_with_batches():
         pa.stop_cutting()
         pb.stop_cutting()
         assert got == list(range(n))
-    finally:
-        pa.stop_cutting()
-        pb.stop_cutting()
-        await b.stop()
-        await a.stop()
-        await pa.stop()
-        await pb.stop()

@@ -136,3 +136,22 @@ async def test_a_service_that_is_not_cancellable_ignores_the_cancel_and_still_re
     errs = [f for k, f in sent if k == ERR]
     assert len(sent) == 2 and errs[0][:2] == [6, "asyncio.CancelledError"]  # its own CancelledError told
     assert router.running == {} and router.handling == {}
+
+
+@pytest.mark.timeout(10)
+async def test_every_request_whose_deadline_passes_is_reported_abandoned() -> None:
+    """The deadline timer tells the node's hook (which sends the cancels) about each request
+    it fails, once."""
+    router, _sent = make()
+    router.bind_loop(asyncio.get_running_loop())
+    told: list[int] = []
+
+    def hook(peer: str, rid: int) -> None:
+        told.append(rid)
+
+    router.abandoned = hook
+    futs = [router.new_request("b", "s", timeout=0.01)[1] for _ in range(3)]
+    for f in futs:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(f, 5)
+    assert sorted(told) == [1, 2, 3] and router.pending == {}
