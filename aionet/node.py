@@ -16,7 +16,7 @@ from typing import Any
 from ._version import __version__
 from .cache import Cache
 from .codecs import handshake
-from .codecs.envelope import CANCEL, CONTROL_MIN, REQ, SEND
+from .codecs.envelope import CONTROL_MIN, REQ, SEND
 from .codecs.serialize import Serializer
 from .collectives import Collectives, Group
 from .config import Config
@@ -601,11 +601,12 @@ class Node:
             return await self._request(peer, service, obj)
         p = self._peers.get(peer)
         link = p.link if p is not None else None
-        if link is not None and link.dead is None and link.can_post():
+        if link is not None and link.dead is None and link.can_post() and (slots := link.requests).out < slots.bound:
             # the usual case: nothing to wait for but the reply, whose future the router fails
             # with TimeoutError at the deadline (no timer per request, no asyncio.timeout)
             router = self.router
             rid, fut = router.new_request(peer, service)
+            slots.out += 1
             sent = False
             try:
                 aw = link.post(REQ, [rid, service, obj])
@@ -629,9 +630,10 @@ class Node:
                         raise
                     raise _expired(peer, service, timeout) from None
             finally:
-                router.forget(rid, sent)
-        # the timeout bounds the whole call: dialing, waiting for window space or for the
-        # transport to drain, staging, and the reply
+                router.forget(rid, sent)  # (its cancel goes before a waiting request takes the slot)
+                slots.release()
+        # the timeout bounds the whole call: dialing, waiting for a request slot (the peer's
+        # bound), for window space or for the transport to drain, staging, and the reply
         cm = asyncio.timeout(timeout)
         try:
             async with cm:
@@ -674,6 +676,8 @@ class Node:
         link = p.link if p is not None else None
         if link is None or link.dead is not None:
             link = await self._connector.link_to(peer)
+        slots = link.requests
+        await slots.take()  # at the peer's bound: in line until one of ours ends
         router = self.router
         rid, fut = router.new_request(peer, service)
         sent = False
@@ -691,18 +695,19 @@ class Node:
             return await fut
         finally:
             router.forget(rid, sent)
+            slots.release()
 
     def _abandoned(self, peer: str, rid: int) -> None:
         """Request ``rid`` to ``peer`` was given up unanswered (its caller cancelled, or its
-        timeout passed): tell the peer, which cancels the handler if it still runs. Best
-        effort: not sent when the link is gone or full, or the peer predates the feature."""
+        timeout passed): tell the peer, which cancels the handler if it still runs. Not sent
+        when the link is gone (and with it the peer's handler) or the peer predates the feature."""
         p = self._peers.get(peer)
         link = p.link if p is not None else None
         if link is None or link.dead is not None or not link.peer_cancels:
             return
         try:
-            link.post_nowait(CANCEL, [rid])
-        except AionetError as exc:  # WouldBlock (window full), the link just failed, ...
+            link.post_cancel(rid)
+        except AionetError as exc:  # the link just failed, ...
             self.log.debug("request cancel not sent", peer=peer, rid=rid, why=str(exc))
         except Exception as exc:  # never into the deadline timer or the caller's finally
             self.log.warning("request cancel failed", peer=peer, rid=rid, error=repr(exc))

@@ -34,7 +34,7 @@ import msgpack
 from ..codecs.array_send import ARRAY_PAYLOADS, encode_array_send
 from ..codecs.batch import encode_rpc_batch, encode_send_batch
 from ..codecs.dtypes import DtypeTable
-from ..codecs.envelope import ACK, REP, REQ, SEND, XFER
+from ..codecs.envelope import ACK, CANCEL, REP, REQ, SEND, XFER
 from ..codecs.framing import frame_nbytes
 from ..config import LimitsSection
 from ..errors import (
@@ -48,6 +48,7 @@ from .link_limits import SIZE_LIMITS, SizeLimits
 from .link_recovery import LinkRecovery
 from .link_state import LinkState
 from .replay_copies import ReplayCopies
+from .request_slots import RequestSlots
 
 # Ack at once when this many bytes arrived. A message this big is sent zero-copy and its
 # sender waits for the ack (the replay buffer holds the caller's memory), unless it has at
@@ -164,6 +165,8 @@ class Link(LinkRecovery):
         # the peer's handshake feature "cancel": it cancels a handler when told that its
         # caller gave up (CANCEL); a peer without it is not sent one
         self.peer_cancels = False
+        # this node's unanswered requests to the peer, held to its max_concurrent_requests
+        self.requests = RequestSlots()
         self._waiting_senders = 0
         self.disconnected_since: float | None = None
         self._stuck_seq = 0  # oldest unacked seq when the last connection was lost ...
@@ -324,10 +327,12 @@ class Link(LinkRecovery):
     def set_rpc_batch_limit(self, limit: Any) -> None:
         """The peer's handshake feature ``"rpc_batch"``: how many requests one REQ envelope
         may carry (its ``max_concurrent_requests``: more could not start at once anyway); it
-        then takes REP envelopes with many replies too. Off for a peer without it."""
+        then takes REP envelopes with many replies too. Off for a peer without it. It is
+        also how many of our requests may be unanswered at once (:attr:`requests`)."""
         ok = type(limit) is int and limit > 1
         self._rpc_max = min(BATCH_MESSAGES, limit) if ok else 0
         self._rep_max = BATCH_MESSAGES if ok else 0
+        self.requests.set_bound(limit)
 
     def _push_rpc(self, kind: int, fields: list[Any]) -> bool:
         """Add a request ``[rid, service, payload]`` or reply ``[rid, payload]`` that packs
@@ -431,6 +436,15 @@ class Link(LinkRecovery):
             self._blocked = fut
         elif w is not None:
             self._blocked = self._hold(w, c)
+
+    def post_cancel(self, rid: Any) -> None:
+        """Tell the peer that our request ``rid``, already posted, was given up (CANCEL), even
+        when the window is full: a cancel is a few bytes, one at most per request that held a
+        slot of :attr:`requests` (so bounded), and it frees work on the peer. It goes behind
+        its request, as every sequenced message does."""
+        if self.dead is not None:
+            return
+        self._enqueue(CANCEL, [rid])  # what the transport may ask to wait for: nobody waits
 
     async def wait_space(self) -> None:
         """Until :meth:`push` / :meth:`post_nowait` may take a message: what blocked the link
@@ -753,6 +767,8 @@ class Link(LinkRecovery):
             recv_bytes=self.recv_bytes,
             replayed=self.replayed,
             acks_sent=self.acks_sent,
+            requests_out=self.requests.out,
+            requests_waiting=self.requests.waiting,
         )
 
 

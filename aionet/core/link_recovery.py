@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import ConnectionClosed, PeerUnavailable, ProtocolError
 from .link_state import LinkState, plan_resume
 from .replay_copies import ReplayCopies
+from .request_slots import RequestSlots
 
 # The peer dropped this many connections in a row, each soon after it was attached, while
 # the same message was the oldest one it had not acknowledged: it rejects that message (a
@@ -58,6 +59,7 @@ class LinkRecovery:
     _on_dead: Callable[[str, BaseException], None] | None
     _on_undeliverable: Callable[[str, int, str], None] | None
     _space: asyncio.Event
+    requests: RequestSlots
     _ack_waiters: deque[tuple[int, asyncio.Future[None]]]
     _copies: ReplayCopies
     _replaying: bool
@@ -228,6 +230,7 @@ class LinkRecovery:
             fut = self._ack_waiters.popleft()[1]
             if not fut.done():
                 fut.set_exception(exc)
+        self.requests.fail(exc)
         self._space.set()
 
     def fail(self, exc: BaseException, keep: bool = False) -> None:

@@ -754,7 +754,7 @@ class Router:
             running = self.running.get(peer, 0)
             if running >= self.max_concurrent_requests:
                 return self._slot(peer)
-            if mode == ASYNC and self.instruments.request_handled is None:
+            if mode == ASYNC and self.instruments.request_handled is None and not self._draining:
                 # the usual async handler, untimed: what _handle and _start do for it, inline
                 self.running[peer] = running + 1
                 loop = self.loop or asyncio.get_running_loop()
@@ -817,7 +817,14 @@ class Router:
         self, fn: Handler, rid: Any, payload: Any, reply: Reply, peer: str, running: int, cancellable: bool
     ) -> None:
         """Answer with ``await fn(payload)`` on a task counted against ``peer``'s running handlers
-        (and reachable by the caller's CANCEL when ``cancellable``)."""
+        (and reachable by the caller's CANCEL when ``cancellable``). Once the node is stopping
+        (:meth:`drain` began) nothing new starts: it would outlive the node, unowned; the
+        caller is told as the handlers cancelled by the stop are."""
+        if self._draining:
+            if fn is _awaited:  # an inline handler's coroutine, never to run
+                payload.close()
+            self._spawn_reply(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
+            return
         self.running[peer] = running + 1
         loop = self.loop or asyncio.get_running_loop()
         # the task takes itself out of self.tasks as it ends (_run_async): a done callback

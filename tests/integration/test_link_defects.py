@@ -13,6 +13,7 @@ import pytest
 
 from aionet import Node, PeerUnavailable, RemoteError
 from aionet.config import Config
+from aionet.core.request_slots import UNBOUNDED
 from aionet.errors import FrameTooLarge
 from tests.conftest import wait_for
 
@@ -225,10 +226,13 @@ async def test_request_timeout_bounds_the_dial():
 # ---------------------------------------------------------------- item 8: async handler bound
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("bound", [1, 8])
-async def test_async_service_requests_are_bounded_per_peer_with_backpressure(bound):
+@pytest.mark.parametrize("caller", ["keeps to the bound", "ignores the bound"])
+async def test_async_service_requests_are_bounded_per_peer_with_backpressure(bound, caller):
     """Item 8: a peer floods requests to a slow async handler. At most
-    link.max_concurrent_requests handlers run at once; at the bound the node stops reading
-    from that peer (back-pressure: nothing dropped), and every request completes."""
+    link.max_concurrent_requests handlers run at once, and every request completes. A caller
+    keeps to the bound b advertises: its requests beyond it wait at the caller, and b never
+    stops reading from it. One that does not know the bound (an older node) sends them all:
+    then b stops reading from it at the bound (back-pressure: nothing dropped)."""
     n = 300
     cfg_b = _cfg(link={"max_concurrent_requests": bound})
     async with Node(name="b", config=cfg_b) as b, Node(name="a", join=[b.address]) as a:
@@ -247,15 +251,25 @@ async def test_async_service_requests_are_bounded_per_peer_with_backpressure(bou
             finally:
                 running -= 1
 
+        slots = a._peers["b"].link.requests
+        assert slots.bound == bound  # from b's handshake
+        if caller == "ignores the bound":
+            slots.bound = UNBOUNDED
         calls = [asyncio.ensure_future(a.request("b", "slow", i, timeout=30)) for i in range(n)]
         await wait_for(lambda: running == bound)
-        await wait_for(lambda: _read_paused(b, "a"))
+        if caller == "ignores the bound":
+            await wait_for(lambda: _read_paused(b, "a"))
+        else:
+            await wait_for(lambda: slots.waiting >= n - bound)  # (and any of aionet's own requests)
         await asyncio.sleep(0.1)  # time for more handlers to start, were there no bound
         assert running == bound and b.router.running == {"a": bound}
+        if caller == "keeps to the bound":
+            assert not _read_paused(b, "a") and slots.out == bound
         gate.set()
         assert await asyncio.wait_for(asyncio.gather(*calls), 30) == list(range(n))
         assert peak == bound
-        assert b.router.running == {}  # no per-peer state left behind
+        # no per-peer state left behind (once a membership sync that waited in line is done)
+        await wait_for(lambda: b.router.running == {} and slots.out == 0 and slots.waiting == 0)
 
 
 class _FakeConn:

@@ -222,14 +222,19 @@ async def test_ten_thousand_cancelled_requests_and_sends_leave_nothing_behind(pa
 
     assert await b.request("a", "aionet.echo", 0, timeout=5) == 0
     deadlines = b.router._deadlines
+    slots = b._peers["a"].link.requests
+    bound = a.config.link.max_concurrent_requests
+    assert slots.bound == bound  # (1024)
     for r in range(4):  # 10,000 cancelled requests, half of them with a deadline
         calls = [asyncio.ensure_future(b.request("a", "hold", i, timeout=30 if i % 2 else None)) for i in range(2500)]
-        await wait_for(lambda: len(b.router.pending) == 2500)  # all of them out
+        # a's bound of them out, the rest in line at b
+        await wait_for(lambda: len(b.router.pending) == bound and slots.waiting == 2500 - bound)
         for c in calls:
             c.cancel()
         results = await asyncio.gather(*calls, return_exceptions=True)
         assert all(isinstance(r, asyncio.CancelledError) for r in results)
         assert b.router.pending == {} and b.router._timing == {}
+        assert slots.out == 0 and slots.waiting == 0
         # deadlines of abandoned requests are compacted away, not kept until they pass (30 s)
         assert deadlines._n <= max(1024, 2 * 1250) + 1, (r, deadlines._n)
     gate.set()  # the handlers answer; the replies find nobody waiting and are dropped

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from aionet import Node
+from aionet import Node, PeerUnavailable, RemoteError
 from aionet.config import Config
 from tests.conftest import proxied_pair, wait_for
 
@@ -141,8 +141,7 @@ async def test_a_peer_without_the_feature_is_not_sent_a_cancel(pair: Pair) -> No
 @pytest.mark.timeout(60)
 async def test_many_cancelled_callers_leave_nothing_running(scheme: str) -> None:
     """Requests and their cancels arriving in the same read (the handler's task is cancelled
-    before its first step) still free their slots. (Within the default bound of 1024 handlers
-    per peer: a peer at its bound stops reading, and a cancel is read when a slot frees.)"""
+    before its first step) still free their slots."""
     async with (
         Node(name="a", listen=f"{scheme}://127.0.0.1:0") as a,
         Node(name="b", listen=f"{scheme}://127.0.0.1:0", join=[a.address]) as b,
@@ -230,10 +229,10 @@ async def test_a_cancel_that_cannot_be_sent_changes_nothing_for_the_caller(pair:
     link = b._peers["a"].link
     assert link is not None
 
-    def broken(kind: int, fields: list) -> None:
+    def broken(rid: int) -> None:
         raise RuntimeError("cannot post")
 
-    link.post_nowait = broken  # type: ignore[method-assign]
+    link.post_cancel = broken  # type: ignore[method-assign]
     calls = [b.request("a", "held", i, timeout=0.2) for i in range(3)]
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, TimeoutError) for r in results), results
@@ -242,6 +241,119 @@ async def test_a_cancel_that_cannot_be_sent_changes_nothing_for_the_caller(pair:
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
-    del link.post_nowait
+    del link.post_cancel
     held.release.set()
     assert await b.request("a", "held", 10, timeout=5) == 10
+
+
+@pytest.mark.timeout(60)
+async def test_callers_keep_to_the_peers_bound_so_hung_handlers_cannot_wedge_them(pair: Pair) -> None:
+    """a runs at most 2 of b's handlers. Six calls to a handler that never ends used to send
+    all six: a started two and stopped reading from b at the third, so the cancels of the
+    timed-out calls (behind it in the stream) were never read, and every later call from b
+    waited for good. Now b sends only as many as a runs; the rest wait at b, time out there
+    unsent, and the cancels of the two that went reach a."""
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    calls = [b.request("a", "held", i, timeout=0.4) for i in range(6)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, TimeoutError) for r in results), results
+    assert sorted([await asyncio.wait_for(held.cancelled.get(), 5) for _ in range(2)]) == [0, 1]
+    assert await b.request("a", "aionet.echo", "not wedged", timeout=5) == "not wedged"
+    assert held.started.qsize() == 2  # the four others never left b
+    link = b._peers["a"].link
+    assert link is not None and link.requests.out == 0 and link.requests.waiting == 0
+    await wait_for(lambda: idle(a))
+
+
+@pytest.mark.timeout(60)
+async def test_a_call_waiting_for_a_slot_goes_once_an_earlier_one_is_given_up(pair: Pair) -> None:
+    """At the bound, a third call waits at the caller; cancelling one of the two running ones
+    sends its cancel, then the waiting call, which the peer starts (it never stopped reading)."""
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    first = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(2)]
+    assert sorted([await asyncio.wait_for(held.started.get(), 5) for _ in range(2)]) == [0, 1]
+    third = asyncio.ensure_future(b.request("a", "held", 2))
+    link = b._peers["a"].link
+    assert link is not None
+    await wait_for(lambda: link.requests.waiting == 1)
+    assert held.started.empty()
+    first[0].cancel()
+    assert await asyncio.wait_for(held.cancelled.get(), 5) == 0
+    assert await asyncio.wait_for(held.started.get(), 5) == 2
+    held.release.set()
+    assert await asyncio.wait_for(first[1], 5) == 1
+    assert await asyncio.wait_for(third, 5) == 2
+    with pytest.raises(asyncio.CancelledError):
+        await first[0]
+    assert link.requests.out == 0
+    await wait_for(lambda: idle(a))
+
+
+@pytest.mark.timeout(60)
+async def test_a_cancel_goes_out_even_when_the_window_is_full(pair: Pair) -> None:
+    """A full window (unacknowledged bytes at ``link.max_inflight_bytes``) used to drop the
+    cancel, leaving the handler running: a cancel is a few bytes, one per request, and goes."""
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    call = asyncio.ensure_future(b.request("a", "held", 7, timeout=0.5))
+    assert await asyncio.wait_for(held.started.get(), 5) == 7
+    link = b._peers["a"].link
+    assert link is not None
+    window = link.state.max_inflight_bytes
+    link.state.max_inflight_bytes = 0  # full: nothing else may be posted now
+    try:
+        assert not link.can_post()
+        with pytest.raises(TimeoutError):
+            await call
+        assert await asyncio.wait_for(held.cancelled.get(), 5) == 7
+    finally:
+        link.state.max_inflight_bytes = window
+    await wait_for(lambda: idle(a))
+    assert await b.request("a", "aionet.echo", "after", timeout=5) == "after"
+
+
+@pytest.mark.timeout(60)
+async def test_calls_waiting_for_a_slot_fail_when_the_peer_is_declared_dead(pair: Pair) -> None:
+    a, b = pair
+    held = Held()
+    a.add_service("held", held)
+    running = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(2)]
+    await wait_for(lambda: held.started.qsize() == 2)
+    waiting = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(2, 5)]
+    link = b._peers["a"].link
+    assert link is not None
+    await wait_for(lambda: link.requests.waiting == 3)
+    link.fail(PeerUnavailable("a: declared dead"))  # as membership's verdict does
+    results = await asyncio.wait_for(asyncio.gather(*running, *waiting, return_exceptions=True), 10)
+    assert all(isinstance(r, PeerUnavailable) for r in results), results
+    assert held.started.qsize() == 2  # the waiting calls never reached a
+
+
+@pytest.mark.timeout(60)
+async def test_nothing_starts_once_the_peer_is_stopping() -> None:
+    """a stops with b's calls at its bound and more waiting at b. Its stop cancels the two
+    running handlers; their answers freed b's slots and b's waiting calls went out, and a
+    started them mid-stop: tasks nobody owned, still pending after ``stop()`` returned. Now a
+    stopping node starts nothing: every call ends with an error, and nothing is left running."""
+    cfg = Config.from_dict({"link": {"max_concurrent_requests": 2}}, env={})
+    a = Node(name="a", listen="tcp://127.0.0.1:0", config=cfg)
+    await a.start()
+    held = Held()
+    a.add_service("held", held)
+    try:
+        async with Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b:
+            calls = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(5)]
+            await wait_for(lambda: held.started.qsize() == 2)
+            await a.stop()
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+            assert all(isinstance(r, RemoteError | PeerUnavailable) for r in results), results
+            assert held.started.qsize() == 2  # nothing more started
+            assert not a.router.tasks and not a.router.running
+    finally:
+        await a.stop()
+

@@ -5,13 +5,16 @@ ever ran (its REQ and CANCEL in one read), when the handler already answered, or
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import warnings
 from typing import Any
 
 import pytest
 
 from aionet.codecs.envelope import ERR, REP
 from aionet.config import Config
+from aionet.core.ports import inline_handler
 from aionet.core.router import Router
 
 
@@ -155,3 +158,38 @@ async def test_every_request_whose_deadline_passes_is_reported_abandoned() -> No
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(f, 5)
     assert sorted(told) == [1, 2, 3] and router.pending == {}
+
+
+@pytest.mark.timeout(10)
+async def test_nothing_starts_once_the_router_drains() -> None:
+    """A request read while the node stops (drain began) is answered "node shutting down" at
+    once: an async handler, or an inline one's coroutine, started then would outlive the node."""
+    router, sent = make()
+    ran: list[str] = []
+
+    async def slow(x: int) -> int:
+        ran.append("slow")
+        return x
+
+    async def rest(x: int) -> int:
+        ran.append("inline rest")
+        return x
+
+    @inline_handler
+    def inline(x: int) -> Any:
+        return rest(x)  # must wait: a coroutine
+
+    router.add_service("slow", slow)
+    router.add_service("inline", inline)
+    await router.drain(0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would be one
+        router.on_request(1, "slow", 1, lambda k, f: sent.append((k, f)), "b")
+        router.on_request(2, "inline", 2, lambda k, f: sent.append((k, f)), "b")
+        gc.collect()
+    await settle()
+    assert ran == [] and router.tasks == set() and router.running == {}
+    assert [(k, f[0], f[1], f[2]) for k, f in sent] == [
+        (ERR, 1, "asyncio.CancelledError", "handler cancelled (node shutting down)"),
+        (ERR, 2, "asyncio.CancelledError", "handler cancelled (node shutting down)"),
+    ]
