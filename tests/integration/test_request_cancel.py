@@ -356,4 +356,3 @@ async def test_nothing_starts_once_the_peer_is_stopping() -> None:
             assert not a.router.tasks and not a.router.running
     finally:
         await a.stop()
-
