@@ -1,0 +1,115 @@
+"""Stopping a node, as a user does it: from anywhere (twice at once, from a handler, while it
+still starts), and what it leaves behind once ``stop()`` returns: no task of its own, no
+sidecar process, and a node that refuses further work with a typed error."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from aionet import Node, NodeClosed, PeerUnavailable, RemoteError
+from aionet.config import Config
+from tests.conftest import wait_for
+
+
+def children() -> set[int]:
+    """Live child processes of this test process (a node's liveness responder is one)."""
+    me, out = str(os.getpid()), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except OSError:
+            continue
+        if ppid == me and state != "Z":
+            out.add(int(pid))
+    return out
+
+
+def stray(before: set[asyncio.Task]) -> list[str]:
+    """Names of the tasks running now that were not running at ``before`` (the test's own aside)."""
+    me = asyncio.current_task()
+    return sorted(t.get_name() for t in asyncio.all_tasks() - before if t is not me and not t.done())
+
+
+@pytest.mark.timeout(60)
+async def test_stop_while_start_is_joining_ends_the_start_and_leaves_nothing() -> None:
+    """A stop() while start() is under way (the link to the seed is up, the services are
+    starting) ends the start with NodeClosed; no service starts after the stop, so nothing of
+    the node (tasks, liveness sidecar) is left running."""
+    before, kids = asyncio.all_tasks(), children()
+    async with Node(name="seed", listen="tcp://127.0.0.1:0") as seed:
+        seed_kids = children() - kids
+        e = Node(name="e", listen="tcp://127.0.0.1:0", join=[seed.address])
+        starting = asyncio.ensure_future(e.start())
+        await wait_for(lambda: "e" in seed.peers() or starting.done())
+        await e.stop()
+        with pytest.raises(NodeClosed, match="stopped while starting"):
+            await starting
+        assert children() - kids == seed_kids  # e's sidecar is gone (or never started)
+        with pytest.raises(PeerUnavailable, match="not running"):
+            await e.request("e", "aionet.echo", 1)
+    assert stray(before) == []
+    assert children() == kids
+
+
+@pytest.mark.timeout(60)
+async def test_stop_while_start_waits_for_an_unreachable_seed_ends_it_at_once() -> None:
+    """start() retries its seeds for up to node.join_timeout; a stop meanwhile ends it then."""
+    cfg = Config.from_dict({"node": {"join_timeout": 120.0}}, env={})
+    before = asyncio.all_tasks()
+    e = Node(name="e", listen="tcp://127.0.0.1:0", join=["tcp://127.0.0.1:9"], config=cfg)
+    starting = asyncio.ensure_future(e.start())
+    await wait_for(lambda: bool(e.addresses))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await e.stop()
+    with pytest.raises(NodeClosed):
+        await asyncio.wait_for(starting, 10)
+    assert loop.time() - t0 < 10
+    assert stray(before) == []
+
+
+@pytest.mark.timeout(60)
+async def test_a_second_stop_returns_once_the_node_has_stopped() -> None:
+    """Two stop() at once: neither returns before the node has stopped (the second used to
+    return at once, with the node still running)."""
+    before = asyncio.all_tasks()
+    a = Node(name="a", listen="tcp://127.0.0.1:0")
+    await a.start()
+    first = asyncio.ensure_future(a.stop())
+    await asyncio.sleep(0)  # the first stop has begun
+    await a.stop()
+    with pytest.raises(PeerUnavailable, match="not running"):
+        await a.request("a", "aionet.echo", 1)
+    await first
+    assert stray(before) == []
+
+
+@pytest.mark.timeout(60)
+async def test_stop_from_a_handler_stops_the_node_for_good() -> None:
+    """A handler that stops its own node (a "shutdown" service) is cancelled by that stop
+    after its grace; the stop goes on to the end all the same (it used to die with the
+    handler, leaving the node half stopped: links open, its tasks running, stop() a no-op)."""
+    before, kids = asyncio.all_tasks(), children()
+    async with Node(name="b", listen="tcp://127.0.0.1:0") as b:
+        b_kids = children() - kids
+        a = Node(name="a", listen="tcp://127.0.0.1:0", join=[b.address])
+        await a.start()
+
+        async def shutdown(_arg: object) -> str:
+            await a.stop(grace=0.2)
+            return "stopped"
+
+        a.add_service("shutdown", shutdown)
+        with pytest.raises(RemoteError, match="shutting down"):
+            await b.request("a", "shutdown", None, timeout=10)
+        await a.stop()  # returns when the stop the handler began has ended
+        with pytest.raises(PeerUnavailable, match="not running"):
+            await a.request("a", "aionet.echo", 1)
+        await wait_for(lambda: not b.peers().get("a", {}).get("connected"))
+        assert children() - kids == b_kids
+    assert stray(before) == []
+    assert children() == kids
