@@ -10,7 +10,10 @@ import os
 import pytest
 
 from aionet import Node, NodeClosed, PeerUnavailable, RemoteError
+from aionet.cache import CacheError
+from aionet.cache.wire import LOCK_PREFIX
 from aionet.config import Config
+from aionet.testing import FaultProxy
 from tests.conftest import wait_for
 
 
@@ -113,3 +116,86 @@ async def test_stop_from_a_handler_stops_the_node_for_good() -> None:
         assert children() - kids == b_kids
     assert stray(before) == []
     assert children() == kids
+
+
+def primary_of(node: Node, key: str, want: str) -> str:
+    """A key like ``key`` (``key`` plus a number) whose primary at ``node`` is ``want``."""
+    return next(k for i in range(1000) if node.cache.owners(k := f"{key}{i}")[0] == want)
+
+
+def lock_on(node: Node, want: str) -> str:
+    """A lock name whose primary at ``node`` is ``want``."""
+    placement = node.cache.service.placement
+    return next(n for i in range(1000) if placement.primary(LOCK_PREFIX + (n := f"lock{i}")) == want)
+
+
+@pytest.mark.timeout(60)
+async def test_the_cache_of_a_stopped_node_refuses_writes_locks_and_remote_reads_at_once() -> None:
+    """Once its node stopped, the cache raises CacheError at once: a write or lock this node
+    was the primary of used to succeed into a store nobody sees (a lock granted to two
+    holders), and one at another primary to retry for cache.request_timeout (10 s) first."""
+    cfg = Config.from_dict({"cache": {"request_timeout": 30.0}}, env={})
+    async with Node(name="b", listen="tcp://127.0.0.1:0", config=cfg) as b:
+        a = Node(name="a", listen="tcp://127.0.0.1:0", join=[b.address], config=cfg)
+        await a.start()
+        await a.wait_members(2, 10)
+        await wait_for(lambda: a.cache.owners("x") != ("a",) and a.cache.owners("x") != ("b",))
+        mine, theirs = primary_of(a, "k", "a"), primary_of(a, "k", "b")
+        mine_lock, their_lock = lock_on(a, "a"), lock_on(a, "b")
+        await b.cache.put("held", 1)
+        await a.stop()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for key in (mine, theirs):
+            with pytest.raises(CacheError, match="stopped"):
+                await a.cache.put(key, 1)
+        for name in (mine_lock, their_lock):
+            with pytest.raises(CacheError, match="stopped"):
+                async with a.lock(name, ttl=5):
+                    pass
+        with pytest.raises(CacheError, match="stopped"):
+            await a.cache.get(primary_of(b, "absent", "b"))
+        assert loop.time() - t0 < 5
+        async with b.lock(mine_lock, ttl=5):  # the stopped node holds no lock
+            pass
+
+
+@pytest.mark.timeout(60)
+async def test_waits_on_membership_and_the_cache_end_when_the_node_stops() -> None:
+    """wait_members (without a timeout) raises NodeClosed when the node stops, or has
+    stopped, instead of an untyped StopAsyncIteration or waiting for good; event and watch
+    streams made after the stop end at once."""
+    before = asyncio.all_tasks()
+    a = Node(name="a", listen="tcp://127.0.0.1:0")
+    await a.start()
+    waiting = asyncio.ensure_future(a.wait_members(2))
+    await asyncio.sleep(0)  # (it waits)
+    await a.stop()
+    with pytest.raises(NodeClosed, match="stopped"):
+        await asyncio.wait_for(waiting, 5)
+    with pytest.raises(NodeClosed, match="stopped"):
+        await asyncio.wait_for(a.wait_members(2), 5)
+    assert [ev async for ev in a.member_events()] == []
+    assert [ch async for ch in a.cache.watch("")] == []
+    assert stray(before) == []
+
+
+@pytest.mark.timeout(60)
+async def test_a_dial_under_way_when_the_node_stops_opens_no_link() -> None:
+    """connect() from a stopped node raises PeerUnavailable; one whose handshake was under way
+    when the node stopped does too, instead of opening a link from the stopped node (which
+    stayed connected, and its peer saw it connected)."""
+    async with Node(name="b", listen="tcp://127.0.0.1:0") as b, FaultProxy.to(b.addresses[0]) as pb:
+        a = Node(name="a", listen="tcp://127.0.0.1:0")
+        await a.start()
+        pb.stall(True)
+        dialing = asyncio.ensure_future(a.connect(pb.address))
+        await wait_for(lambda: pb.active > 0)
+        await a.stop()
+        pb.stall(False)
+        with pytest.raises(PeerUnavailable, match="not running"):
+            await asyncio.wait_for(dialing, 10)
+        with pytest.raises(PeerUnavailable, match="not running"):
+            await a.connect(b.address)
+        assert not a.peers().get("b", {}).get("connected")
+        assert not b.peers().get("a", {}).get("connected")
