@@ -371,7 +371,8 @@ class Node:
 
     async def wait_members(self, members: int | Sequence[str], timeout: float | None = None) -> list[str]:
         """Wait until ``members`` (names, or a count including this node) are alive; returns the
-        alive names. Raises PeerUnavailable naming who is missing after ``timeout`` seconds."""
+        alive names. Raises PeerUnavailable naming who is missing after ``timeout`` seconds,
+        NodeClosed when this node stops (or has stopped) while some are missing."""
 
         def missing() -> list[str] | int:
             alive = {n for n, m in self.members().items() if m["state"] == "alive"}
@@ -383,7 +384,11 @@ class Node:
             try:
                 async with asyncio.timeout(timeout):
                     while missing():
+                        if self._closing:
+                            raise StopAsyncIteration
                         await stream.get()
+            except StopAsyncIteration:  # the stream ended: membership stopped with this node
+                raise NodeClosed(f"node {self.name!r} is stopped: no member can come up for it to see") from None
             except TimeoutError:
                 left = missing()
                 what = f"{left} more member(s)" if isinstance(left, int) else ", ".join(left)
