@@ -289,14 +289,18 @@ class Node:
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight handlers answer (up to ``grace`` s), say BYE, close.
 
-        The stop runs in a task of its own: every caller (a second stop, one from a handler or
-        a task this node runs, which the stop itself cancels) waits for the same one, and
-        none of them can cut it short. A start still under way is ended first."""
+        The stop runs in a task of its own: every caller (a second stop, one from a task this
+        node runs, which the stop itself cancels) waits for the same one, and none of them can
+        cut it short. From a request handler it only begins the stop, which waits for that
+        handler to answer (a "shutdown" service's caller gets its reply). A start still under
+        way is ended first."""
         if self._stopping is None:
             if not self._running:
                 return
             self._closing = True
             self._stopping = asyncio.get_running_loop().create_task(self._stop(grace), name="aionet-stop")
+        if asyncio.current_task() in self.router.tasks:  # waiting here would hold the stop up
+            return
         await asyncio.shield(self._stopping)
 
     async def _stop(self, grace: float) -> None:
