@@ -222,7 +222,10 @@ class Node:
     async def start(self) -> None:
         """Listen, join the seeds, start the services. A :meth:`stop` meanwhile ends it (the
         steps run in a task of their own, which stop cancels and waits for): start raises
-        NodeClosed and leaves nothing running, however far it had got."""
+        NodeClosed and leaves nothing running, however far it had got. A node starts once: a
+        stopped (or stopping) one raises NodeClosed (its mailboxes and services are closed)."""
+        if self._closing:
+            raise NodeClosed(f"node {self.name!r} is stopped: a Node starts once (make a new Node)")
         if self._running:
             return
         self._started_at = time.time()

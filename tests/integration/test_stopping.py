@@ -118,6 +118,22 @@ async def test_stop_from_a_handler_answers_the_caller_and_stops_the_node_for_goo
     assert children() == kids
 
 
+@pytest.mark.timeout(60)
+async def test_a_stopped_node_cannot_be_started_again() -> None:
+    """start() on a stopped node raises NodeClosed. (It ran the services again on a node whose
+    mailboxes were closed, their tasks failing, and a later stop() did nothing: tasks and the
+    liveness sidecar ran on for good.)"""
+    before, kids = asyncio.all_tasks(), children()
+    a = Node(name="a", listen="tcp://127.0.0.1:0")
+    await a.start()
+    await a.stop()
+    with pytest.raises(NodeClosed, match="starts once"):
+        await a.start()
+    await a.stop()
+    assert stray(before) == []
+    assert children() == kids
+
+
 def primary_of(node: Node, key: str, want: str) -> str:
     """A key like ``key`` (``key`` plus a number) whose primary at ``node`` is ``want``."""
     return next(k for i in range(1000) if node.cache.owners(k := f"{key}{i}")[0] == want)
