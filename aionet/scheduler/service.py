@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.ports import Clock, ControlChannel, LoadFields, MemberEventInfo, MemberEvents, Messaging
 from ..devices import Devices
-from ..errors import ConfigError, PeerUnavailable, RemoteError, SerializationError
+from ..errors import ConfigError, NodeClosed, PeerUnavailable, RemoteError, SerializationError
 from ..instrument import Instruments
 from ..log import get_logger
 from ..stats import SchedulerStats
@@ -147,6 +147,7 @@ class Scheduler:
         self._nonce = os.urandom(8).hex()  # marks our own M_DEPARTED markers (peers cannot forge them)
         self._info_pending: set[str] = set()
         self._workers_waiters: list[asyncio.Future[None]] = []  # wait_workers()
+        self._stopped = False  # stop() ran: no worker can come any more
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._params: dict[Any, tuple[Any, frozenset[str]]] = {}  # fn -> its keyword params named like options
@@ -248,6 +249,8 @@ class Scheduler:
         if not self._running:
             return
         self._running = False  # from here spawn() starts nothing
+        self._stopped = True
+        self._workers_changed()  # a wait_workers waiting now raises NodeClosed
         self.owner.shutdown("the local node is shutting down")
         jobs = self.worker.shutdown()
         for fut in self._death.values():
@@ -288,11 +291,14 @@ class Scheduler:
 
     # ------------------------------------------------------------------ user API
     async def wait_workers(self, n: int, timeout: float | None = None) -> list[str]:
-        """Wait until ``n`` nodes take tasks from here (alive, resources learned); their names."""
+        """Wait until ``n`` nodes take tasks from here (alive, resources learned); their names.
+        NodeClosed when this node stops (or has stopped) first."""
         views = self.owner.views
         try:
             async with asyncio.timeout(timeout):
                 while len(views) < n:
+                    if self._stopped:
+                        raise NodeClosed(f"node {self.name!r} is stopped: no worker can come up for it to see")
                     fut = self.loop.create_future()
                     self._workers_waiters.append(fut)
                     await fut

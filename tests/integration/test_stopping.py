@@ -177,20 +177,24 @@ async def test_the_cache_of_a_stopped_node_refuses_writes_locks_and_remote_reads
 
 
 @pytest.mark.timeout(60)
-async def test_waits_on_membership_and_the_cache_end_when_the_node_stops() -> None:
-    """wait_members (without a timeout) raises NodeClosed when the node stops, or has
-    stopped, instead of an untyped StopAsyncIteration or waiting for good; event and watch
-    streams made after the stop end at once."""
+async def test_waits_on_membership_workers_and_the_cache_end_when_the_node_stops() -> None:
+    """wait_members and wait_workers (without a timeout) raise NodeClosed when the node
+    stops, or has stopped, instead of an untyped StopAsyncIteration or waiting for good;
+    event and watch streams made after the stop end at once."""
     before = asyncio.all_tasks()
     a = Node(name="a", listen="tcp://127.0.0.1:0")
     await a.start()
-    waiting = asyncio.ensure_future(a.wait_members(2))
-    await asyncio.sleep(0)  # (it waits)
+    members = asyncio.ensure_future(a.wait_members(2))
+    workers = asyncio.ensure_future(a.wait_workers(2))
+    await asyncio.sleep(0)  # (they wait)
     await a.stop()
-    with pytest.raises(NodeClosed, match="stopped"):
-        await asyncio.wait_for(waiting, 5)
+    for waiting in (members, workers):
+        with pytest.raises(NodeClosed, match="stopped"):
+            await asyncio.wait_for(waiting, 5)
     with pytest.raises(NodeClosed, match="stopped"):
         await asyncio.wait_for(a.wait_members(2), 5)
+    with pytest.raises(NodeClosed, match="stopped"):
+        await asyncio.wait_for(a.wait_workers(2), 5)
     assert [ev async for ev in a.member_events()] == []
     assert [ch async for ch in a.cache.watch("")] == []
     assert stray(before) == []
