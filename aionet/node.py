@@ -302,9 +302,16 @@ class Node:
                 return
             self._closing = True
             self._stopping = asyncio.get_running_loop().create_task(self._stop(grace), name="aionet-stop")
+            self._stopping.add_done_callback(self._stopped)
         if asyncio.current_task() in self.router.tasks:  # waiting here would hold the stop up
             return
         await asyncio.shield(self._stopping)
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        """The stop task's failure is logged here, as no caller may be waiting for it (a
+        handler's stop does not wait) to be told."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.log.error("stop failed", error=repr(exc))
 
     async def _stop(self, grace: float) -> None:
         starting = self._starting

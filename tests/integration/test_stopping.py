@@ -219,3 +219,30 @@ async def test_a_dial_under_way_when_the_node_stops_opens_no_link() -> None:
             await a.connect(b.address)
         assert not a.peers().get("b", {}).get("connected")
         assert not b.peers().get("a", {}).get("connected")
+
+
+@pytest.mark.timeout(60)
+async def test_a_stop_begun_by_a_handler_that_fails_is_logged_not_left_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nobody may wait for a stop a handler began: if it fails, the node logs it (the suite's
+    loop-error guard fails this test on a "Task exception was never retrieved" instead)."""
+    async with Node(name="b", listen="tcp://127.0.0.1:0") as b:
+        a = Node(name="a", listen="tcp://127.0.0.1:0", join=[b.address])
+        await a.start()
+        aclose = a.transports.aclose
+
+        async def broken() -> None:
+            await aclose()
+            raise RuntimeError("transport close broke")
+
+        a.transports.aclose = broken  # type: ignore[method-assign]
+
+        async def shutdown(_arg: object) -> str:
+            await a.stop()
+            return "stopping"
+
+        a.add_service("shutdown", shutdown)
+        assert await b.request("a", "shutdown", None, timeout=10) == "stopping"
+        await wait_for(lambda: a._stopping is not None and a._stopping.done())
+        assert "stop failed" in caplog.text and "transport close broke" in caplog.text
