@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from aionet import Node, NodeClosed, PeerUnavailable
+from aionet import Node, NodeClosed, PeerUnavailable, RemoteError
 from aionet.cache import CacheError
 from aionet.cache.wire import LOCK_PREFIX
 from aionet.config import Config
@@ -112,6 +112,36 @@ async def test_stop_from_a_handler_answers_the_caller_and_stops_the_node_for_goo
         await a.stop()  # returns when the stop the handler began has ended
         with pytest.raises(PeerUnavailable, match="not running"):
             await a.request("a", "aionet.echo", 1)
+        await wait_for(lambda: not b.peers().get("a", {}).get("connected"))
+        assert children() - kids == b_kids
+    assert stray(before) == []
+    assert children() == kids
+
+
+@pytest.mark.timeout(60)
+async def test_a_stop_whose_caller_gives_up_still_stops_the_node() -> None:
+    """``asyncio.wait_for(node.stop(), t)`` running out (or its caller cancelled) leaves the
+    stop running to the end. (It cut the stop short mid-drain: the node kept its links and
+    tasks, and every later stop() returned at once.)"""
+    before, kids = asyncio.all_tasks(), children()
+    async with Node(name="b", listen="tcp://127.0.0.1:0") as b:
+        b_kids = children() - kids
+        a = Node(name="a", listen="tcp://127.0.0.1:0", join=[b.address])
+        await a.start()
+        started = asyncio.Event()
+
+        async def held(_arg: object) -> None:
+            started.set()
+            await asyncio.sleep(30)
+
+        a.add_service("held", held)
+        call = asyncio.ensure_future(b.request("a", "held", None))
+        await asyncio.wait_for(started.wait(), 10)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(a.stop(grace=0.5), 0.05)  # gives up during the grace
+        await a.stop()
+        with pytest.raises(RemoteError, match="shutting down"):
+            await call
         await wait_for(lambda: not b.peers().get("a", {}).get("connected"))
         assert children() - kids == b_kids
     assert stray(before) == []
