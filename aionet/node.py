@@ -380,7 +380,8 @@ class Node:
 
     async def wait_workers(self, n: int, timeout: float | None = None) -> list[str]:
         """Wait until ``n`` nodes (this one included, if it runs tasks) take tasks from this
-        node; returns their names. TimeoutError after ``timeout`` seconds names those there."""
+        node; returns their names. TimeoutError after ``timeout`` seconds names those there;
+        NodeClosed when this node stops (or has stopped) first."""
         return await self.scheduler.wait_workers(n, timeout)
 
     async def wait_members(self, members: int | Sequence[str], timeout: float | None = None) -> list[str]:

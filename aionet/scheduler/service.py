@@ -246,11 +246,12 @@ class Scheduler:
         """Fail what this node owns, drop queued work, then cancel and await every task the
         scheduler started (running async tasks included): none is left to finish, or to fail
         unobserved, after the node is gone."""
+        self._stopped = True
+        self._workers_changed()  # a wait_workers waiting now raises NodeClosed
+        self._ready.set()  # a peer's resources request waiting for a start that will not come is refused
         if not self._running:
             return
         self._running = False  # from here spawn() starts nothing
-        self._stopped = True
-        self._workers_changed()  # a wait_workers waiting now raises NodeClosed
         self.owner.shutdown("the local node is shutting down")
         jobs = self.worker.shutdown()
         for fut in self._death.values():
@@ -291,13 +292,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ user API
     async def wait_workers(self, n: int, timeout: float | None = None) -> list[str]:
-        """Wait until ``n`` nodes take tasks from here (alive, resources learned); their names.
-        NodeClosed when this node stops (or has stopped) first."""
+        """Wait until ``n`` nodes take tasks from here (alive, resources learned); their names."""
         views = self.owner.views
         try:
             async with asyncio.timeout(timeout):
                 while len(views) < n:
-                    if self._stopped:
+                    if self._stopped:  # NodeClosed: this node stopped (or has stopped) first
                         raise NodeClosed(f"node {self.name!r} is stopped: no worker can come up for it to see")
                     fut = self.loop.create_future()
                     self._workers_waiters.append(fut)
@@ -657,6 +657,8 @@ class Scheduler:
     # ------------------------------------------------------------------ services
     async def _svc_resources(self, _arg: Any) -> dict[str, Any]:
         await self._ready.wait()
+        if self._stopped:  # (the node stopped before its scheduler started)
+            raise NodeClosed(f"node {self.name!r} is stopped: it runs no tasks")
         w = self.worker
         return {"total": dict(w.pool.total), "run_tasks": w.run_tasks, "load": w.load(None)}
 

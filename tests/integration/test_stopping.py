@@ -37,23 +37,70 @@ def stray(before: set[asyncio.Task]) -> list[str]:
     return sorted(t.get_name() for t in asyncio.all_tasks() - before if t is not me and not t.done())
 
 
+async def stop_during_start(e: Node, reached: asyncio.Event, gate: asyncio.Event) -> None:
+    """Start ``e``, stop it once its start has ``reached`` a step held at ``gate``, then let
+    that step go on: the start must have ended with NodeClosed (not gone on to start more).
+    The stop is prompt: nothing waits for the handlers' grace (5 s) for a start that ended."""
+    starting = asyncio.ensure_future(e.start())
+    await asyncio.wait_for(reached.wait(), 20)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await e.stop()
+    took = loop.time() - t0
+    gate.set()  # a start the stop did not end would go on from here
+    with pytest.raises(NodeClosed, match="stopped while starting"):
+        await asyncio.wait_for(starting, 20)
+    assert took < 3
+    with pytest.raises(PeerUnavailable, match="not running"):
+        await e.request("e", "aionet.echo", 1)
+
+
 @pytest.mark.timeout(60)
-async def test_stop_while_start_is_joining_ends_the_start_and_leaves_nothing() -> None:
-    """A stop() while start() is under way (the link to the seed is up, the services are
-    starting) ends the start with NodeClosed; no service starts after the stop, so nothing of
-    the node (tasks, liveness sidecar) is left running."""
+async def test_stop_while_start_is_starting_the_services_ends_the_start_and_leaves_nothing() -> None:
+    """A stop() while start() is under way (joined, membership up, the scheduler starting)
+    ends the start with NodeClosed, and no service starts after the stop. (The start went on
+    after the stop, starting the scheduler and the cache: their tasks ran for good, and a
+    second stop() did nothing.)"""
     before, kids = asyncio.all_tasks(), children()
     async with Node(name="seed", listen="tcp://127.0.0.1:0") as seed:
         seed_kids = children() - kids
         e = Node(name="e", listen="tcp://127.0.0.1:0", join=[seed.address])
-        starting = asyncio.ensure_future(e.start())
-        await wait_for(lambda: "e" in seed.peers() or starting.done())
-        await e.stop()
-        with pytest.raises(NodeClosed, match="stopped while starting"):
-            await starting
-        assert children() - kids == seed_kids  # e's sidecar is gone (or never started)
-        with pytest.raises(PeerUnavailable, match="not running"):
-            await e.request("e", "aionet.echo", 1)
+        reached, gate = asyncio.Event(), asyncio.Event()
+        start_scheduler = e.scheduler.start
+
+        async def held_start() -> None:
+            reached.set()
+            await gate.wait()
+            await start_scheduler()
+
+        e.scheduler.start = held_start  # type: ignore[method-assign]
+        await stop_during_start(e, reached, gate)
+        assert children() - kids == seed_kids  # e's liveness sidecar is gone
+    assert stray(before) == []
+    assert children() == kids
+
+
+@pytest.mark.timeout(60)
+async def test_stop_while_the_liveness_sidecar_starts_leaves_no_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop() that lands while membership starts the liveness sidecar (a child process)
+    kills it: it was left running, unowned, after the node stopped."""
+    from aionet.membership.liveness import Responder
+
+    before, kids = asyncio.all_tasks(), children()
+    async with Node(name="seed", listen="tcp://127.0.0.1:0") as seed:
+        seed_kids = children() - kids
+        e = Node(name="e", listen="tcp://127.0.0.1:0", join=[seed.address])
+        reached, gate = asyncio.Event(), asyncio.Event()
+        start_responder = Responder.start
+
+        async def held_start(self: Responder, timeout: float = 10.0) -> None:
+            await start_responder(self, timeout)
+            reached.set()  # the sidecar runs; its start has not returned yet
+            await gate.wait()
+
+        monkeypatch.setattr(Responder, "start", held_start)
+        await stop_during_start(e, reached, gate)
+        assert children() - kids == seed_kids
     assert stray(before) == []
     assert children() == kids
 
