@@ -29,10 +29,13 @@ def test_serve_stops_at_once_on_a_signal_while_its_seeds_are_down():
     wait and exits cleanly, instead of retrying the seeds for the whole join timeout."""
     import time
 
+    from tests.observe_util import free_port
+
+    seed = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "aionet", "serve", "--name", "lone", "--listen", "tcp://127.0.0.1:0"),
-            *("--join", "tcp://127.0.0.1:9", "--log-level", "info"),
+            *("--join", seed, "--log-level", "info"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
