@@ -27,7 +27,7 @@ from .core.peers import Peer, PeerDirectory
 from .core.receive_targets import ReceiveTargets
 from .core.router import Router
 from .devices import Devices
-from .errors import AionetError, PeerUnavailable, RemoteError, SerializationError, WouldBlock
+from .errors import AionetError, NodeClosed, PeerUnavailable, RemoteError, SerializationError, WouldBlock
 from .instrument import Instrument, Instruments
 from .log import apply_level as apply_log_level
 from .log import get_logger
@@ -99,6 +99,8 @@ class Node:
         self._started_at = 0.0
         self._running = False
         self._closing = False
+        self._starting: asyncio.Task[None] | None = None  # start()'s steps, while they run
+        self._stopping: asyncio.Task[None] | None = None  # the one stop, once asked for
         self._control_handlers: dict[int, Callable[[str, list[Any]], None]] = {}
         # the core, each part given the collaborators it needs (never the Node)
         self._directory = PeerDirectory(self.name, self.log, cfg.heartbeat.forget_after, self._spawn, self.instruments)
@@ -218,6 +220,12 @@ class Node:
         await self.stop()
 
     async def start(self) -> None:
+        """Listen, join the seeds, start the services. A :meth:`stop` meanwhile ends it (the
+        steps run in a task of their own, which stop cancels and waits for): start raises
+        NodeClosed and leaves nothing running, however far it had got. A node starts once: a
+        stopped (or stopping) one raises NodeClosed (its mailboxes and services are closed)."""
+        if self._closing:
+            raise NodeClosed(f"node {self.name!r} is stopped: a Node starts once (make a new Node)")
         if self._running:
             return
         self._started_at = time.time()
@@ -225,38 +233,47 @@ class Node:
         self.router.bind_loop(asyncio.get_running_loop())
         if self._token is None and not all(is_local_address(u) for u in self.config.node.listen):
             self.log.warning("no cluster token configured: accepting connections from this host only")
+        self._starting = starting = asyncio.get_running_loop().create_task(self._start(), name="aionet-start")
         try:
-            for url in self.config.node.listen:
-                transport = self._connector.transport(url)
-                try:
-                    listener = await transport.listen(url, self._connector.on_accept)
-                except OSError as exc:
-                    if not self._may_move(url, exc):
-                        raise
-                    # a launched rank's computed port is taken on this host: any free one will do,
-                    # as this rank joins through the others (only the seeds' ports must be known)
-                    self.log.warning("launch port in use; listening on a free port instead", address=url)
-                    free = dataclasses.replace(Address.parse(url), port=0).url()
-                    listener = await transport.listen(free, self._connector.on_accept)
-                self._listeners.append(listener)
-                self.log.info("listening", address=listener.address)
-            self._spawn(self._directory.prune_loop(lambda: self._closing), "aionet-peer-prune")
-            if self.config.node.join:
-                await self._connector.join(self.config.node.join)
-            await self.membership.start()  # fetches the member table from the seeds joined above
-            await self.scheduler.start()  # learns the members' resources
-            await self.cache.start()
-            if self.config.http.port:  # the top layer (aiohttp, prometheus-client), only when asked for
-                from .observe import attach
-
-                self.observer = await attach(self)
-            if self.config.trace.enabled:
-                await self._trace_service({"op": "start"})
-            if self.world_size:
-                await self.wait_members(self.world() or self.world_size, self.config.launch.wait_timeout)
-        except BaseException:
+            await starting  # (cancelling this call cancels the steps too)
+        except BaseException as exc:
+            current = asyncio.current_task()
+            stopped = isinstance(exc, asyncio.CancelledError) and self._closing
+            stopped = stopped and not (current is not None and current.cancelling())
             await self.stop()
+            if stopped:
+                raise NodeClosed(f"node {self.name!r} was stopped while starting") from None
             raise
+
+    async def _start(self) -> None:
+        for url in self.config.node.listen:
+            transport = self._connector.transport(url)
+            try:
+                listener = await transport.listen(url, self._connector.on_accept)
+            except OSError as exc:
+                if not self._may_move(url, exc):
+                    raise
+                # a launched rank's computed port is taken on this host: any free one will do,
+                # as this rank joins through the others (only the seeds' ports must be known)
+                self.log.warning("launch port in use; listening on a free port instead", address=url)
+                free = dataclasses.replace(Address.parse(url), port=0).url()
+                listener = await transport.listen(free, self._connector.on_accept)
+            self._listeners.append(listener)
+            self.log.info("listening", address=listener.address)
+        self._spawn(self._directory.prune_loop(lambda: self._closing), "aionet-peer-prune")
+        if self.config.node.join:
+            await self._connector.join(self.config.node.join)
+        await self.membership.start()  # fetches the member table from the seeds joined above
+        await self.scheduler.start()  # learns the members' resources
+        await self.cache.start()
+        if self.config.http.port:  # the top layer (aiohttp, prometheus-client), only when asked for
+            from .observe import attach
+
+            self.observer = await attach(self)
+        if self.config.trace.enabled:
+            await self._trace_service({"op": "start"})
+        if self.world_size:
+            await self.wait_members(self.world() or self.world_size, self.config.launch.wait_timeout)
 
     async def drain(self, timeout: float | None = None) -> int:
         """Leave gracefully with no work lost: take no new tasks, finish those accepted here (up
@@ -273,10 +290,34 @@ class Node:
         return bool(in_use and self.world_size and not self.config.node.advertise and self.config.node.join)
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting, let in-flight handlers answer (up to ``grace`` s), say BYE, close."""
-        if self._closing or not self._running:
+        """Stop accepting, let in-flight handlers answer (up to ``grace`` s), say BYE, close.
+
+        The stop runs in a task of its own: every caller (a second stop, one from a task this
+        node runs, which the stop itself cancels) waits for the same one, and none of them can
+        cut it short. From a request handler it only begins the stop, which waits for that
+        handler to answer (a "shutdown" service's caller gets its reply). A start still under
+        way is ended first."""
+        if self._stopping is None:
+            if not self._running:
+                return
+            self._closing = True
+            self._stopping = asyncio.get_running_loop().create_task(self._stop(grace), name="aionet-stop")
+            self._stopping.add_done_callback(self._stopped)
+        if asyncio.current_task() in self.router.tasks:  # waiting here would hold the stop up
             return
-        self._closing = True
+        await asyncio.shield(self._stopping)
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        """The stop task's failure is logged here, as no caller may be waiting for it (a
+        handler's stop does not wait) to be told."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.log.error("stop failed", error=repr(exc))
+
+    async def _stop(self, grace: float) -> None:
+        starting = self._starting
+        if starting is not None and not starting.done():
+            starting.cancel()  # (start raises NodeClosed)
+            await asyncio.wait([starting])
         if self.observer is not None:
             await self.observer.close()
             self.observer = None
@@ -339,12 +380,14 @@ class Node:
 
     async def wait_workers(self, n: int, timeout: float | None = None) -> list[str]:
         """Wait until ``n`` nodes (this one included, if it runs tasks) take tasks from this
-        node; returns their names. TimeoutError after ``timeout`` seconds names those there."""
+        node; returns their names. TimeoutError after ``timeout`` seconds names those there;
+        NodeClosed when this node stops (or has stopped) first."""
         return await self.scheduler.wait_workers(n, timeout)
 
     async def wait_members(self, members: int | Sequence[str], timeout: float | None = None) -> list[str]:
         """Wait until ``members`` (names, or a count including this node) are alive; returns the
-        alive names. Raises PeerUnavailable naming who is missing after ``timeout`` seconds."""
+        alive names. Raises PeerUnavailable naming who is missing after ``timeout`` seconds,
+        NodeClosed when this node stops (or has stopped) while some are missing."""
 
         def missing() -> list[str] | int:
             alive = {n for n, m in self.members().items() if m["state"] == "alive"}
@@ -356,7 +399,11 @@ class Node:
             try:
                 async with asyncio.timeout(timeout):
                     while missing():
+                        if self._closing:
+                            raise StopAsyncIteration
                         await stream.get()
+            except StopAsyncIteration:  # the stream ended: membership stopped with this node
+                raise NodeClosed(f"node {self.name!r} is stopped: no member can come up for it to see") from None
             except TimeoutError:
                 left = missing()
                 what = f"{left} more member(s)" if isinstance(left, int) else ", ".join(left)

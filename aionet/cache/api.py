@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.ports import Clock, MemberEvents, Messaging, loop_time
 from ..errors import PeerUnavailable, RemoteError
-from .errors import BY_NAME, LockLost
+from .errors import BY_NAME, CacheError, LockLost
 from .service import CacheService
 from .store import freeze
 from .wire import (
@@ -356,8 +356,11 @@ class Cache:
         return await self._retrying(lambda: self._read_from(key, copy, svc.placement.owners(key)), start, failed)
 
     async def _read_from(self, key: str, copy: bool, owners: tuple[str, ...]) -> tuple[int, Any]:
-        """One round: ask each replica in turn until one answers."""
+        """One round: ask each replica in turn until one answers (not once this node has
+        stopped: its own store, asked last, would say absent for a key the others hold)."""
         svc = self.service
+        if not svc.running:
+            raise self._stopped()
         last: Exception | None = None
         for peer in owners:
             try:
@@ -436,6 +439,10 @@ class Cache:
         async for change in w: ...`` (entering waits until every member has the subscription;
         see :meth:`WatchStream.ready`)."""
         w = WatchStream(self, prefix, maxsize)
+        if not self.service.running:  # stopped: no change can come, so the stream ends at once
+            w.closed = True
+            w._q.put_nowait(None)
+            return w
         first = not any(x.prefix == prefix for x in self._watches)
         self._watches.add(w)
         if first:
@@ -585,11 +592,15 @@ class Cache:
     ) -> Any:
         """Run ``once`` until it answers, retrying while the target is unreachable (membership
         moves the key to its next replica) for up to ``cache.request_timeout`` s from ``start``
-        (default: now). ``failed``: the caller's own first try failed so (back off first)."""
+        (default: now). ``failed``: the caller's own first try failed so (back off first).
+        Once this node has stopped, CacheError at once: every write, lock and read that is not
+        a hit on a local copy comes through here."""
         loop = asyncio.get_running_loop()
         deadline = (loop.time() if start is None else start) + self.cfg.request_timeout
         delay = 0.01
         while True:
+            if not self.service.running:  # no retry can help, and this node's own copy is no
+                raise self._stopped()  # write or lock anyone else would see
             if failed is None:
                 try:
                     return await once()
@@ -600,6 +611,9 @@ class Cache:
             failed = None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
+
+    def _stopped(self) -> CacheError:
+        return CacheError(f"node {self.name!r} is stopped: the cache needs a running node (start a new Node)")
 
     def stats(self) -> dict[str, Any]:
         s = self.service

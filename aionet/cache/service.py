@@ -141,6 +141,11 @@ class CacheService:
             self.coord.close()
         await self._tasks.cancel_all()
 
+    @property
+    def running(self) -> bool:
+        """Between :meth:`start` and :meth:`stop`."""
+        return self._running
+
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any] | None:
         """Start a task the cache owns (cancelled and awaited by stop; failures logged)."""
         if not self._running:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from ..errors import AionetError, ConfigError
+from ..errors import AionetError, ConfigError, NodeClosed
 from .config import load_config
 
 #: a repeated SIGINT/SIGTERM sooner than this after the first is the same Ctrl-C delivered twice
@@ -106,12 +106,15 @@ async def _serve(cfg: Any, setups: list[Any]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     first: list[float] = []  # when the first signal came
-    stopped = False
+    started = stopped = False
+    stopping: list[asyncio.Task[None]] = []  # the stop a signal asked for while the node started
 
     def on_signal(sig: signal.Signals) -> None:
         if not first:
             first.append(loop.time())
             stop.set()
+            if not started:  # still starting (seeds may be down for node.join_timeout): end that now
+                stopping.append(loop.create_task(node.stop()))
             return
         # One Ctrl-C can arrive twice within milliseconds (the terminal signals the process
         # group and a wrapper such as `timeout` forwards it too): only a later one counts.
@@ -124,15 +127,26 @@ async def _serve(cfg: Any, setups: list[Any]) -> None:
     # SIGUSR1: a batch system's walltime warning (SLURM: srun --signal=USR1@120), drained like SIGTERM
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         loop.add_signal_handler(sig, on_signal, sig)
-    async with node:
-        ready = {"name": node.name, "addresses": node.addresses}
-        if node.world_size:
-            ready.update(rank=node.rank, world_size=node.world_size)
-        sys.stdout.write("ready " + json.dumps(ready) + "\n")
-        sys.stdout.flush()
-        await stop.wait()
-        node.log.info("signal received; shutting down: draining tasks, then leaving (a second signal exits at once)")
-        await node.drain()  # no new tasks; those accepted finish (scheduler.drain_timeout) or go elsewhere
+    try:
+        async with node:
+            started = True
+            ready = {"name": node.name, "addresses": node.addresses}
+            if node.world_size:
+                ready.update(rank=node.rank, world_size=node.world_size)
+            sys.stdout.write("ready " + json.dumps(ready) + "\n")
+            sys.stdout.flush()
+            await stop.wait()
+            node.log.info(
+                "signal received; shutting down: draining tasks, then leaving (a second signal exits at once)"
+            )
+            await node.drain()  # no new tasks; those accepted finish (scheduler.drain_timeout) or go elsewhere
+    except NodeClosed:
+        if not stopping:
+            raise
+        node.log.info("signal received while starting; stopped")
+    finally:
+        for t in stopping:
+            await t
     stopped = True
 
 

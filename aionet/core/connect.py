@@ -447,6 +447,8 @@ class Connector:
             await conn.send([frame])
 
     async def dial(self, url: str, expect: str | None = None) -> PeerConn:
+        if self._closing():
+            raise PeerUnavailable(f"{url}: local node is not running")
         transport = self.transport(url)
         try:
             conn = await transport.connect(url, timeout=self.config.transport.connect_timeout)
@@ -514,6 +516,9 @@ class Connector:
                     ) from exc
                 raise _HandshakeCut(f"{url}: connection closed during handshake ({cause})") from exc
             raise
+        if self._closing():  # the node stopped during the handshake: no link may open now
+            await close_conn(conn)
+            raise PeerUnavailable(f"{url}: local node is not running")
         for note in notes:
             self.log.info("link resumed", peer=hello.name, note=note)
         return await self._register(conn, hello, link, outgoing=True, peers=welcome.state.peers)

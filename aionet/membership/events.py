@@ -110,6 +110,7 @@ class Subscribers:
         self._instruments = instruments if instruments is not None else Instruments()
         self._callbacks: list[Callable[[MemberEvent], Any]] = []
         self._streams: set[MemberEventStream] = set()
+        self.closed = False  # membership stopped: a stream made now ends at once (nothing comes)
 
     def add(self, fn: Callable[[MemberEvent], Any]) -> Callable[[], None]:
         """Subscribe ``fn``; returns a function that unsubscribes."""
@@ -124,6 +125,8 @@ class Subscribers:
     def stream(self, maxsize: int) -> MemberEventStream:
         s = MemberEventStream(self, maxsize)
         self._streams.add(s)
+        if self.closed:
+            s.close()
         return s
 
     def emit(self, ev: MemberEvent) -> None:
@@ -142,7 +145,8 @@ class Subscribers:
             s._push(ev)
 
     def close(self) -> None:
-        """End every stream (membership stopped)."""
+        """End every stream, and those made later (membership stopped)."""
+        self.closed = True
         for s in list(self._streams):
             s.close()
 

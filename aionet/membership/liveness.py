@@ -237,6 +237,9 @@ class Liveness:
         responder = Responder(bind, host, self.token)
         try:
             await responder.start()
+        except asyncio.CancelledError:  # the node stopped while starting: no sidecar left behind
+            await responder.stop()
+            raise
         except Exception as exc:  # no sidecar: liveness falls back to heartbeats and probes
             self.log.warning("liveness responder did not start; a busy loop may look dead", error=str(exc))
             await responder.stop()

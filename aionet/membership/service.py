@@ -171,6 +171,7 @@ class Membership(Verification):
             return
         self._running = True
         self._leaving = False
+        self._subscribers.closed = False
         live = await self.liveness.start(self.peers.advertised())
         if live is not None:
             self.load.add_field("live", lambda: live)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.ports import Clock, ControlChannel, LoadFields, MemberEventInfo, MemberEvents, Messaging
 from ..devices import Devices
-from ..errors import ConfigError, PeerUnavailable, RemoteError, SerializationError
+from ..errors import ConfigError, NodeClosed, PeerUnavailable, RemoteError, SerializationError
 from ..instrument import Instruments
 from ..log import get_logger
 from ..stats import SchedulerStats
@@ -147,6 +147,7 @@ class Scheduler:
         self._nonce = os.urandom(8).hex()  # marks our own M_DEPARTED markers (peers cannot forge them)
         self._info_pending: set[str] = set()
         self._workers_waiters: list[asyncio.Future[None]] = []  # wait_workers()
+        self._stopped = False  # stop() ran: no worker can come any more
         self._death: dict[str, asyncio.Future[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._params: dict[Any, tuple[Any, frozenset[str]]] = {}  # fn -> its keyword params named like options
@@ -245,6 +246,9 @@ class Scheduler:
         """Fail what this node owns, drop queued work, then cancel and await every task the
         scheduler started (running async tasks included): none is left to finish, or to fail
         unobserved, after the node is gone."""
+        self._stopped = True
+        self._workers_changed()  # a wait_workers waiting now raises NodeClosed
+        self._ready.set()  # a peer's resources request waiting for a start that will not come is refused
         if not self._running:
             return
         self._running = False  # from here spawn() starts nothing
@@ -293,6 +297,8 @@ class Scheduler:
         try:
             async with asyncio.timeout(timeout):
                 while len(views) < n:
+                    if self._stopped:  # NodeClosed: this node stopped (or has stopped) first
+                        raise NodeClosed(f"node {self.name!r} is stopped: no worker can come up for it to see")
                     fut = self.loop.create_future()
                     self._workers_waiters.append(fut)
                     await fut
@@ -651,6 +657,8 @@ class Scheduler:
     # ------------------------------------------------------------------ services
     async def _svc_resources(self, _arg: Any) -> dict[str, Any]:
         await self._ready.wait()
+        if self._stopped:  # (the node stopped before its scheduler started)
+            raise NodeClosed(f"node {self.name!r} is stopped: it runs no tasks")
         w = self.worker
         return {"total": dict(w.pool.total), "run_tasks": w.run_tasks, "load": w.load(None)}
 

@@ -23,6 +23,38 @@ def test_serve_shuts_down_cleanly_on_signal(spawn, sig):
     assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.timeout(60)
+def test_serve_stops_at_once_on_a_signal_while_its_seeds_are_down():
+    """A signal while the node still waits for its seeds (up to node.join_timeout) ends that
+    wait and exits cleanly, instead of retrying the seeds for the whole join timeout."""
+    import time
+
+    from tests.observe_util import free_port
+
+    seed = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "aionet", "serve", "--name", "lone", "--listen", "tcp://127.0.0.1:0"),
+            *("--join", seed, "--log-level", "info"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AIONET_NODE_JOIN_TIMEOUT": "120"},
+    )
+    try:
+        while "listening" not in (line := proc.stderr.readline()):
+            assert line, "serve exited before listening"
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()[-2000:]
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
 def test_info_prints_node_info(spawn):
     proc, ready = spawn("--name", "s2", "--listen", "tcp://127.0.0.1:0")
     out = _aionet("info", "--connect", ready["addresses"][0])
