@@ -1,0 +1,72 @@
+"""What the caller-side request bound costs (``link.max_concurrent_requests``, README
+"Requests"): 64 callers of one node each make 200 requests to another, for a ``def`` and an
+``async def`` echo, at the bound 8 and the default 1024; requests/s, medians of 3 rounds.
+
+A caller keeps to the bound its peer advertises and counts every request (it cannot tell the
+peer's ``def`` handlers, which the peer does not count, from ``async def`` ones), and a freed slot
+takes a reply's trip back before the next request reaches the peer. Compare trees with
+``PYTHONPATH=OTHER_TREE python3 benchmarks/request_bound.py``.
+
+    python3 benchmarks/request_bound.py [--rounds 3] [--per 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import uvloop
+
+from aionet import Node
+from aionet.config import Config
+
+
+async def _rate(bound: int, async_handler: bool, per: int) -> float:
+    cfg = Config.from_dict({"link": {"max_concurrent_requests": bound}}, env={})
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0", config=cfg) as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        if async_handler:
+
+            async def echo(x: Any) -> Any:
+                return x
+
+            a.add_service("s", echo)
+        else:
+            a.add_service("s", lambda x: x)
+        await b.request("a", "s", 0, timeout=5)
+
+        async def caller() -> None:
+            for i in range(per):
+                await b.request("a", "s", i, timeout=30)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(64)))
+        return 64 * per / (time.perf_counter() - t0)
+
+
+async def _main(rounds: int, per: int) -> None:
+    for async_handler in (False, True):
+        for bound in (8, 1024):
+            rates = [await _rate(bound, async_handler, per) for _ in range(rounds)]
+            kind = "async def" if async_handler else "def      "
+            print(
+                f"{kind} handler, bound {bound:5d}: {statistics.median(rates) / 1e3:6.1f}k req/s "
+                f"({min(rates) / 1e3:.1f}-{max(rates) / 1e3:.1f}k)"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--per", type=int, default=200, help="requests per caller")
+    args = ap.parse_args()
+    uvloop.run(_main(args.rounds, args.per))
+
+
+if __name__ == "__main__":
+    main()
