@@ -28,6 +28,9 @@ FEATURE = "batch"
 #: ``link.max_concurrent_requests``: more could not start at once); a node advertising it also
 #: accepts REP envelopes with many replies. Absent: one request or reply per envelope.
 RPC_FEATURE = "rpc_batch"
+# how many more requests than "rpc_batch" a node lets wait for a handler slot without stopping
+# to read from their caller (a caller keeps its unanswered requests to the sum)
+RPC_WAIT_FEATURE = "rpc_wait"
 #: values each request / reply adds to its envelope: rid, service, payload / rid, payload
 RPC_ITEM_FIELDS = {REQ: 3, REP: 2}
 
@@ -71,6 +74,7 @@ __all__ = [
     "FEATURE",
     "RPC_FEATURE",
     "RPC_ITEM_FIELDS",
+    "RPC_WAIT_FEATURE",
     "array_header",
     "encode_rpc_batch",
     "encode_send_batch",

@@ -429,6 +429,8 @@ class Connector:
         # REQ envelopes with many requests (at most as many as may run at once) and REP
         # envelopes with many replies are welcome too
         features[batch.RPC_FEATURE] = self.config.link.max_concurrent_requests
+        # and as many again may wait for a handler slot without the reader stopping (Router.waiting)
+        features[batch.RPC_WAIT_FEATURE] = self.config.link.max_concurrent_requests
         # a CANCEL for a request whose caller gave up cancels its handler here (router.py)
         features["cancel"] = True
         return handshake.Hello(
@@ -646,7 +648,7 @@ class Connector:
         self._peers.learn(peers)
         link.set_peer_limits(hello.features.get("limits"))
         link.set_batch_limit(hello.features.get(batch.FEATURE))
-        link.set_rpc_batch_limit(hello.features.get(batch.RPC_FEATURE))
+        link.set_rpc_batch_limit(hello.features.get(batch.RPC_FEATURE), hello.features.get(batch.RPC_WAIT_FEATURE))
         link.peer_cancels = hello.features.get("cancel") is True
         self._start_reader(c, link)
         await link.attach(c, outgoing)

@@ -324,15 +324,18 @@ class Link(LinkRecovery):
         self.batching = ok
         self._bmax = min(BATCH_MESSAGES, limit) if ok else 1
 
-    def set_rpc_batch_limit(self, limit: Any) -> None:
+    def set_rpc_batch_limit(self, limit: Any, waits: Any = None) -> None:
         """The peer's handshake feature ``"rpc_batch"``: how many requests one REQ envelope
         may carry (its ``max_concurrent_requests``: more could not start at once anyway); it
-        then takes REP envelopes with many replies too. Off for a peer without it. It is
-        also how many of our requests may be unanswered at once (:attr:`requests`)."""
+        then takes REP envelopes with many replies too. Off for a peer without it. With
+        ``"rpc_wait"`` (``waits``: how many more requests it lets wait for a handler slot
+        without stopping to read), their sum is how many of our requests may be unanswered at
+        once (:attr:`requests`); without it (an older peer), ``limit`` alone."""
         ok = type(limit) is int and limit > 1
         self._rpc_max = min(BATCH_MESSAGES, limit) if ok else 0
         self._rep_max = BATCH_MESSAGES if ok else 0
-        self.requests.set_bound(limit)
+        extra = waits if type(waits) is int and waits > 0 and type(limit) is int else 0
+        self.requests.set_bound(limit + extra if extra else limit)
 
     def _push_rpc(self, kind: int, fields: list[Any]) -> bool:
         """Add a request ``[rid, service, payload]`` or reply ``[rid, payload]`` that packs

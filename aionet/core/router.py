@@ -339,6 +339,10 @@ class _Deadlines:
         self._n = 0
 
 
+# what the caller of a handler cancelled (or never started) because this node stops is told
+SHUTDOWN = "handler cancelled (node shutting down)"
+
+
 class Router:
     def __init__(self, node_name: str, cfg: LinkSection, log: Any, instruments: Instruments | None = None):
         """``cfg``: the ``[link]`` section (mailbox and concurrency bounds)."""
@@ -384,10 +388,14 @@ class Router:
         self.handling: dict[tuple[str, Any], asyncio.Task[Any]] = {}
         self.uncancellable: set[str] = set()  # services whose handlers run to the end (add_service)
         self._given_up: set[tuple[str, Any]] = set()  # handlers on_cancel cancelled, until they end
-        # async handlers running per requesting peer, bounded by max_concurrent_requests; a
-        # peer at the bound is not read from (back-pressure) until one of them finishes
+        # async handlers running per requesting peer, bounded by max_concurrent_requests; the
+        # requests over it wait here, up to as many again, each started as a handler ends (a
+        # caller keeps to both: it sends at most twice the bound); a peer over both is not read
+        # from (back-pressure) until one of them finishes
         self.max_concurrent_requests = max_concurrent_requests
         self.running: dict[str, int] = {}
+        # peer -> {rid: (entry, service, payload, reply)}, in arrival order
+        self.waiting: dict[str, dict[Any, tuple[tuple[Handler, int], Any, Any, Reply]]] = {}
         self._slot_waiters: dict[str, list[asyncio.Future[None]]] = {}
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -607,6 +615,12 @@ class Router:
         """``peer`` gave up on its request ``rid``: cancel the handler if it still computes the
         answer (a sync handler, or one that finished, has nothing left to cancel)."""
         key = (peer, rid)
+        waiting = self.waiting.get(peer)
+        if waiting is not None and waiting.pop(rid, None) is not None:  # never started: forgotten
+            if not waiting:
+                del self.waiting[peer]
+            self._wake_slot_waiters(peer)
+            return
         task = self.handling.pop(key, None)
         if task is not None:
             self._given_up.add(key)
@@ -653,7 +667,9 @@ class Router:
         Each future is marked retrieved: its caller may be blocked before the reply (on
         window space, the transport, staging) and then raises the link's own error, never
         looking at the future, which asyncio would report as "Future exception was never
-        retrieved" once collected. A caller that awaits it still gets the exception."""
+        retrieved" once collected. A caller that awaits it still gets the exception. Its
+        requests still waiting for a handler slot here are dropped (nobody waits for them)."""
+        self.waiting.pop(peer, None)
         for rid, (fut, p) in list(self.pending.items()):
             if p == peer:
                 del self.pending[rid]
@@ -753,7 +769,7 @@ class Router:
         if mode != SYNC:
             running = self.running.get(peer, 0)
             if running >= self.max_concurrent_requests:
-                return self._slot(peer)
+                return self._wait(peer, rid, entry, service, payload, reply)
             if mode == ASYNC and self.instruments.request_handled is None and not self._draining:
                 # the usual async handler, untimed: what _handle and _start do for it, inline
                 self.running[peer] = running + 1
@@ -785,7 +801,10 @@ class Router:
                 self._spawn_reply(reply(ERR, [rid, "aionet.ServiceNotFound", self._not_found(str(service)), ""]))
                 continue
             if entry[1] != SYNC and self.running.get(peer, 0) >= bound:
-                return self._slot(peer), i
+                slot = self._wait(peer, rid, entry, service, env[i + 2], reply)
+                if slot is not None:
+                    return slot, i
+                continue
             self._handle(entry, rid, service, env[i + 2], reply, peer)
         return None
 
@@ -823,7 +842,7 @@ class Router:
         if self._draining:
             if fn is _awaited:  # an inline handler's coroutine, never to run
                 payload.close()
-            self._spawn_reply(reply(ERR, [rid, "asyncio.CancelledError", "handler cancelled (node shutting down)", ""]))
+            self._spawn_reply(reply(ERR, [rid, "asyncio.CancelledError", SHUTDOWN, ""]))
             return
         self.running[peer] = running + 1
         loop = self.loop or asyncio.get_running_loop()
@@ -890,6 +909,12 @@ class Router:
         """Let running handlers answer for up to ``grace`` s, then cancel what still runs."""
         handlers = list(self.tasks)
         self._draining = True  # what is cancelled from now on is told "node shutting down"
+        waiting, self.waiting = self.waiting, {}
+        for queued in waiting.values():  # never started, never to start
+            for rid, (_entry, _service, _payload, reply) in queued.items():
+                self._spawn_reply(reply(ERR, [rid, "asyncio.CancelledError", SHUTDOWN, ""]))
+        for peer in list(self._slot_waiters):
+            self._wake_slot_waiters(peer)  # readers stopped at the bound: what they read now is refused
         if handlers:
             _done, pending = await asyncio.wait(handlers, timeout=grace)
             for t in pending:
@@ -905,6 +930,20 @@ class Router:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
+    def _wait(
+        self, peer: str, rid: Any, entry: tuple[Handler, int], service: Any, payload: Any, reply: Reply
+    ) -> asyncio.Future[None] | None:
+        """``peer`` runs its bound of handlers: the request waits for one of them to end (None),
+        unless as many wait already; then the caller stops reading from ``peer`` until one
+        ends (the future), and hands the same request in again."""
+        waiting = self.waiting.get(peer)
+        if waiting is None:
+            waiting = self.waiting[peer] = {}
+        elif len(waiting) >= self.max_concurrent_requests:
+            return self._slot(peer)
+        waiting[rid] = (entry, service, payload, reply)
+        return None
+
     def _slot(self, peer: str) -> asyncio.Future[None]:
         """Done when one of ``peer``'s handlers finishes; registered now, so a handler that
         finishes before the caller awaits it still wakes it."""
@@ -918,9 +957,21 @@ class Router:
             self.running[peer] = n
         else:
             del self.running[peer]
-        if n < self.max_concurrent_requests:
-            waiters = self._slot_waiters.pop(peer, None)
-            for fut in waiters or ():
+        waiting = self.waiting.get(peer)
+        if waiting:
+            bound = self.max_concurrent_requests
+            while waiting and self.running.get(peer, 0) < bound:
+                rid = next(iter(waiting))  # the oldest: requests start in the order they came
+                entry, service, payload, reply = waiting.pop(rid)
+                self._handle(entry, rid, service, payload, reply, peer)  # takes the slot (or answers inline)
+            if not waiting:
+                del self.waiting[peer]
+        self._wake_slot_waiters(peer)
+
+    def _wake_slot_waiters(self, peer: str) -> None:
+        """A reader stopped on ``peer`` (:meth:`_slot`) may read again: room to wait again."""
+        if peer in self._slot_waiters and len(self.waiting.get(peer, ())) < self.max_concurrent_requests:
+            for fut in self._slot_waiters.pop(peer):
                 if not fut.done():
                     fut.set_result(None)
 
@@ -938,9 +989,7 @@ class Router:
                 self.handling.pop(key, None)
                 if key in self._given_up and not self._draining:
                     raise  # the caller cancelled it (on_cancel): nobody waits for an answer
-                why = (
-                    "handler cancelled (node shutting down)" if self._draining else "the handler raised CancelledError"
-                )
+                why = SHUTDOWN if self._draining else "the handler raised CancelledError"
                 await _quiet(reply(ERR, [rid, "asyncio.CancelledError", why, ""]))
                 raise
             except Exception as exc:

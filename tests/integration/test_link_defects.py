@@ -230,9 +230,10 @@ async def test_request_timeout_bounds_the_dial():
 async def test_async_service_requests_are_bounded_per_peer_with_backpressure(bound, caller):
     """Item 8: a peer floods requests to a slow async handler. At most
     link.max_concurrent_requests handlers run at once, and every request completes. A caller
-    keeps to the bound b advertises: its requests beyond it wait at the caller, and b never
-    stops reading from it. One that does not know the bound (an older node) sends them all:
-    then b stops reading from it at the bound (back-pressure: nothing dropped)."""
+    keeps to the window b advertises (the bound, and as many again waiting at b): its requests
+    beyond it wait at the caller, and b never stops reading from it. One that does not know it
+    (an older node) sends them all: then b stops reading from it once that many wait
+    (back-pressure: nothing dropped)."""
     n = 300
     cfg_b = _cfg(link={"max_concurrent_requests": bound})
     async with Node(name="b", config=cfg_b) as b, Node(name="a", join=[b.address]) as a:
@@ -252,7 +253,7 @@ async def test_async_service_requests_are_bounded_per_peer_with_backpressure(bou
                 running -= 1
 
         slots = a._peers["b"].link.requests
-        assert slots.bound == bound  # from b's handshake
+        assert slots.bound == 2 * bound  # from b's handshake
         if caller == "ignores the bound":
             slots.bound = UNBOUNDED
         calls = [asyncio.ensure_future(a.request("b", "slow", i, timeout=30)) for i in range(n)]
@@ -260,11 +261,12 @@ async def test_async_service_requests_are_bounded_per_peer_with_backpressure(bou
         if caller == "ignores the bound":
             await wait_for(lambda: _read_paused(b, "a"))
         else:
-            await wait_for(lambda: slots.waiting >= n - bound)  # (and any of aionet's own requests)
+            await wait_for(lambda: slots.waiting >= n - 2 * bound)  # (and any of aionet's own requests)
         await asyncio.sleep(0.1)  # time for more handlers to start, were there no bound
         assert running == bound and b.router.running == {"a": bound}
+        assert len(b.router.waiting["a"]) == bound  # over the bound: waiting at b, in order
         if caller == "keeps to the bound":
-            assert not _read_paused(b, "a") and slots.out == bound
+            assert not _read_paused(b, "a") and slots.out == 2 * bound
         gate.set()
         assert await asyncio.wait_for(asyncio.gather(*calls), 30) == list(range(n))
         assert peak == bound

@@ -248,49 +248,55 @@ async def test_a_cancel_that_cannot_be_sent_changes_nothing_for_the_caller(pair:
 
 @pytest.mark.timeout(60)
 async def test_callers_keep_to_the_peers_bound_so_hung_handlers_cannot_wedge_them(pair: Pair) -> None:
-    """a runs at most 2 of b's handlers. Six calls to a handler that never ends used to send
-    all six: a started two and stopped reading from b at the third, so the cancels of the
+    """a runs at most 2 of b's handlers. Eight calls to a handler that never ends used to send
+    all eight: a started two and stopped reading from b at the third, so the cancels of the
     timed-out calls (behind it in the stream) were never read, and every later call from b
-    waited for good. Now b sends only as many as a runs; the rest wait at b, time out there
-    unsent, and the cancels of the two that went reach a."""
+    waited for good. Now b sends only a's window (2 running, 2 waiting there); the rest wait
+    at b and time out there unsent; the cancels of the four that went reach a, which cancels
+    the running ones and forgets the waiting ones."""
     a, b = pair
     held = Held()
     a.add_service("held", held)
-    calls = [b.request("a", "held", i, timeout=0.4) for i in range(6)]
+    calls = [asyncio.ensure_future(b.request("a", "held", i, timeout=0.4)) for i in range(8)]
+    await wait_for(lambda: len(a.router.waiting.get("b", ())) == 2)
+    assert sorted(a.router.waiting["b"]) == sorted(b.router.pending)[2:]  # calls 2 and 3 wait at a
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, TimeoutError) for r in results), results
-    assert sorted([await asyncio.wait_for(held.cancelled.get(), 5) for _ in range(2)]) == [0, 1]
+    await wait_for(lambda: idle(a) and not a.router.waiting)
     assert await b.request("a", "aionet.echo", "not wedged", timeout=5) == "not wedged"
-    assert held.started.qsize() == 2  # the four others never left b
+    started = sorted(held.started.get_nowait() for _ in range(held.started.qsize()))
+    cancelled = sorted(held.cancelled.get_nowait() for _ in range(held.cancelled.qsize()))
+    assert started[:2] == [0, 1] and started == cancelled and set(started) <= {0, 1, 2, 3}  # 4-7 never left b
     link = b._peers["a"].link
     assert link is not None and link.requests.out == 0 and link.requests.waiting == 0
-    await wait_for(lambda: idle(a))
 
 
 @pytest.mark.timeout(60)
 async def test_a_call_waiting_for_a_slot_goes_once_an_earlier_one_is_given_up(pair: Pair) -> None:
-    """At the bound, a third call waits at the caller; cancelling one of the two running ones
-    sends its cancel, then the waiting call, which the peer starts (it never stopped reading)."""
+    """With a's window full (2 handlers running, 2 requests waiting at a), a fifth call waits at
+    b; cancelling a running one sends its cancel, a starts the oldest waiting request, and the
+    fifth call goes (a never stopped reading from b)."""
     a, b = pair
     held = Held()
     a.add_service("held", held)
-    first = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(2)]
+    first = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(4)]
     assert sorted([await asyncio.wait_for(held.started.get(), 5) for _ in range(2)]) == [0, 1]
-    third = asyncio.ensure_future(b.request("a", "held", 2))
+    await wait_for(lambda: len(a.router.waiting.get("b", ())) == 2)
+    fifth = asyncio.ensure_future(b.request("a", "held", 4))
     link = b._peers["a"].link
     assert link is not None
     await wait_for(lambda: link.requests.waiting == 1)
     assert held.started.empty()
     first[0].cancel()
     assert await asyncio.wait_for(held.cancelled.get(), 5) == 0
-    assert await asyncio.wait_for(held.started.get(), 5) == 2
+    assert await asyncio.wait_for(held.started.get(), 5) == 2  # the oldest waiting one
+    await wait_for(lambda: link.requests.waiting == 0 and list(a.router.waiting.get("b", ())) != [])
     held.release.set()
-    assert await asyncio.wait_for(first[1], 5) == 1
-    assert await asyncio.wait_for(third, 5) == 2
+    assert await asyncio.wait_for(asyncio.gather(*first[1:], fifth), 5) == [1, 2, 3, 4]
     with pytest.raises(asyncio.CancelledError):
         await first[0]
     assert link.requests.out == 0
-    await wait_for(lambda: idle(a))
+    await wait_for(lambda: idle(a) and not a.router.waiting)
 
 
 @pytest.mark.timeout(60)
@@ -322,9 +328,9 @@ async def test_calls_waiting_for_a_slot_fail_when_the_peer_is_declared_dead(pair
     a, b = pair
     held = Held()
     a.add_service("held", held)
-    running = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(2)]
-    await wait_for(lambda: held.started.qsize() == 2)
-    waiting = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(2, 5)]
+    running = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(4)]  # 2 run, 2 wait at a
+    await wait_for(lambda: held.started.qsize() == 2 and len(a.router.waiting.get("b", ())) == 2)
+    waiting = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(4, 7)]
     link = b._peers["a"].link
     assert link is not None
     await wait_for(lambda: link.requests.waiting == 3)

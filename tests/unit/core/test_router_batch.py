@@ -32,11 +32,14 @@ def _batch(*reqs: tuple[int, str, Any]) -> list[Any]:
 
 async def test_a_batch_starts_what_the_bound_allows_and_the_rest_as_slots_free() -> None:
     """As for requests one at a time: a handler waiting for a later request of the same batch
-    (a barrier) must get it started while the bound allows."""
+    (a barrier) must get it started while the bound allows; those over it wait (up to as many
+    again) and start, in order, as handlers end, without the reader stopping."""
     router, sent = _router(4)
     gate = asyncio.Event()
+    order: list[int] = []
 
     async def slow(x: Any) -> Any:
+        order.append(x)
         await gate.wait()
         return x
 
@@ -45,17 +48,15 @@ async def test_a_batch_starts_what_the_bound_allows_and_the_rest_as_slots_free()
     reply = _reply(sent)
     assert router.on_requests(_batch((1, "slow", 1), (2, "slow", 2), (3, "slow", 3)), reply, "cli") is None
     env = _batch((4, "slow", 4), (5, "sync", 5), (6, "slow", 6), (7, "slow", 7))
-    rest = router.on_requests(env, reply, "cli")
-    assert rest is not None
-    wait, at = rest
-    assert at == 3 + 3 * 2 and router.running["cli"] == 4  # 4 started, 5 (sync) answered, 6 waits
+    assert router.on_requests(env, reply, "cli") is None  # 4 started, 5 (sync) answered, 6 and 7 wait
+    assert router.running["cli"] == 4 and list(router.waiting["cli"]) == [6, 7]
     assert [f[0] for _k, f in sent] == [5]
     gate.set()
-    await asyncio.wait_for(wait, 5)
-    assert router.on_requests(env, reply, "cli", at) is None
-    await asyncio.wait_for(asyncio.gather(*router.tasks), 5)
+    for _ in range(3):
+        await asyncio.wait_for(asyncio.gather(*router.tasks), 5)
     assert sorted(f[0] for k, f in sent if k == REP) == [1, 2, 3, 4, 5, 6, 7]
-    assert "cli" not in router.running
+    assert order == [1, 2, 3, 4, 6, 7]
+    assert "cli" not in router.running and router.waiting == {}
 
 
 async def test_a_batch_over_the_bound_never_runs_more_than_the_bound() -> None:

@@ -193,3 +193,43 @@ async def test_nothing_starts_once_the_router_drains() -> None:
         (ERR, 1, "asyncio.CancelledError", "handler cancelled (node shutting down)"),
         (ERR, 2, "asyncio.CancelledError", "handler cancelled (node shutting down)"),
     ]
+
+
+@pytest.mark.timeout(10)
+async def test_requests_over_the_bound_wait_in_order_and_a_cancel_or_a_stop_ends_them() -> None:
+    """Over ``max_concurrent_requests`` a request waits (up to as many again) instead of making
+    the reader stop: it starts, in arrival order, as a handler ends; its caller's CANCEL forgets
+    it unstarted; a stop answers "node shutting down" for it; past the waiting room the reader
+    stops (a future to await) until a request starts."""
+    router = Router(
+        "a", Config.from_dict({"link": {"max_concurrent_requests": 2}}, env={}).link, logging.getLogger("t")
+    )
+    sent: list[tuple[int, list[Any]]] = []
+    reply = lambda kind, fields: sent.append((kind, fields))  # noqa: E731
+    gate = asyncio.Event()
+    order: list[int] = []
+
+    async def held(x: int) -> int:
+        order.append(x)
+        await gate.wait()
+        return x
+
+    router.add_service("h", held)
+    for rid in range(1, 5):
+        assert router.on_request(rid, "h", rid, reply, "b") is None
+    assert router.running == {"b": 2} and list(router.waiting["b"]) == [3, 4]
+    stop = router.on_request(5, "h", 5, reply, "b")
+    assert isinstance(stop, asyncio.Future) and not stop.done()  # waiting room full: stop reading
+    router.on_cancel(3, "b")  # never started: forgotten, no answer
+    assert list(router.waiting["b"]) == [4] and stop.done()  # room again: read on
+    assert router.on_request(5, "h", 5, reply, "b") is None  # handed in again: waits
+    await settle()
+    assert order == [1, 2]
+    router.on_cancel(1, "b")  # a running one: cancelled; the oldest waiting one starts
+    await settle()
+    assert order == [1, 2, 4] and list(router.waiting["b"]) == [5]
+    await router.drain(0.01)  # the stop: running handlers cancelled, waiting ones answered
+    await settle()
+    assert order == [1, 2, 4] and router.waiting == {} and router.running == {}
+    answers = {f[0]: f[2] for k, f in sent if k == ERR}
+    assert answers[5] == "handler cancelled (node shutting down)" and 3 not in answers and 1 not in answers
