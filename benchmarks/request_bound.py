@@ -2,9 +2,9 @@
 "Requests"): 64 callers of one node each make 200 requests to another, for a ``def`` and an
 ``async def`` echo, at the bound 8 and the default 1024; requests/s, medians of 3 rounds.
 
-A caller keeps to the bound its peer advertises and counts every request (it cannot tell the
-peer's ``def`` handlers, which the peer does not count, from ``async def`` ones), and a freed slot
-takes a reply's trip back before the next request reaches the peer. Compare trees with
+A caller keeps to the window its peer advertises (the bound, and as many again that may wait
+there for a slot) and counts every request: it cannot tell the peer's ``def`` handlers, which the
+peer does not count, from ``async def`` ones. Compare trees with
 ``PYTHONPATH=OTHER_TREE python3 benchmarks/request_bound.py``.
 
     python3 benchmarks/request_bound.py [--rounds 3] [--per 200]

@@ -966,7 +966,8 @@ class Router:
                 self._handle(entry, rid, service, payload, reply, peer)  # takes the slot (or answers inline)
             if not waiting:
                 del self.waiting[peer]
-        self._wake_slot_waiters(peer)
+        if peer in self._slot_waiters:  # (a call per handler otherwise)
+            self._wake_slot_waiters(peer)
 
     def _wake_slot_waiters(self, peer: str) -> None:
         """A reader stopped on ``peer`` (:meth:`_slot`) may read again: room to wait again."""
