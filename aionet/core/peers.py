@@ -254,6 +254,9 @@ class PeerDirectory:
         for p in self.table.values():  # dead links still keeping messages: stop their timers
             if p.link is not None:
                 p.link.give_up("local node is shutting down")
+        for t in byes:  # a goodbye not acknowledged in time: ended here, not left running
+            t.cancel()
+        await asyncio.gather(*byes, return_exceptions=True)
 
     # ------------------------------------------------------------------ connection events
     def on_event(self, fn: ConnListener) -> None:

@@ -323,3 +323,26 @@ async def test_a_stop_begun_by_a_handler_that_fails_is_logged_not_left_unretriev
         assert await b.request("a", "shutdown", None, timeout=10) == "stopping"
         await wait_for(lambda: a._stopping is not None and a._stopping.done())
         assert "stop failed" in caplog.text and "transport close broke" in caplog.text
+
+
+@pytest.mark.timeout(60)
+async def test_a_goodbye_that_never_ends_is_ended_by_the_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop() says BYE to each peer and waits up to 2 s for the ack; a goodbye still under way
+    then was left running, owned by nobody. Here one never ends by itself: the stop must end it
+    (and await it) before it returns."""
+    from aionet.core import peers
+
+    stuck = asyncio.Event()
+
+    async def never_acked(_link: object) -> None:
+        stuck.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(peers, "_say_bye", never_acked)
+    async with Node(name="b", listen="tcp://127.0.0.1:0") as b:
+        a = Node(name="a", listen="tcp://127.0.0.1:0", join=[b.address])
+        await a.start()
+        await a.stop()
+        assert stuck.is_set()
+        left = [t for t in asyncio.all_tasks() if "never_acked" in repr(t.get_coro())]
+        assert left == [], left
