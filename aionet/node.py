@@ -395,15 +395,16 @@ class Node:
                 return max(0, members - len(alive))
             return [n for n in members if n not in alive]
 
+        stopped = f"node {self.name!r} is stopped: no member can come up for it to see"
         async with self.member_events() as stream:
             try:
                 async with asyncio.timeout(timeout):
                     while missing():
                         if self._closing:
-                            raise StopAsyncIteration
+                            raise NodeClosed(stopped)
                         await stream.get()
             except StopAsyncIteration:  # the stream ended: membership stopped with this node
-                raise NodeClosed(f"node {self.name!r} is stopped: no member can come up for it to see") from None
+                raise NodeClosed(stopped) from None
             except TimeoutError:
                 left = missing()
                 what = f"{left} more member(s)" if isinstance(left, int) else ", ".join(left)

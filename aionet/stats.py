@@ -72,8 +72,8 @@ class LinkStats(Stats):
     recv_bytes: int = 0  # bytes of the sequenced messages received on it
     replayed: int = 0  # messages written again after a reconnect
     acks_sent: int = 0  # standalone ACK frames sent (acks not carried by our own traffic)
-    requests_out: int = 0  # our requests to the peer that hold one of its handler slots
-    requests_waiting: int = 0  # our requests waiting at the peer's bound (max_concurrent_requests)
+    requests_out: int = 0  # our unanswered requests to the peer (within the window it advertises)
+    requests_waiting: int = 0  # our requests waiting here for room in that window
 
 
 @dataclass(frozen=True, slots=True)

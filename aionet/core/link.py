@@ -165,7 +165,7 @@ class Link(LinkRecovery):
         # the peer's handshake feature "cancel": it cancels a handler when told that its
         # caller gave up (CANCEL); a peer without it is not sent one
         self.peer_cancels = False
-        # this node's unanswered requests to the peer, held to its max_concurrent_requests
+        # this node's unanswered requests to the peer, held to the window it advertises
         self.requests = RequestSlots()
         self._waiting_senders = 0
         self.disconnected_since: float | None = None

@@ -1,16 +1,17 @@
-"""How many of this node's requests to one peer are unanswered, held to what the peer runs.
+"""How many of this node's requests to one peer are unanswered, held to the peer's window.
 
-A peer runs at most ``link.max_concurrent_requests`` async handlers per caller and stops
-reading from a caller that sends more, until one of them ends. While it does not read, it
-reads nothing else from that caller either: not the CANCEL of a request the caller gave up
-on, so handlers that never end would hold that caller out for good. The peer advertises its
-bound in its handshake (feature ``rpc_batch``), so the caller keeps to it instead: a request
-beyond it waits here, in call order, and goes out when an earlier one is answered or given
-up (whose CANCEL then goes first). A request given up while it waits here was never sent.
+A peer runs at most ``link.max_concurrent_requests`` async handlers per caller, lets as many
+requests again wait for a slot (``Router.waiting``), and stops reading from a caller that sends
+more, until one of them starts. While it does not read, it reads nothing else from that caller
+either: not the CANCEL of a request the caller gave up on, so handlers that never end would
+hold that caller out for good. The peer advertises both numbers in its handshake (features
+``rpc_batch`` and ``rpc_wait``), so the caller keeps to their sum instead: a request beyond it
+waits here, in call order, and goes out when an earlier one is answered or given up (whose
+CANCEL then goes first). A request given up while it waits here was never sent.
 
 The count is conservative (a reply still on its way keeps its slot), so the peer never has
-to stop reading, except for a handler that outlives its cancel: one registered with
-``cancellable=False``, or one that swallows ``CancelledError``.
+to stop reading, except for handlers that outlive their cancel: ones registered with
+``cancellable=False``, or ones that swallow ``CancelledError``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class RequestSlots:
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     def set_bound(self, limit: Any) -> None:
-        """The peer's advertised ``max_concurrent_requests``; anything else: no bound."""
+        """The peer's advertised window (its ``max_concurrent_requests``, plus what may wait
+        there); anything else: no bound."""
         self.bound = limit if type(limit) is int and limit >= 1 else UNBOUNDED
         while self.out < self.bound and self._hand_on():
             self.out += 1  # a larger bound (a new connection to a restarted peer): let waiters go
