@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks, as run on a lent GPU machine (one short script; every step bounded).
 #
-#   OUT=/some/dir [STEPS="ceilings tests ucx p2p allreduce"] bash benchmarks/gpu_session.sh [wheel-dir]
+#   OUT=/some/dir [STEPS="ceilings tests ucx p2p allreduce frames ucxgpu"] bash benchmarks/gpu_session.sh [wheel-dir]
 #
 # The machine is assumed to have CuPy and PyTorch with CUDA; aionet's other dependencies (lz4 and
 # pyzmq are not in its image, structlog was missing on one machine of 2026-11-27, ucxx for the
 # ucx:// rows) may come as wheels in [wheel-dir], installed into /tmp/site.
 # Writes gpu.log and JSON results under $OUT. Steps: the copy ceilings, the GPU tests (staging
 # over tcp://, device frames over ucx://, collectives and the bench CLI on CuPy buffers), then
-# `aionet bench` p2p and allreduce on GPU and host buffers in the same run.
+# `aionet bench` p2p and allreduce on GPU and host buffers in the same run. Not in the default
+# steps: `frames`, large CuPy frames through bare ucxx (tells a ucxx fault from an aionet one);
+# `ucxgpu`, `aionet bench p2p --device gpu` up to 256 MiB over ucx:// and tcp://.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -46,5 +48,14 @@ want allreduce && for n in 2 4; do
     step "bench allreduce n=$n $d"
     timeout 90 python3 -m aionet bench allreduce --nodes $n --device $d --min 1M --max 64M --factor 4 --iters 5 --warmup 2
   done
+done
+want frames && step "bare ucxx, CuPy frames" && timeout -k 5 200 python3 benchmarks/ucx_frames.py --device gpu \
+  --sizes ${FRAME_SIZES:-64MiB,256MiB} --count 3 --timeout 40
+# output to a file, not a pipe: a killed bench's node processes would hold a pipe open
+want ucxgpu && for t in ucx tcp; do
+  step "bench p2p $t gpu, 1M-256M"
+  UCX_LOG_LEVEL=warn timeout -k 5 ${P2P_TIMEOUT:-60} python3 -m aionet bench p2p --transport $t --device gpu \
+    --min 1M --max 256M --factor 16 --iters 5 --warmup 1 --json > "$OUT/p2p_${t}_gpu_big.json" 2> "$OUT/p2p_${t}_gpu_big.err"
+  echo "rc $?"; cat "$OUT/p2p_${t}_gpu_big.json"; tail -5 "$OUT/p2p_${t}_gpu_big.err"
 done
 step done

@@ -9,6 +9,13 @@ tag, where ``kind`` is a one-byte frame (message / FIN). The kind frame lets zer
 exist (ucxx cannot send an empty list) and carries the orderly close: ``close()`` sends FIN
 after everything already sent, so the peer reads every message and then ``ConnectionClosed``.
 
+Device frames go **out of line**: the ``send_multi`` carries a layout (where and how large each
+frame is) and the host frames, and each device frame follows as its own tagged ``send`` that
+the receiver posts into a device buffer it allocated at the announced size. On an H200
+(2026-11-28, ``benchmarks/ucx_frames.py``) ucxx's ``recv_multi`` moved CuPy frames at
+0.35 GB/s where a tagged ``recv`` into a buffer sized ahead reached 25.6 GB/s at 64 MiB and
+100 GB/s at 256 MiB (CUDA IPC). ``tagged_frame_bytes`` sends host frames that large the same way.
+
 Receiving: one reader task per connection keeps a single ``recv_multi`` posted and queues
 complete messages, so ``recv_many`` returns everything already received. It stops posting while
 ``max_queued_bytes`` are unread; large messages (above UCX's rendezvous threshold) then stay at
@@ -52,7 +59,8 @@ from collections.abc import Awaitable, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import ConnectionClosed, TransportError, TransportUnavailable
+from ..config import LimitsSection
+from ..errors import ConnectionClosed, FrameTooLarge, TooManyFrames, TransportError, TransportUnavailable
 from ..log import get_logger
 from ..stats import ConnectionStats
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
@@ -65,6 +73,12 @@ log = get_logger("aionet.transports.ucx")
 KIND_MSG = b"\x01"
 KIND_FIN = b"\x02"
 KIND_BATCH = b"\x03"  # [KIND_BATCH, frame counts (uint32 each), *frames of every message]
+KIND_SPLIT = b"\x04"  # [KIND_SPLIT, layout, *inline frames]; out-of-line frames follow, tagged
+_INLINE, _OOL_HOST, _OOL_DEVICE = 0, 1, 2  # where a frame of a KIND_SPLIT message travels
+_LAYOUT = struct.Struct("<BQ")  # per frame: where, nbytes
+# The tag of out-of-line frames, hashed with the endpoint's own by ucxx. An int, since str hashes
+# differ between processes.
+_OOL_TAG = 0x616E6574
 _SMALL = 64 << 10  # messages below this are copied when queued, so the caller may reuse them
 _BATCH_BYTES = 4 << 20  # at most this much (or one larger message) per ucxx send
 _BATCH_MESSAGES = 1024
@@ -225,8 +239,20 @@ def _is_cancel(exc: BaseException) -> bool:
 class UCXConnection(Connection):
     """One ucxx endpoint as an aionet connection."""
 
-    def __init__(self, ep: Any, *, local: str, peer: str, max_queued_bytes: int, device: bool) -> None:
+    def __init__(
+        self,
+        ep: Any,
+        *,
+        local: str,
+        peer: str,
+        max_queued_bytes: int,
+        device: bool,
+        limits: LimitsSection | None = None,
+        tagged_frame_bytes: int = 0,
+    ) -> None:
         self._ep = ep
+        self._limits = limits or LimitsSection()
+        self._tagged = tagged_frame_bytes  # host frames this large go out of line (0: none)
         self.local_address = local
         self.peer_address = peer
         self.moves_device_memory = device  # type: ignore[misc]  # per connection: depends on UCX build
@@ -244,7 +270,8 @@ class UCXConnection(Connection):
         # Outgoing: one sender task takes everything queued and sends it as one ucxx message:
         # each ucxx send costs a completion through the progress thread, so sending queued
         # small messages together is what makes small-message rates tolerable.
-        self._outq: deque[tuple[list[Any], int, asyncio.Future[None] | None]] = deque()
+        # (frames, bytes, done, has out-of-line frames)
+        self._outq: deque[tuple[list[Any], int, asyncio.Future[None] | None, bool]] = deque()
         self._out_bytes = 0
         self._sender: asyncio.Task[None] | None = None
         self._room: list[asyncio.Future[None]] = []  # writers waiting for the queue to drain
@@ -268,6 +295,10 @@ class UCXConnection(Connection):
                     self._queued_bytes += sum(_nbytes(f) for f in frames)
                 elif kind == KIND_BATCH:
                     self._unbatch(bufs)
+                elif kind == KIND_SPLIT:
+                    frames = await self._recv_split(bufs)
+                    self._queue.append(frames)
+                    self._queued_bytes += sum(_nbytes(f) for f in frames)
                 else:
                     raise TransportError(f"ucx: unknown message kind {kind!r}; closing")
                 self._have_data.set()
@@ -305,6 +336,46 @@ class UCXConnection(Connection):
             self._queue.append(frames)
             self._queued_bytes += sum(_nbytes(f) for f in frames)
 
+    async def _recv_split(self, bufs: list[Any]) -> Message:
+        """The frames of a KIND_SPLIT message: its inline ones, then each out-of-line frame
+        received into a buffer of the announced size (device memory where this side can hold
+        it, else host memory). Sizes are checked against the limits before anything is
+        allocated."""
+        if len(bufs) < 2:
+            raise TransportError("ucx: split message without its layout; closing")
+        raw = memoryview(bufs[1]).cast("B")
+        if len(raw) % _LAYOUT.size:
+            raise TransportError("ucx: malformed split layout; closing")
+        layout = list(_LAYOUT.iter_unpack(raw))
+        lim = self._limits
+        if len(layout) > lim.max_frames:
+            raise TooManyFrames(f"ucx: message has {len(layout)} frames; limit is {lim.max_frames} (limits.max_frames)")
+        if any(where not in (_INLINE, _OOL_HOST, _OOL_DEVICE) for where, _ in layout):
+            raise TransportError("ucx: unknown frame placement in split layout; closing")
+        if sum(1 for where, _ in layout if where == _INLINE) != len(bufs) - 2:
+            raise TransportError("ucx: split layout does not match its frames; closing")
+        if (big := max((n for _, n in layout), default=0)) > lim.max_frame_bytes:
+            raise FrameTooLarge(f"ucx: frame of {big} bytes; limit is {lim.max_frame_bytes} (limits.max_frame_bytes)")
+        if (total := sum(n for _, n in layout)) > lim.max_message_bytes:
+            raise FrameTooLarge(
+                f"ucx: message of {total} bytes; limit is {lim.max_message_bytes} (limits.max_message_bytes)"
+            )
+        inline = iter(bufs[2:])
+        frames: Message = []
+        for where, n in layout:
+            if where == _INLINE:
+                frames.append(_own(next(inline)))
+                continue
+            buf = _device_empty(n) if where == _OOL_DEVICE and self.moves_device_memory else _host_empty(n)
+            await self._ep.recv(buf, tag=_OOL_TAG)
+            frames.append(buf if where == _OOL_DEVICE and self.moves_device_memory else memoryview(buf))
+        return frames
+
+    def _out_of_line(self, f: Any) -> bool:
+        if hasattr(f, "__cuda_array_interface__"):
+            return _nbytes(f) > 0
+        return self._tagged > 0 and _nbytes(f) >= self._tagged
+
     def write_nowait(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
         """Queue one message for the sender task. Small messages are copied (the caller may
         reuse its buffers at once) and return None unless the queue is above its high-water
@@ -313,12 +384,14 @@ class UCXConnection(Connection):
             raise self._ended()
         nbytes = sum(_nbytes(f) for f in frames)
         done: asyncio.Future[None] | None = None
+        split = False
         if nbytes < _SMALL and not any(hasattr(f, "__cuda_array_interface__") for f in frames):
             out = [f if type(f) is bytes else bytes(memoryview(f).cast("B")) for f in frames]
         else:
             out = list(frames)
             done = asyncio.get_running_loop().create_future()
-        self._outq.append((out, nbytes, done))
+            split = any(self._out_of_line(f) for f in out)
+        self._outq.append((out, nbytes, done, split))
         self._out_bytes += nbytes
         if self._sender is None:
             self._sender = asyncio.get_running_loop().create_task(self._send_loop())
@@ -342,12 +415,17 @@ class UCXConnection(Connection):
             while q and self._failure is None and self._ep is not None:
                 batch = [q.popleft()]
                 size = batch[0][1]
-                while q and len(batch) < _BATCH_MESSAGES and size + q[0][1] <= _BATCH_BYTES:
-                    item = q.popleft()
-                    batch.append(item)
-                    size += item[1]
-                if len(batch) == 1:
-                    parts: list[Any] = [KIND_MSG, *batch[0][0]]
+                ool: list[Any] = []
+                parts: list[Any]
+                if not batch[0][3]:  # a message with out-of-line frames goes alone
+                    while q and len(batch) < _BATCH_MESSAGES and not q[0][3] and size + q[0][1] <= _BATCH_BYTES:
+                        item = q.popleft()
+                        batch.append(item)
+                        size += item[1]
+                if batch[0][3]:
+                    parts, ool = self._split(batch[0][0])
+                elif len(batch) == 1:
+                    parts = [KIND_MSG, *batch[0][0]]
                 else:
                     counts = struct.pack(f"<{len(batch)}I", *(len(m[0]) for m in batch))
                     parts = [KIND_BATCH, counts]
@@ -355,19 +433,21 @@ class UCXConnection(Connection):
                         parts.extend(m[0])
                 try:
                     await self._ep.send_multi(parts)
+                    for f in ool:  # in order, on their own tag: the receiver posts them so
+                        await self._ep.send(f, tag=_OOL_TAG)
                 except asyncio.CancelledError:  # aborted: this batch may not have gone out
-                    for _, _, fut in batch:
+                    for _, _, fut, _ in batch:
                         if fut is not None and not fut.done():
                             fut.set_exception(self._ended())
                     raise
                 except Exception as exc:
                     self._failure = self._failure or exc
-                    for _, _, fut in batch:
+                    for _, _, fut, _ in batch:
                         if fut is not None and not fut.done():
                             fut.set_exception(self._ended())
                     break
                 self._out_bytes -= size
-                for _, _, fut in batch:
+                for _, _, fut, _ in batch:
                     if fut is not None and not fut.done():
                         fut.set_result(None)
                 if self._out_bytes <= _HIGH_WATER:
@@ -384,6 +464,22 @@ class UCXConnection(Connection):
                 self._wake_writers(err)
             elif not q:
                 self._wake_writers(None)
+
+    def _split(self, frames: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The ``send_multi`` parts of a message with out-of-line frames, and those frames."""
+        layout = bytearray()
+        parts: list[Any] = [KIND_SPLIT, b""]
+        ool: list[Any] = []
+        for f in frames:
+            if self._out_of_line(f):
+                where = _OOL_DEVICE if hasattr(f, "__cuda_array_interface__") else _OOL_HOST
+                ool.append(f)
+            else:
+                where = _INLINE
+                parts.append(f)
+            layout += _LAYOUT.pack(where, _nbytes(f))
+        parts[1] = bytes(layout)
+        return parts, ool
 
     def _wake_writers(self, err: BaseException | None) -> None:
         room, self._room = self._room, []
@@ -477,6 +573,18 @@ def _own(buf: Any) -> Any:
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
+def _host_empty(n: int) -> Any:
+    import numpy as np
+
+    return np.empty(n, dtype=np.uint8)
+
+
+def _device_empty(n: int) -> Any:
+    import cupy
+
+    return cupy.empty(n, dtype=cupy.uint8)
+
+
 def _nbytes(f: Any) -> int:
     n = getattr(f, "nbytes", None)
     return int(n) if n is not None else len(f)
@@ -518,6 +626,7 @@ SCHEMA: MappingProxyType[str, Option] = MappingProxyType(
         "ucx_options": Option(MappingProxyType({}), table),  # extra UCX settings without the UCX_ prefix
         "max_queued_bytes": Option(64 << 20, size, positive, "must be positive"),
         "probe": Option(True, boolean),
+        "tagged_frame_bytes": Option(0, size),
     }
 )
 
@@ -526,7 +635,9 @@ class UCXTransport(Transport):
     """``ucx://host:port``. Options: ``tls`` (UCX_TLS, e.g. ``"tcp"``), ``ucx_options``
     (extra UCX settings without the ``UCX_`` prefix), ``max_queued_bytes`` (64 MiB),
     ``probe`` (True: a TCP probe makes connecting to a dead address fail at once instead of
-    at the timeout; turn off where the UCX listener is reachable only over RDMA CM)."""
+    at the timeout; turn off where the UCX listener is reachable only over RDMA CM),
+    ``tagged_frame_bytes`` (0: off; host frames at least this large, in messages of 64 KiB or
+    more, go out of line as device frames always do)."""
 
     schemes = ("ucx",)
 
@@ -536,6 +647,7 @@ class UCXTransport(Transport):
         self._ucxx: Any = None
         self._max_queued: int = self.options["max_queued_bytes"]
         self._probe: bool = self.options["probe"]
+        self._tagged: int = self.options["tagged_frame_bytes"]
         self._conns: weakref.WeakSet[UCXConnection] = weakref.WeakSet()
         self._listeners: set[UCXListener] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -564,7 +676,13 @@ class UCXTransport(Transport):
 
     def _wrap(self, ep: Any, local: str, peer: str) -> UCXConnection:
         conn = UCXConnection(
-            ep, local=local, peer=peer, max_queued_bytes=self._max_queued, device=self._moves_device_memory()
+            ep,
+            local=local,
+            peer=peer,
+            max_queued_bytes=self._max_queued,
+            device=self._moves_device_memory(),
+            limits=self.limits,
+            tagged_frame_bytes=self._tagged,
         )
         self._conns.add(conn)
         return conn

@@ -134,19 +134,27 @@ def test_missing_ucxx_is_transport_unavailable():
 
 @pytest.mark.skipif(not Devices(use_nvml=False).cuda_available(), reason="no CUDA device")
 async def test_cupy_frames_over_ucx():
+    """Device frames go out of line (a tagged send each, into a buffer the receiver sized):
+    small and large ones, between host frames, in order."""
     import cupy as cp
 
     t = UCXTransport()
     c, s, lst, stop = await pair(t)
     a = cp.arange(1000, dtype=cp.float32)
+    big = cp.arange(16 << 20, dtype=cp.float32)  # 64 MiB
     await c.send([b"gpu", a])
-    m = await asyncio.wait_for(s.recv(), 10)
-    assert bytes(m[0]) == b"gpu"
-    if c.moves_device_memory:  # UCX with its CUDA transports: device memory arrives as device memory
-        assert hasattr(m[1], "__cuda_array_interface__"), type(m[1])
-        assert bool((cp.asarray(m[1]).view(cp.float32) == a).all())
-    else:
-        assert bytes(memoryview(m[1])) == a.get().tobytes()
+    await c.send([b"big", big, b"tail", a])
+    for want in ([a], [big, a]):
+        m = await asyncio.wait_for(s.recv(), 30)
+        dev = m[1::2] if len(want) > 1 else m[1:]
+        assert len(dev) == len(want)
+        for got, arr in zip(dev, want, strict=True):
+            if c.moves_device_memory:  # UCX with its CUDA transports: device memory arrives as such
+                assert hasattr(got, "__cuda_array_interface__"), type(got)
+                assert bool((cp.asarray(got).view(cp.float32) == arr).all())
+            else:
+                assert bytes(memoryview(got)) == arr.get().tobytes()
+    assert bytes(m[0]) == b"big" and bytes(m[2]) == b"tail"
     stop.set()
     await c.close()
     await lst.close()
@@ -364,6 +372,80 @@ async def test_a_failing_connection_handler_leaves_no_unretrieved_task():
     c = await t.connect(lst.address, timeout=5)
     await asyncio.wait_for(failed.wait(), 10)
     await wait_for(lambda: not t._tasks, 10)
+    c.abort()
+    await lst.close()
+    await t.aclose()
+
+
+async def test_large_host_frames_out_of_line_arrive_whole_and_in_order(monkeypatch):
+    """``tagged_frame_bytes``: host frames that large travel as their own tagged sends (the path
+    device frames always take); messages around them, batched small ones included, keep their
+    order and contents."""
+    from aionet.transports import ucx as ucx_mod
+
+    tagged = []
+    real_split = ucx_mod.UCXConnection._split
+    monkeypatch.setattr(
+        ucx_mod.UCXConnection, "_split", lambda self, fr: tagged.append(len(fr)) or real_split(self, fr)
+    )
+    t = UCXTransport({"tls": "tcp", "tagged_frame_bytes": "1MiB"})
+    c, s, lst, stop = await pair(t)
+    big = np.random.default_rng(1).integers(0, 255, 3 << 20, dtype=np.uint8)
+    mid = np.arange(200_000, dtype=np.uint8)  # below the threshold: stays inline
+    sent = [
+        [b"a"],
+        [b"b", big, mid, big[: 1 << 20]],
+        [b"c"],
+        [big],  # no inline frame at all
+        [b"d", b""],
+    ]
+    waits = [c.write_nowait(m) for m in sent]
+    await asyncio.gather(*(w for w in waits if w is not None))
+    got = []
+    while len(got) < len(sent):
+        got.extend(await asyncio.wait_for(s.recv_many(), 20))
+    for g, m in zip(got, sent, strict=True):
+        assert [bytes(memoryview(f)) for f in g] == [bytes(memoryview(f)) for f in m]
+    assert tagged == [4, 1]  # the two messages with frames of 1 MiB or more went out of line
+    assert s.stats().queued_recv_bytes == 0
+    stop.set()
+    await c.close()
+    await lst.close()
+    await t.aclose()
+
+
+async def test_a_split_layout_beyond_the_limits_closes_the_connection_before_allocating():
+    """Bad input: an out-of-line frame announced above ``limits.max_frame_bytes`` ends the
+    connection with FrameTooLarge; nothing of that size is allocated or received."""
+    from aionet.config import LimitsSection
+    from aionet.errors import FrameTooLarge
+    from aionet.transports import ucx as ucx_mod
+
+    t = UCXTransport({"tls": "tcp"}, LimitsSection(max_frame_bytes=1 << 20))
+    c, s, lst, stop = await pair(t)
+    layout = ucx_mod._LAYOUT.pack(ucx_mod._OOL_HOST, 1 << 40)  # a terabyte
+    await c._ep.send_multi([ucx_mod.KIND_SPLIT, layout])
+    with pytest.raises(ConnectionClosed) as err:
+        await asyncio.wait_for(s.recv(), 10)
+    assert isinstance(err.value.__cause__, FrameTooLarge), repr(err.value.__cause__)
+    assert "limits.max_frame_bytes" in str(err.value.__cause__)
+    stop.set()
+    c.abort()
+    await lst.close()
+    await t.aclose()
+
+
+async def test_a_split_layout_that_does_not_match_its_frames_closes_the_connection():
+    from aionet.transports import ucx as ucx_mod
+
+    t = UCXTransport({"tls": "tcp"})
+    c, s, lst, stop = await pair(t)
+    layout = ucx_mod._LAYOUT.pack(ucx_mod._INLINE, 1) * 2  # two inline frames announced, one sent
+    await c._ep.send_multi([ucx_mod.KIND_SPLIT, layout, b"x"])
+    with pytest.raises(ConnectionClosed) as err:
+        await asyncio.wait_for(s.recv(), 10)
+    assert isinstance(err.value.__cause__, TransportError), repr(err.value.__cause__)
+    stop.set()
     c.abort()
     await lst.close()
     await t.aclose()
