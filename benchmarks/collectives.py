@@ -34,6 +34,7 @@ result array per call (rows in BENCHMARKS.md before 2026-11-27 05:10 UTC).
     python benchmarks/collectives.py --nodes 2,4 --sizes 8,1M,16M,64M
     python benchmarks/collectives.py --quick --json /tmp/coll.json
     python benchmarks/collectives.py --nodes 2,4 --sizes 16M,64M --iters 10 --impls aionet,gloo,mpi-tcp,raw
+    python benchmarks/collectives.py --nodes 2,4 --sizes 16M,64M --iters 10 --impls aionet,gloo,mpi-tcp --rounds 5
     python benchmarks/collectives.py --nodes 2,4 --sizes 16M,64M --impls raw --segment 256K,1M,4M
 """
 
@@ -563,6 +564,13 @@ def main() -> None:
         help="raw: bytes per pipelined piece (K/M); several, comma separated, alternate call by call",
     )
     ap.add_argument("--sockbuf", default="0", help="raw: SO_SNDBUF/SO_RCVBUF bytes (K/M; 0: the kernel's autotuning)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every implementation this many times per group size, the order rotated each round, and "
+        "judge each cell on the median over rounds (a load swing then hits every implementation alike)",
+    )
     # worker mode (internal)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -587,27 +595,76 @@ def main() -> None:
     groups = [int(n) for n in args.nodes.split(",")]
     impls = args.impls.split(",")
     avail = available(args)
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for impl in impls:
+        if avail.get(impl):
+            print(f"skip {impl}: {avail[impl]}", file=sys.stderr)
+    runnable = [i for i in impls if not avail.get(i)]
+    rounds: list[dict[str, dict[str, list[dict[str, Any]]]]] = [{} for _ in range(max(1, args.rounds))]
     for n in groups:
-        for impl in impls:
-            if avail.get(impl):
-                print(f"skip {impl}: {avail[impl]}", file=sys.stderr)
-                continue
-            t = time.monotonic()
-            if impl == "aionet":
-                res = run_aionet(n, sizes, args.iters, args.timeout, args.algorithm, args.out)
-            elif impl == "gloo":
-                res = run_gloo(n, sizes, args.iters, args.timeout)
-            elif impl == "raw":
-                res = run_raw(n, sizes, args.iters, args.timeout, args.segment, args.sockbuf)
-            else:
-                btl = "tcp,self" if impl == "mpi-tcp" else "vader,self"
-                res = run_mpi(n, sizes, args.iters, args.timeout, btl, args.mpi_python)
-            results.setdefault(str(n), {})[impl] = res
-            print(f"  n={n} {impl:8s} {time.monotonic() - t:5.1f}s", file=sys.stderr)
-    table(results, impls)
+        for k, results in enumerate(rounds):
+            for impl in runnable[k % len(runnable) :] + runnable[: k % len(runnable)]:
+                t = time.monotonic()
+                if impl == "aionet":
+                    res = run_aionet(n, sizes, args.iters, args.timeout, args.algorithm, args.out)
+                elif impl == "gloo":
+                    res = run_gloo(n, sizes, args.iters, args.timeout)
+                elif impl == "raw":
+                    res = run_raw(n, sizes, args.iters, args.timeout, args.segment, args.sockbuf)
+                else:
+                    btl = "tcp,self" if impl == "mpi-tcp" else "vader,self"
+                    res = run_mpi(n, sizes, args.iters, args.timeout, btl, args.mpi_python)
+                results.setdefault(str(n), {})[impl] = res
+                print(f"  n={n} round {k + 1} {impl:8s} {time.monotonic() - t:5.1f}s", file=sys.stderr)
+    for k, results in enumerate(rounds):
+        if len(rounds) > 1:
+            print(f"\n--- round {k + 1} of {len(rounds)}")
+        table(results, impls)
+    if len(rounds) > 1:
+        summary(rounds, impls)
     if args.json:
-        Path(args.json).write_text(json.dumps({"sizes": sizes, "results": results}, indent=1))
+        data = {"sizes": sizes, "results": rounds[0], "rounds": rounds}
+        Path(args.json).write_text(json.dumps(data, indent=1))
+
+
+def best_busbw(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[tuple[int, int, str], float]:
+    """(n, bytes, impl) -> busbw of that implementation's best variant in one round."""
+    out: dict[tuple[int, int, str], float] = {}
+    for n, by_impl in results.items():
+        nn = int(n)
+        for impl, rows in by_impl.items():
+            for r in rows:
+                bus = r["bytes"] / statistics.median(r["times"]) / 1e9 * 2 * (nn - 1) / nn
+                key = (nn, r["bytes"], impl)
+                out[key] = max(out.get(key, bus), bus)
+    return out
+
+
+def summary(rounds: list[dict[str, dict[str, list[dict[str, Any]]]]], impls: list[str]) -> None:
+    """Each cell judged on medians over the rounds: aionet's busbw against the best TCP peer's."""
+    per = [best_busbw(r) for r in rounds]
+    cells = sorted({(n, b) for p in per for (n, b, _) in p if b >= 1 << 20})
+    print(f"\n=== over {len(rounds)} rounds (busbw GB/s, median and min-max over rounds; bar: aionet / best TCP peer)")
+    for n, b in cells:
+        med: dict[str, float] = {}
+        parts = []
+        for impl in impls:
+            vals = [p[(n, b, impl)] for p in per if (n, b, impl) in p]
+            if vals:
+                med[impl] = statistics.median(vals)
+                parts.append(f"{impl} {med[impl]:.2f} ({min(vals):.2f}-{max(vals):.2f})")
+        line = f"n={n} {b >> 20:>4} MiB: " + ", ".join(parts)
+        peers = {k: v for k, v in med.items() if k in ("gloo", "mpi-tcp")}
+        if "aionet" in med and peers:
+            k, v = max(peers.items(), key=lambda kv: kv[1])
+            each = []
+            for p in per:
+                others = [p[(n, b, i)] for i in ("gloo", "mpi-tcp") if (n, b, i) in p]
+                if (n, b, "aionet") in p and others:
+                    each.append(p[(n, b, "aionet")] / max(others))
+            line += f"; aionet / {k} (medians) {med['aionet'] / v:.2f}x"
+            if each:
+                line += f", per round {' '.join(f'{x:.2f}' for x in each)}"
+        print(line)
 
 
 def table(results: dict[str, dict[str, list[dict[str, Any]]]], impls: list[str]) -> None:
