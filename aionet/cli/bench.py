@@ -11,8 +11,10 @@ Columns as nccl-tests prints them: size, count, type, redop, then time (us), alg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -203,11 +205,35 @@ def bench(
 
         try:
             asyncio.run(run_rank(0, nodes, op, sizes, iters, warmup, LISTEN[transport], None, report, device))
+        except AionetError as exc:
+            raise _failed(op, procs, exc) from None
         finally:
             _reap(procs)
     if as_json:
         return
     _print_table(op, nodes, transport, iters, rows, plot_path, device)
+
+
+def _exit_text(p: subprocess.Popen[bytes]) -> str:
+    rc = p.returncode
+    if rc is not None and rc < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-rc).name}"
+    return f"exited with code {rc}"
+
+
+def _failed(op: str, procs: list[subprocess.Popen[bytes]], exc: BaseException) -> click.ClickException:
+    """One clear line for a run that failed: which child process ended, if one did (the usual
+    cause: the others then see their peer declared dead), else the error itself."""
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=0.5 if p.poll() is None else 0)  # a peer that just died may not be reaped yet
+    ended = [p for p in procs if p.returncode]
+    ended.sort(key=lambda p: (p.returncode or 0) >= 0)  # killed by a signal first: the others followed it
+    if ended:
+        what = f"a bench process (pid {ended[0].pid}) {_exit_text(ended[0])} mid-run"
+        return click.ClickException(f"{op}: {what}; the run stopped: {exc}")
+    return click.ClickException(f"{op}: the run failed: {type(exc).__name__}: {exc}")
 
 
 def _reap(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -274,9 +300,7 @@ def _bench_p2p_tasks(
     def check() -> None:
         for p in procs:
             if p.poll() is not None:
-                raise click.ClickException(
-                    f"a bench peer process exited with code {p.returncode} (see its stderr above)"
-                )
+                raise click.ClickException(f"a bench peer process {_exit_text(p)} (see its stderr above)")
 
     def start_peer(seed: str) -> None:
         args = [sys.executable, "-m", "aionet.cli.bench_p2p", "peer", seed, listen]
@@ -298,6 +322,8 @@ def _bench_p2p_tasks(
                 )
             else:
                 rows = asyncio.run(bench_p2p.run_tasks(nodes - 1, n_tasks, listen, start_peer, advance, check))
+        except AionetError as exc:
+            raise _failed(op, procs, exc) from None
         finally:
             _reap(procs)
     if plot_path and op == "p2p":
@@ -326,9 +352,14 @@ def _bench_p2p_tasks(
 
 def _worker() -> None:
     op, n, sizes, iters, warmup, listen, seed, device, rank = sys.argv[1:10]
-    asyncio.run(
-        run_rank(int(rank), int(n), op, json.loads(sizes), int(iters), int(warmup), listen, seed, print, device)
-    )
+    try:
+        asyncio.run(
+            run_rank(int(rank), int(n), op, json.loads(sizes), int(iters), int(warmup), listen, seed, print, device)
+        )
+    except (AionetError, click.ClickException) as exc:  # rank 0 reports the run's end; one line here
+        msg = exc.format_message() if isinstance(exc, click.ClickException) else f"{type(exc).__name__}: {exc}"
+        print(f"bench rank {rank}: {msg}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -141,3 +141,43 @@ def test_bench_device_gpu_runs_on_cupy_buffers_or_says_why_not(op: str) -> None:
 def test_bench_device_gpu_is_refused_for_tasks() -> None:
     out = run("tasks", "--device", "gpu")
     assert out.returncode != 0 and "p2p and the collectives" in out.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "args,child",
+    [
+        (["p2p", "--min", "64", "--max", "1M", "--factor", "16384", "--iters", "20000"], "bench_p2p"),
+        (["allreduce", "--nodes", "3", "--min", "64", "--max", "64M", "--factor", "1024", "--iters", "2000"], "bench"),
+    ],
+    ids=["p2p", "allreduce"],
+)
+def test_a_bench_process_killed_mid_run_ends_the_run_with_one_clear_line(args: list[str], child: str) -> None:
+    """No traceback and no hang: the run stops within seconds and names the process that died."""
+    import psutil
+
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "aionet", "bench", *args, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert bench.stdout is not None
+        first = bench.stdout.readline()  # the first size is done: the run is under way
+        assert first.startswith("{"), first + bench.stderr.read()[-3000:] if bench.stderr else ""
+        victims = [
+            c for c in psutil.Process(bench.pid).children() if any(f"aionet.cli.{child}" == a for a in c.cmdline())
+        ]
+        assert victims, [c.cmdline() for c in psutil.Process(bench.pid).children()]
+        victims[-1].kill()  # the last rank: the ones before it then fail too, and must not be blamed
+        _out, err = bench.communicate(timeout=30)
+    finally:
+        if bench.poll() is None:
+            for c in psutil.Process(bench.pid).children(recursive=True):
+                c.kill()
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert f"(pid {victims[-1].pid}) was killed by SIGKILL mid-run" in err, err[-3000:]
