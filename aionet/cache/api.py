@@ -307,7 +307,7 @@ class Cache:
             owners = self._placement.owners(key)
             if self.name in owners:
                 e = self.service.store.get(key)
-                if e is not None:
+                if e is not None and self.service.running:  # a stopped node's copy is no longer kept
                     return _copy(e.value) if copy else e.value
             else:  # a remote replica: one request, no frames between here and the request
                 start = loop_time()
@@ -333,7 +333,7 @@ class Cache:
         owners = svc.placement.owners(key)
         if self.name in owners:
             e = svc.store.get(key)
-            if e is not None:
+            if e is not None and svc.running:
                 return e.version, _copy(e.value) if copy else e.value
         start = loop_time()
         try:  # the first round without the retry loop's closure and frames (the usual case)
@@ -593,8 +593,8 @@ class Cache:
         """Run ``once`` until it answers, retrying while the target is unreachable (membership
         moves the key to its next replica) for up to ``cache.request_timeout`` s from ``start``
         (default: now). ``failed``: the caller's own first try failed so (back off first).
-        Once this node has stopped, CacheError at once: every write, lock and read that is not
-        a hit on a local copy comes through here."""
+        Once this node has stopped, CacheError at once: every write, lock and read comes
+        through here then (a local copy is no longer kept up to date, so it is not served)."""
         loop = asyncio.get_running_loop()
         deadline = (loop.time() if start is None else start) + self.cfg.request_timeout
         delay = 0.01

@@ -223,10 +223,11 @@ def lock_on(node: Node, want: str) -> str:
 
 
 @pytest.mark.timeout(60)
-async def test_the_cache_of_a_stopped_node_refuses_writes_locks_and_remote_reads_at_once() -> None:
+async def test_the_cache_of_a_stopped_node_refuses_writes_locks_and_reads_at_once() -> None:
     """Once its node stopped, the cache raises CacheError at once: a write or lock this node
     was the primary of used to succeed into a store nobody sees (a lock granted to two
-    holders), and one at another primary to retry for cache.request_timeout (10 s) first."""
+    holders), and one at another primary to retry for cache.request_timeout (10 s) first. A read
+    of a key it held a copy of used to return that copy, which nothing updates any more."""
     cfg = Config.from_dict({"cache": {"request_timeout": 30.0}}, env={})
     async with Node(name="b", listen="tcp://127.0.0.1:0", config=cfg) as b:
         a = Node(name="a", listen="tcp://127.0.0.1:0", join=[b.address], config=cfg)
@@ -236,6 +237,9 @@ async def test_the_cache_of_a_stopped_node_refuses_writes_locks_and_remote_reads
         mine, theirs = primary_of(a, "k", "a"), primary_of(a, "k", "b")
         mine_lock, their_lock = lock_on(a, "a"), lock_on(a, "b")
         await b.cache.put("held", 1)
+        assert "a" in a.cache.owners("held")  # two nodes: each holds every key
+        await wait_for(lambda: a.cache.stats()["entries"] >= 1)
+        assert await a.cache.get("held") == 1  # the local copy, while running
         await a.stop()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -248,6 +252,10 @@ async def test_the_cache_of_a_stopped_node_refuses_writes_locks_and_remote_reads
                     pass
         with pytest.raises(CacheError, match="stopped"):
             await a.cache.get(primary_of(b, "absent", "b"))
+        with pytest.raises(CacheError, match="stopped"):
+            await a.cache.get("held")
+        with pytest.raises(CacheError, match="stopped"):
+            await a.cache.get_versioned("held")
         assert loop.time() - t0 < 5
         async with b.lock(mine_lock, ttl=5):  # the stopped node holds no lock
             pass
