@@ -60,7 +60,14 @@ from types import MappingProxyType
 from typing import Any
 
 from ..config import LimitsSection
-from ..errors import ConnectionClosed, FrameTooLarge, TooManyFrames, TransportError, TransportUnavailable
+from ..errors import (
+    ConnectionClosed,
+    FrameTooLarge,
+    ProtocolError,
+    TooManyFrames,
+    TransportError,
+    TransportUnavailable,
+)
 from ..log import get_logger
 from ..stats import ConnectionStats
 from .base import Address, Buffer, Connection, ConnectionHandler, Listener, Message, Transport, map_errors
@@ -284,7 +291,7 @@ class UCXConnection(Connection):
                     await self._space.wait()
                 bufs = await self._ep.recv_multi()
                 if not bufs:
-                    raise TransportError("ucx: empty message (no kind frame)")
+                    raise ProtocolError("ucx: empty message (no kind frame)")
                 kind = bytes(memoryview(bufs[0]))
                 if kind == KIND_FIN:
                     self._eof = True
@@ -300,12 +307,14 @@ class UCXConnection(Connection):
                     self._queue.append(frames)
                     self._queued_bytes += sum(_nbytes(f) for f in frames)
                 else:
-                    raise TransportError(f"ucx: unknown message kind {kind!r}; closing")
+                    raise ProtocolError(f"ucx: unknown message kind {kind!r}; closing")
                 self._have_data.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not self._closed and not _is_cancel(exc):
+            if isinstance(exc, ProtocolError):  # bad input from the peer: one clear line
+                log.warning("ucx: bad message from peer; connection closed", peer=self.peer_address, error=str(exc))
+            elif not self._closed and not _is_cancel(exc):
                 log.debug("ucx receive ended", peer=self.peer_address, error=repr(exc))
             self._failure = exc
         finally:
@@ -325,10 +334,10 @@ class UCXConnection(Connection):
     def _unbatch(self, bufs: list[Any]) -> None:
         counts = memoryview(bufs[1]).cast("B")
         if len(counts) % 4:
-            raise TransportError("ucx: malformed batch header; closing")
+            raise ProtocolError("ucx: malformed batch header; closing")
         sizes = struct.unpack(f"<{len(counts) // 4}I", counts)
         if sum(sizes) != len(bufs) - 2 or not sizes:
-            raise TransportError("ucx: batch header does not match its frames; closing")
+            raise ProtocolError("ucx: batch header does not match its frames; closing")
         i = 2
         for n in sizes:
             frames: Message = [_own(b) for b in bufs[i : i + n]]
@@ -342,24 +351,8 @@ class UCXConnection(Connection):
         it, else host memory). Sizes are checked against the limits before anything is
         allocated."""
         if len(bufs) < 2:
-            raise TransportError("ucx: split message without its layout; closing")
-        raw = memoryview(bufs[1]).cast("B")
-        if len(raw) % _LAYOUT.size:
-            raise TransportError("ucx: malformed split layout; closing")
-        layout = list(_LAYOUT.iter_unpack(raw))
-        lim = self._limits
-        if len(layout) > lim.max_frames:
-            raise TooManyFrames(f"ucx: message has {len(layout)} frames; limit is {lim.max_frames} (limits.max_frames)")
-        if any(where not in (_INLINE, _OOL_HOST, _OOL_DEVICE) for where, _ in layout):
-            raise TransportError("ucx: unknown frame placement in split layout; closing")
-        if sum(1 for where, _ in layout if where == _INLINE) != len(bufs) - 2:
-            raise TransportError("ucx: split layout does not match its frames; closing")
-        if (big := max((n for _, n in layout), default=0)) > lim.max_frame_bytes:
-            raise FrameTooLarge(f"ucx: frame of {big} bytes; limit is {lim.max_frame_bytes} (limits.max_frame_bytes)")
-        if (total := sum(n for _, n in layout)) > lim.max_message_bytes:
-            raise FrameTooLarge(
-                f"ucx: message of {total} bytes; limit is {lim.max_message_bytes} (limits.max_message_bytes)"
-            )
+            raise ProtocolError("ucx: split message without its layout; closing")
+        layout = split_layout(bufs[1], len(bufs) - 2, self._limits)
         inline = iter(bufs[2:])
         frames: Message = []
         for where, n in layout:
@@ -571,6 +564,30 @@ def _own(buf: Any) -> Any:
         return buf
     mv = memoryview(buf)
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def split_layout(raw: Any, inline: int, limits: LimitsSection) -> list[tuple[int, int]]:
+    """``(where, nbytes)`` per frame of a KIND_SPLIT message whose layout frame is ``raw`` and
+    which arrived with ``inline`` inline frames: ProtocolError (or its FrameTooLarge /
+    TooManyFrames) unless well formed and within ``limits``, checked before anything is
+    allocated for it."""
+    raw = memoryview(raw).cast("B")
+    if len(raw) % _LAYOUT.size:
+        raise ProtocolError("ucx: malformed split layout; closing")
+    layout = list(_LAYOUT.iter_unpack(raw))
+    if len(layout) > limits.max_frames:
+        raise TooManyFrames(f"ucx: message has {len(layout)} frames; limit is {limits.max_frames} (limits.max_frames)")
+    if any(where not in (_INLINE, _OOL_HOST, _OOL_DEVICE) for where, _ in layout):
+        raise ProtocolError("ucx: unknown frame placement in split layout; closing")
+    if sum(1 for where, _ in layout if where == _INLINE) != inline:
+        raise ProtocolError("ucx: split layout does not match its frames; closing")
+    if (big := max((n for _, n in layout), default=0)) > limits.max_frame_bytes:
+        raise FrameTooLarge(f"ucx: frame of {big} bytes; limit is {limits.max_frame_bytes} (limits.max_frame_bytes)")
+    if (total := sum(n for _, n in layout)) > limits.max_message_bytes:
+        raise FrameTooLarge(
+            f"ucx: message of {total} bytes; limit is {limits.max_message_bytes} (limits.max_message_bytes)"
+        )
+    return layout
 
 
 def _host_empty(n: int) -> Any:

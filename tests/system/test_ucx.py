@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from aionet.devices import Devices
-from aionet.errors import ConnectionClosed, TransportError, TransportUnavailable
+from aionet.errors import ConnectionClosed, ProtocolError, TransportError, TransportUnavailable
 from tests.conftest import wait_for
 
 ucxx = pytest.importorskip("ucxx", reason="ucx: ucxx is not installed (pip install 'aionet[ucx]')")
@@ -414,9 +414,9 @@ async def test_large_host_frames_out_of_line_arrive_whole_and_in_order(monkeypat
     await t.aclose()
 
 
-async def test_a_split_layout_beyond_the_limits_closes_the_connection_before_allocating():
+async def test_a_split_layout_beyond_the_limits_closes_the_connection_before_allocating(caplog):
     """Bad input: an out-of-line frame announced above ``limits.max_frame_bytes`` ends the
-    connection with FrameTooLarge; nothing of that size is allocated or received."""
+    connection with FrameTooLarge and one warning; nothing of that size is allocated or received."""
     from aionet.config import LimitsSection
     from aionet.errors import FrameTooLarge
     from aionet.transports import ucx as ucx_mod
@@ -429,6 +429,8 @@ async def test_a_split_layout_beyond_the_limits_closes_the_connection_before_all
         await asyncio.wait_for(s.recv(), 10)
     assert isinstance(err.value.__cause__, FrameTooLarge), repr(err.value.__cause__)
     assert "limits.max_frame_bytes" in str(err.value.__cause__)
+    bad = [r for r in caplog.records if "bad message from peer" in r.getMessage()]
+    assert len(bad) == 1 and bad[0].levelname == "WARNING", [r.getMessage() for r in caplog.records]
     stop.set()
     c.abort()
     await lst.close()
@@ -444,7 +446,7 @@ async def test_a_split_layout_that_does_not_match_its_frames_closes_the_connecti
     await c._ep.send_multi([ucx_mod.KIND_SPLIT, layout, b"x"])
     with pytest.raises(ConnectionClosed) as err:
         await asyncio.wait_for(s.recv(), 10)
-    assert isinstance(err.value.__cause__, TransportError), repr(err.value.__cause__)
+    assert isinstance(err.value.__cause__, ProtocolError), repr(err.value.__cause__)
     stop.set()
     c.abort()
     await lst.close()
