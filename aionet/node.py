@@ -649,37 +649,42 @@ class Node:
             return await self._request(peer, service, obj)
         p = self._peers.get(peer)
         link = p.link if p is not None else None
-        if link is not None and link.dead is None and link.can_post() and (slots := link.requests).out < slots.bound:
-            # the usual case: nothing to wait for but the reply, whose future the router fails
-            # with TimeoutError at the deadline (no timer per request, no asyncio.timeout)
-            router = self.router
-            rid, fut = router.new_request(peer, service)
-            slots.out += 1
-            sent = False
-            try:
-                aw = link.post(REQ, [rid, service, obj])
-                sent = True
-                # the deadline is set once the request is written: its bookkeeping is then
-                # done while the peer works, not before the request leaves
-                router.expire_after(rid, service, timeout)
-                if aw is None:
-                    return await fut
-            except StagingRequired:
-                pass  # device arrays: the general path below stages them
-            else:
-                # posted, but something must be waited for (a big message, a busy transport)
-                cm = asyncio.timeout(timeout)
+        if link is not None and link.dead is None and link.can_post():
+            # a request to a service the peer answers inline takes none of its handler slots
+            slots = None if service in link.inline_services else link.requests
+            if slots is None or slots.out < slots.bound:
+                # the usual case: nothing to wait for but the reply, whose future the router
+                # fails with TimeoutError at the deadline (no timer per request, no asyncio.timeout)
+                router = self.router
+                rid, fut = router.new_request(peer, service)
+                if slots is not None:
+                    slots.out += 1
+                sent = False
                 try:
-                    async with cm:
-                        await aw
+                    aw = link.post(REQ, [rid, service, obj])
+                    sent = True
+                    # the deadline is set once the request is written: its bookkeeping is then
+                    # done while the peer works, not before the request leaves
+                    router.expire_after(rid, service, timeout)
+                    if aw is None:
                         return await fut
-                except TimeoutError:
-                    if not cm.expired():
-                        raise
-                    raise _expired(peer, service, timeout) from None
-            finally:
-                router.forget(rid, sent)  # (its cancel goes before a waiting request takes the slot)
-                slots.release()
+                except StagingRequired:
+                    pass  # device arrays: the general path below stages them
+                else:
+                    # posted, but something must be waited for (a big message, a busy transport)
+                    cm = asyncio.timeout(timeout)
+                    try:
+                        async with cm:
+                            await aw
+                            return await fut
+                    except TimeoutError:
+                        if not cm.expired():
+                            raise
+                        raise _expired(peer, service, timeout) from None
+                finally:
+                    router.forget(rid, sent)  # (its cancel goes before a waiting request takes the slot)
+                    if slots is not None:
+                        slots.release()
         # the timeout bounds the whole call: dialing, waiting for a request slot (the peer's
         # bound), for window space or for the transport to drain, staging, and the reply
         cm = asyncio.timeout(timeout)
@@ -724,8 +729,9 @@ class Node:
         link = p.link if p is not None else None
         if link is None or link.dead is not None:
             link = await self._connector.link_to(peer)
-        slots = link.requests
-        await slots.take()  # at the peer's bound: in line until one of ours ends
+        slots = None if service in link.inline_services else link.requests  # inline there: no slot
+        if slots is not None:
+            await slots.take()  # at the peer's bound: in line until one of ours ends
         router = self.router
         rid, fut = router.new_request(peer, service)
         sent = False
@@ -743,7 +749,8 @@ class Node:
             return await fut
         finally:
             router.forget(rid, sent)
-            slots.release()
+            if slots is not None:
+                slots.release()
 
     def _abandoned(self, peer: str, rid: int) -> None:
         """Request ``rid`` to ``peer`` was given up unanswered (its caller cancelled, or its

@@ -3,9 +3,10 @@
 ``async def`` echo, at the bound 8 and the default 1024; requests/s, medians of 3 rounds.
 
 A caller keeps to the window its peer advertises (the bound, and as many again that may wait
-there for a slot) and counts every request: it cannot tell the peer's ``def`` handlers, which the
-peer does not count, from ``async def`` ones. Compare trees with
-``PYTHONPATH=OTHER_TREE python3 benchmarks/request_bound.py``.
+there for a slot). It counts every request except those to the ``def`` services the peer
+advertised in its handshake (``rpc_inline``: those registered before it started), which the
+peer answers inline and never counts; the ``def, registered before start`` rows are those.
+Compare trees with ``PYTHONPATH=OTHER_TREE python3 benchmarks/request_bound.py``.
 
     python3 benchmarks/request_bound.py [--rounds 3] [--per 200]
 """
@@ -23,20 +24,26 @@ import uvloop
 from aionet import Node
 from aionet.config import Config
 
+KINDS = {
+    "def": "def       handler",
+    "def-early": "def, registered before start",
+    "async": "async def handler",
+}
 
-async def _rate(bound: int, async_handler: bool, per: int) -> float:
+
+async def _rate(bound: int, kind: str, per: int) -> float:
     cfg = Config.from_dict({"link": {"max_concurrent_requests": bound}}, env={})
-    async with (
-        Node(name="a", listen="tcp://127.0.0.1:0", config=cfg) as a,
-        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
-    ):
-        if async_handler:
+    a = Node(name="a", listen="tcp://127.0.0.1:0", config=cfg)
+    if kind == "def-early":  # advertised in the handshake (rpc_inline): callers do not count it
+        a.add_service("s", lambda x: x)
+    async with a, Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b:
+        if kind == "async":
 
             async def echo(x: Any) -> Any:
                 return x
 
             a.add_service("s", echo)
-        else:
+        elif kind == "def":  # registered once both run: not advertised, so counted
             a.add_service("s", lambda x: x)
         await b.request("a", "s", 0, timeout=5)
 
@@ -50,12 +57,11 @@ async def _rate(bound: int, async_handler: bool, per: int) -> float:
 
 
 async def _main(rounds: int, per: int) -> None:
-    for async_handler in (False, True):
+    for kind, label in KINDS.items():
         for bound in (8, 1024):
-            rates = [await _rate(bound, async_handler, per) for _ in range(rounds)]
-            kind = "async def" if async_handler else "def      "
+            rates = [await _rate(bound, kind, per) for _ in range(rounds)]
             print(
-                f"{kind} handler, bound {bound:5d}: {statistics.median(rates) / 1e3:6.1f}k req/s "
+                f"{label:30s} bound {bound:5d}: {statistics.median(rates) / 1e3:6.1f}k req/s "
                 f"({min(rates) / 1e3:.1f}-{max(rates) / 1e3:.1f}k)"
             )
 

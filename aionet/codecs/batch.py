@@ -31,6 +31,11 @@ RPC_FEATURE = "rpc_batch"
 # how many more requests than "rpc_batch" a node lets wait for a handler slot without stopping
 # to read from their caller (a caller keeps its unanswered requests to the sum)
 RPC_WAIT_FEATURE = "rpc_wait"
+# the services this node answers inline on its reader (plain `def` handlers): they never take a
+# handler slot here, so a caller need not count requests to them against the window above
+RPC_INLINE_FEATURE = "rpc_inline"
+RPC_INLINE_MAX = 256  # names advertised at most (any subset is safe: the rest are counted)
+RPC_INLINE_NAME_MAX = 200  # longer names are left out (counted)
 #: values each request / reply adds to its envelope: rid, service, payload / rid, payload
 RPC_ITEM_FIELDS = {REQ: 3, REP: 2}
 
@@ -73,6 +78,9 @@ def rpc_items(env: list[Any]) -> int:
 __all__ = [
     "FEATURE",
     "RPC_FEATURE",
+    "RPC_INLINE_FEATURE",
+    "RPC_INLINE_MAX",
+    "RPC_INLINE_NAME_MAX",
     "RPC_ITEM_FIELDS",
     "RPC_WAIT_FEATURE",
     "array_header",

@@ -431,6 +431,8 @@ class Connector:
         features[batch.RPC_FEATURE] = self.config.link.max_concurrent_requests
         # and as many again may wait for a handler slot without the reader stopping (Router.waiting)
         features[batch.RPC_WAIT_FEATURE] = self.config.link.max_concurrent_requests
+        # requests to services answered inline here take no slot: callers need not count them
+        features[batch.RPC_INLINE_FEATURE] = self.router.inline_services()
         # a CANCEL for a request whose caller gave up cancels its handler here (router.py)
         features["cancel"] = True
         return handshake.Hello(
@@ -649,6 +651,7 @@ class Connector:
         link.set_peer_limits(hello.features.get("limits"))
         link.set_batch_limit(hello.features.get(batch.FEATURE))
         link.set_rpc_batch_limit(hello.features.get(batch.RPC_FEATURE), hello.features.get(batch.RPC_WAIT_FEATURE))
+        link.set_inline_services(hello.features.get(batch.RPC_INLINE_FEATURE))
         link.peer_cancels = hello.features.get("cancel") is True
         self._start_reader(c, link)
         await link.attach(c, outgoing)

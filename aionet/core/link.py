@@ -32,7 +32,7 @@ from typing import Any
 import msgpack
 
 from ..codecs.array_send import ARRAY_PAYLOADS, encode_array_send
-from ..codecs.batch import encode_rpc_batch, encode_send_batch
+from ..codecs.batch import RPC_INLINE_MAX, RPC_INLINE_NAME_MAX, encode_rpc_batch, encode_send_batch
 from ..codecs.dtypes import DtypeTable
 from ..codecs.envelope import ACK, CANCEL, REP, REQ, SEND, XFER
 from ..codecs.framing import frame_nbytes
@@ -167,6 +167,8 @@ class Link(LinkRecovery):
         self.peer_cancels = False
         # this node's unanswered requests to the peer, held to the window it advertises
         self.requests = RequestSlots()
+        # services the peer answers inline (handshake "rpc_inline"): requests to them take no slot
+        self.inline_services: frozenset[str] = frozenset()
         self._waiting_senders = 0
         self.disconnected_since: float | None = None
         self._stuck_seq = 0  # oldest unacked seq when the last connection was lost ...
@@ -336,6 +338,20 @@ class Link(LinkRecovery):
         self._rep_max = BATCH_MESSAGES if ok else 0
         extra = waits if type(waits) is int and waits > 0 and type(limit) is int else 0
         self.requests.set_bound(limit + extra if extra else limit)
+
+    def set_inline_services(self, names: Any) -> None:
+        """The peer's handshake feature ``"rpc_inline"``: the services it answers inline on its
+        reader (plain ``def`` handlers), which never hold one of its handler slots, so our
+        requests to them are not counted against :attr:`requests`. Anything malformed, or past
+        the advertised bounds, is ignored (such requests are counted: always safe). A service
+        the peer registers later, or turns into an ``async def`` one, is counted or, at worst,
+        waits in the peer's waiting room."""
+        ok: set[str] = set()
+        if type(names) is list:
+            for n in names[:RPC_INLINE_MAX]:
+                if type(n) is str and len(n) <= RPC_INLINE_NAME_MAX:
+                    ok.add(n)
+        self.inline_services = frozenset(ok)
 
     def _push_rpc(self, kind: int, fields: list[Any]) -> bool:
         """Add a request ``[rid, service, payload]`` or reply ``[rid, payload]`` that packs

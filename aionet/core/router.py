@@ -18,7 +18,7 @@ from itertools import islice, repeat
 from types import CoroutineType
 from typing import Any
 
-from ..codecs.batch import rpc_items
+from ..codecs.batch import RPC_INLINE_MAX, RPC_INLINE_NAME_MAX, rpc_items
 from ..codecs.envelope import ERR, REP
 from ..config import LinkSection
 from ..errors import AionetError, NodeClosed, PeerUnavailable, ProtocolError, RemoteError
@@ -425,6 +425,13 @@ class Router:
             self.uncancellable.discard(name)
         else:
             self.uncancellable.add(name)
+
+    def inline_services(self) -> list[str]:
+        """Names of the services answered inline on the reader (plain ``def`` handlers), which
+        never take a handler slot: advertised in the handshake so callers need not count
+        requests to them against this node's window (at most ``RPC_INLINE_MAX``, sorted)."""
+        names = sorted(n for n, (_fn, mode) in self.services.items() if mode == SYNC and len(n) <= RPC_INLINE_NAME_MAX)
+        return names[:RPC_INLINE_MAX]
 
     def mailbox(self, channel: str) -> Mailbox:
         mb = self.mailboxes.get(channel)

@@ -362,3 +362,48 @@ async def test_nothing_starts_once_the_peer_is_stopping() -> None:
             assert not a.router.tasks and not a.router.running
     finally:
         await a.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scheme", ["tcp", "zmq+tcp"])
+async def test_requests_to_services_answered_inline_take_no_slot(scheme: str) -> None:
+    """With a's whole window taken by slow async calls, b still gets answers from a's plain
+    `def` services at once: a advertises them in its handshake ("rpc_inline") and they never
+    hold one of its handler slots, so b does not count them. (They used to wait at b until a
+    slow call ended.) A `def` service a registers after the handshake is counted, as before."""
+    cfg = Config.from_dict({"link": {"max_concurrent_requests": 2}}, env={})
+    a = Node(name="a", listen=f"{scheme}://127.0.0.1:0", config=cfg)
+    held = Held()
+    a.add_service("held", held)
+    a.add_service("ping", lambda x: x + 1)
+    async with a, Node(name="b", listen=f"{scheme}://127.0.0.1:0", join=[a.address]) as b:
+        link = b._peers["a"].link
+        assert link is not None and "ping" in link.inline_services and "held" not in link.inline_services
+        calls = [asyncio.ensure_future(b.request("a", "held", i)) for i in range(5)]
+        await wait_for(lambda: link.requests.out == 4 and link.requests.waiting == 1)  # the window, and one in line
+        assert await b.request("a", "ping", 1, timeout=2) == 2  # the fast path
+        assert await asyncio.wait_for(b.request("a", "ping", 2), 2) == 3  # the general path
+        assert link.requests.out == 4 and link.requests.waiting == 1  # neither took a slot
+        a.add_service("late", lambda x: x)
+        late = asyncio.ensure_future(b.request("a", "late", 0))
+        await wait_for(lambda: link.requests.waiting == 2)  # not advertised: counted, in line
+        held.release.set()
+        assert sorted(await asyncio.gather(*calls)) == [0, 1, 2, 3, 4]
+        assert await late == 0
+        assert link.requests.out == 0 and link.requests.waiting == 0
+
+
+def test_a_peers_inline_services_are_taken_only_as_advertised() -> None:
+    """Malformed or oversized advertisements are ignored, name by name: what is left out is
+    counted, which is always safe."""
+    from aionet.codecs.batch import RPC_INLINE_MAX, RPC_INLINE_NAME_MAX
+    from aionet.core.link import Link
+
+    link = Link.__new__(Link)  # only the attribute under test
+    for bad in (None, "ping", {"ping": 1}, 7, [1, 2]):
+        link.set_inline_services(bad)
+        assert link.inline_services == frozenset()
+    link.set_inline_services(["ping", 3, "x" * (RPC_INLINE_NAME_MAX + 1), "pong"])
+    assert link.inline_services == {"ping", "pong"}
+    link.set_inline_services([f"s{i}" for i in range(RPC_INLINE_MAX + 10)])
+    assert len(link.inline_services) == RPC_INLINE_MAX
