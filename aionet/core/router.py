@@ -429,8 +429,10 @@ class Router:
     def inline_services(self) -> list[str]:
         """Names of the services answered inline on the reader (plain ``def`` handlers), which
         never take a handler slot: advertised in the handshake so callers need not count
-        requests to them against this node's window (at most ``RPC_INLINE_MAX``, sorted)."""
-        names = sorted(n for n, (_fn, mode) in self.services.items() if mode == SYNC and len(n) <= RPC_INLINE_NAME_MAX)
+        requests to them against this node's window (at most ``RPC_INLINE_MAX``: aionet's own
+        first, then by name)."""
+        names = [n for n, (_fn, mode) in self.services.items() if mode == SYNC and len(n) <= RPC_INLINE_NAME_MAX]
+        names.sort(key=lambda n: (not n.startswith("aionet."), n))
         return names[:RPC_INLINE_MAX]
 
     def mailbox(self, channel: str) -> Mailbox:

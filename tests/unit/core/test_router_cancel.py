@@ -233,3 +233,25 @@ async def test_requests_over_the_bound_wait_in_order_and_a_cancel_or_a_stop_ends
     assert order == [1, 2, 4] and router.waiting == {} and router.running == {}
     answers = {f[0]: f[2] for k, f in sent if k == ERR}
     assert answers[5] == "handler cancelled (node shutting down)" and 3 not in answers and 1 not in answers
+
+
+def test_the_services_advertised_as_inline_are_the_plain_def_ones_aionets_first() -> None:
+    """Handshake feature rpc_inline: callers skip the window for these, so it must list only
+    handlers that never take a slot (not async, not inline_handler, which may continue as a
+    task), keep aionet's own within the cap, and stay within the cap."""
+    from aionet.codecs.batch import RPC_INLINE_MAX
+
+    router = Router("a", Config.from_dict({}, env={}).link, logging.getLogger("test"))
+
+    async def slow(x: object) -> object:
+        return x
+
+    router.add_service("slow", slow)
+    router.add_service("maybe", inline_handler(lambda x: x))
+    for i in range(RPC_INLINE_MAX + 5):
+        router.add_service(f"a{i:04d}", lambda x: x)
+    router.add_service("aionet.echo", lambda x: x)
+    names = router.inline_services()
+    assert len(names) == RPC_INLINE_MAX and names[0] == "aionet.echo"
+    assert "slow" not in names and "maybe" not in names
+    assert names[1:] == sorted(names[1:])
