@@ -16,7 +16,7 @@ from typing import Any
 from ._version import __version__
 from .cache import Cache
 from .codecs import handshake
-from .codecs.envelope import CONTROL_MIN, REQ, SEND
+from .codecs.envelope import CONTROL_MIN, INLINE_SERVICES, REQ, SEND
 from .codecs.serialize import Serializer
 from .collectives import Collectives, Group
 from .config import Config
@@ -101,7 +101,7 @@ class Node:
         self._closing = False
         self._starting: asyncio.Task[None] | None = None  # start()'s steps, while they run
         self._stopping: asyncio.Task[None] | None = None  # the one stop, once asked for
-        self._control_handlers: dict[int, Callable[[str, list[Any]], None]] = {}
+        self._control_handlers: dict[int, Callable[[str, list[Any]], None]] = {INLINE_SERVICES: self._on_inline}
         # the core, each part given the collaborators it needs (never the Node)
         self._directory = PeerDirectory(self.name, self.log, cfg.heartbeat.forget_after, self._spawn, self.instruments)
         self._peers: dict[str, Peer] = self._directory.table
@@ -463,7 +463,7 @@ class Node:
         (``cancellable``: see :meth:`add_service`)."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.router.add_service(name, fn, cancellable=cancellable)
+            self.add_service(name, fn, cancellable=cancellable)
             return fn
 
         return deco
@@ -473,6 +473,24 @@ class Node:
         gives up (timeout, cancelled task); ``cancellable=False`` lets it run to the end (a
         handler that must not stop half-way, and is not written to clean up on cancellation)."""
         self.router.add_service(name, fn, cancellable=cancellable)
+        if any(p.link is not None for p in self._peers.values()):
+            self._tell_inline_services()
+
+    def _tell_inline_services(self) -> None:
+        """Connected peers learned in our HELLO which services we answer inline (their requests
+        to those take no slot); a service added since changes that list: tell them
+        (INLINE_SERVICES, best effort: a peer that misses it counts those requests, which is
+        safe, until the next connection's HELLO)."""
+        names = self.router.inline_services()
+        for p in self._peers.values():
+            link = p.link
+            if link is not None and link.peer_takes_inline and link.current is not None and link.dead is None:
+                link.send_control(self.serializer.dumps([INLINE_SERVICES, names]))
+
+    def _on_inline(self, peer: str, env: list[Any]) -> None:
+        """INLINE_SERVICES from ``peer``: the services it now answers inline (malformed: ignored)."""
+        if (link := self._directory.live_link(peer)) is not None and len(env) == 2:
+            link.set_inline_services(env[1])
 
     def register_type(self, cls: type, name: str | None = None) -> type:
         """Register a dataclass so instances travel (do it on every node that sends or receives it)."""

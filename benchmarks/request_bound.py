@@ -4,8 +4,9 @@
 
 A caller keeps to the window its peer advertises (the bound, and as many again that may wait
 there for a slot). It counts every request except those to the ``def`` services the peer
-advertised in its handshake (``rpc_inline``: those registered before it started), which the
-peer answers inline and never counts; the ``def, registered before start`` rows are those.
+lists in its handshake (``rpc_inline``) or announces later (``INLINE_SERVICES``), which the peer
+answers inline and never counts; ``def, registered before start`` rows use the first, the
+plain ``def`` rows the second.
 Compare trees with ``PYTHONPATH=OTHER_TREE python3 benchmarks/request_bound.py``.
 
     python3 benchmarks/request_bound.py [--rounds 3] [--per 200]
@@ -43,7 +44,7 @@ async def _rate(bound: int, kind: str, per: int) -> float:
                 return x
 
             a.add_service("s", echo)
-        elif kind == "def":  # registered once both run: not advertised, so counted
+        elif kind == "def":  # registered once both run: announced (INLINE_SERVICES), then not counted
             a.add_service("s", lambda x: x)
         await b.request("a", "s", 0, timeout=5)
 

@@ -54,6 +54,9 @@ class Kind(IntEnum):
     PROBE_REQ = 13  # [PROBE_REQ, probe_id, target, target_node_id, timeout_s]
     PROBE_RSP = 14  # [PROBE_RSP, probe_id, result]  1 alive, 0 no proof of life, -1 could not try
     GOSSIP = 15  # [GOSSIP, updates, loads]
+    # the def services this node answers inline, when they changed after its HELLO listed them
+    # (feature "rpc_inline", codecs/batch.py); only to a peer whose HELLO had that feature
+    INLINE_SERVICES = 16  # [INLINE_SERVICES, [service names]]
 
 
 @unique
@@ -97,6 +100,7 @@ HB_ACK: Final[int] = Kind.HB_ACK.value
 PROBE_REQ: Final[int] = Kind.PROBE_REQ.value
 PROBE_RSP: Final[int] = Kind.PROBE_RSP.value
 GOSSIP: Final[int] = Kind.GOSSIP.value
+INLINE_SERVICES: Final[int] = Kind.INLINE_SERVICES.value
 
 HELLO: Final[int] = HandshakeKind.HELLO.value
 REJECT: Final[int] = HandshakeKind.REJECT.value
@@ -132,6 +136,7 @@ __all__ = [
     "HB",
     "HB_ACK",
     "HELLO",
+    "INLINE_SERVICES",
     "M_CANCEL",
     "M_DEPARTED",
     "M_FREE",

@@ -652,6 +652,7 @@ class Connector:
         link.set_batch_limit(hello.features.get(batch.FEATURE))
         link.set_rpc_batch_limit(hello.features.get(batch.RPC_FEATURE), hello.features.get(batch.RPC_WAIT_FEATURE))
         link.set_inline_services(hello.features.get(batch.RPC_INLINE_FEATURE))
+        link.peer_takes_inline = batch.RPC_INLINE_FEATURE in hello.features
         link.peer_cancels = hello.features.get("cancel") is True
         self._start_reader(c, link)
         await link.attach(c, outgoing)

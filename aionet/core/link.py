@@ -169,6 +169,7 @@ class Link(LinkRecovery):
         self.requests = RequestSlots()
         # services the peer answers inline (handshake "rpc_inline"): requests to them take no slot
         self.inline_services: frozenset[str] = frozenset()
+        self.peer_takes_inline = False  # its HELLO had "rpc_inline": it reads INLINE updates
         self._waiting_senders = 0
         self.disconnected_since: float | None = None
         self._stuck_seq = 0  # oldest unacked seq when the last connection was lost ...

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -368,9 +369,9 @@ async def test_nothing_starts_once_the_peer_is_stopping() -> None:
 @pytest.mark.parametrize("scheme", ["tcp", "zmq+tcp"])
 async def test_requests_to_services_answered_inline_take_no_slot(scheme: str) -> None:
     """With a's whole window taken by slow async calls, b still gets answers from a's plain
-    `def` services at once: a advertises them in its handshake ("rpc_inline") and they never
-    hold one of its handler slots, so b does not count them. (They used to wait at b until a
-    slow call ended.) A `def` service a registers after the handshake is counted, as before."""
+    `def` services at once: a lists them in its HELLO ("rpc_inline"), and tells connected peers
+    (INLINE_SERVICES) of one added later; they never hold one of its handler slots, so b does not
+    count them. (They used to wait at b until a slow call ended.)"""
     cfg = Config.from_dict({"link": {"max_concurrent_requests": 2}}, env={})
     a = Node(name="a", listen=f"{scheme}://127.0.0.1:0", config=cfg)
     held = Held()
@@ -384,13 +385,44 @@ async def test_requests_to_services_answered_inline_take_no_slot(scheme: str) ->
         assert await b.request("a", "ping", 1, timeout=2) == 2  # the fast path
         assert await asyncio.wait_for(b.request("a", "ping", 2), 2) == 3  # the general path
         assert link.requests.out == 4 and link.requests.waiting == 1  # neither took a slot
-        a.add_service("late", lambda x: x)
-        late = asyncio.ensure_future(b.request("a", "late", 0))
-        await wait_for(lambda: link.requests.waiting == 2)  # not advertised: counted, in line
+
+        @a.service("late")
+        def late(x: int) -> int:
+            return -x
+
+        await wait_for(lambda: "late" in link.inline_services)  # told after the handshake
+        assert await b.request("a", "late", 5, timeout=2) == -5
+        assert link.requests.out == 4 and link.requests.waiting == 1
         held.release.set()
         assert sorted(await asyncio.gather(*calls)) == [0, 1, 2, 3, 4]
-        assert await late == 0
         assert link.requests.out == 0 and link.requests.waiting == 0
+
+        async def now_async(x: int) -> int:
+            return x
+
+        a.add_service("late", now_async)  # no longer inline: b counts it again
+        await wait_for(lambda: "late" not in link.inline_services)
+
+
+@pytest.mark.timeout(60)
+async def test_a_peer_without_the_inline_feature_is_not_sent_the_update() -> None:
+    """INLINE_SERVICES is an envelope kind an older node does not know (it would close the
+    connection): it goes only to peers whose HELLO had "rpc_inline"."""
+    async with (
+        Node(name="a", listen="tcp://127.0.0.1:0") as a,
+        Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
+    ):
+        link = a._peers["b"].link
+        assert link is not None and link.peer_takes_inline
+        sent: list[Any] = []
+        real = link.send_control
+        link.send_control = lambda frames: sent.append(frames) or real(frames)  # type: ignore[method-assign]
+        a.add_service("one", lambda x: x)
+        assert len(sent) == 1
+        link.peer_takes_inline = False  # as an older peer's HELLO leaves it
+        a.add_service("two", lambda x: x)
+        assert len(sent) == 1
+        assert await b.request("a", "two", 3, timeout=5) == 3
 
 
 def test_a_peers_inline_services_are_taken_only_as_advertised() -> None:

@@ -32,6 +32,7 @@ WIRE: dict[type[IntEnum], dict[str, int]] = {
         "PROBE_REQ": 13,
         "PROBE_RSP": 14,
         "GOSSIP": 15,
+        "INLINE_SERVICES": 16,
     },
     HandshakeKind: {"HELLO": 0, "REJECT": 9, "CONFIRM": 10, "WELCOME": 11, "RESUME": 12},
     SchedKind: {"SUBMIT": 1, "CANCEL": 2, "FREE": 3, "RESULTS": 4, "LOAD": 5, "RECONCILE": 6, "DEPARTED": 7},
@@ -79,7 +80,8 @@ def test_sequenced_and_control_kinds_keep_their_rules() -> None:
     for kind in range(-2, 40):
         assert is_sequenced(kind) == (1 <= kind <= 6 or kind in (8, 9)), kind
     assert CONTROL_MIN == 11
-    assert [k for k in Kind if k >= CONTROL_MIN] == [Kind.HB, Kind.HB_ACK, Kind.PROBE_REQ, Kind.PROBE_RSP, Kind.GOSSIP]
+    controls = [Kind.HB, Kind.HB_ACK, Kind.PROBE_REQ, Kind.PROBE_RSP, Kind.GOSSIP, Kind.INLINE_SERVICES]
+    assert [k for k in Kind if k >= CONTROL_MIN] == controls
     assert not any(is_sequenced(k) for k in Kind if k >= Kind.ACK and k not in (Kind.XFER, Kind.CANCEL))
 
 
