@@ -480,12 +480,14 @@ class Node:
         """Connected peers learned in our HELLO which services we answer inline (their requests
         to those take no slot); a service added since changes that list: tell them
         (INLINE_SERVICES, best effort: a peer that misses it counts those requests, which is
-        safe, until the next connection's HELLO)."""
-        names = self.router.inline_services()
+        safe, until the next connection's HELLO lists them)."""
+        frames: list[Any] | None = None
         for p in self._peers.values():
             link = p.link
             if link is not None and link.peer_takes_inline and link.current is not None and link.dead is None:
-                link.send_control(self.serializer.dumps([INLINE_SERVICES, names]))
+                if frames is None:
+                    frames = self.serializer.dumps([INLINE_SERVICES, self.router.inline_services()])
+                link.send_control(list(frames))  # a list per connection: a transport may extend it
 
     def _on_inline(self, peer: str, env: list[Any]) -> None:
         """INLINE_SERVICES from ``peer``: the services it now answers inline (malformed: ignored)."""

@@ -341,12 +341,13 @@ class Link(LinkRecovery):
         self.requests.set_bound(limit + extra if extra else limit)
 
     def set_inline_services(self, names: Any) -> None:
-        """The peer's handshake feature ``"rpc_inline"``: the services it answers inline on its
-        reader (plain ``def`` handlers), which never hold one of its handler slots, so our
-        requests to them are not counted against :attr:`requests`. Anything malformed, or past
-        the advertised bounds, is ignored (such requests are counted: always safe). A service
-        the peer registers later, or turns into an ``async def`` one, is counted or, at worst,
-        waits in the peer's waiting room."""
+        """The peer's handshake feature ``"rpc_inline"``, or its later INLINE_SERVICES update:
+        the services it answers inline on its reader (plain ``def`` handlers), which never hold
+        one of its handler slots, so our requests to them are not counted against
+        :attr:`requests`. Anything malformed, or past the advertised bounds, is ignored (such
+        requests are counted: always safe). A service turned ``async def`` before we hear of
+        it can, meanwhile, fill the peer's waiting room (it then stops reading from us, the
+        behaviour before the window)."""
         ok: set[str] = set()
         if type(names) is list:
             for n in names[:RPC_INLINE_MAX]:
