@@ -22,6 +22,8 @@ import sys
 from collections import deque
 from typing import Any
 
+from .waiters import wake_first
+
 UNBOUNDED = sys.maxsize  # a peer that does not advertise its bound (an older node)
 
 
@@ -40,7 +42,7 @@ class RequestSlots:
         """The peer's advertised window (its ``max_concurrent_requests``, plus what may wait
         there); anything else: no bound."""
         self.bound = limit if type(limit) is int and limit >= 1 else UNBOUNDED
-        while self.out < self.bound and self._hand_on():
+        while self.out < self.bound and wake_first(self._waiters):
             self.out += 1  # a larger bound (a new connection to a restarted peer): let waiters go
 
     async def take(self) -> None:
@@ -60,17 +62,8 @@ class RequestSlots:
 
     def release(self) -> None:
         """A request that held a slot ended (answered, failed or given up)."""
-        if not self._waiters or not self._hand_on():
+        if not self._waiters or not wake_first(self._waiters):
             self.out -= 1
-
-    def _hand_on(self) -> bool:
-        waiters = self._waiters
-        while waiters:
-            fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return True
-        return False
 
     def fail(self, exc: BaseException) -> None:
         """The link failed: each caller in line gets a copy of ``exc`` (one instance raised in

@@ -25,6 +25,7 @@ from ..errors import AionetError, NodeClosed, PeerUnavailable, ProtocolError, Re
 from ..instrument import Instruments
 from ..stats import RouterStats
 from .ports import INLINE_MARK
+from .waiters import wake_first
 
 # envelope kinds and their layouts: codecs/envelope.py
 
@@ -95,17 +96,8 @@ class Mailbox:
         self._sizes.append(nbytes)
         self._bytes += nbytes
         if self._getters:
-            self._wake_getter()
+            wake_first(self._getters)
         return True
-
-    def _wake_getter(self) -> None:
-        """Wake the first getter still waiting (cancelled ones are skipped)."""
-        getters = self._getters
-        while getters:
-            g = getters.popleft()
-            if not g.done():
-                g.set_result(None)
-                break
 
     def put_many(self, sender: str, env: list[Any], start: int, each: int) -> bool:
         """Put ``env[start:]`` from ``sender``, ``each`` bytes apiece: all if they fit (or the
@@ -118,7 +110,7 @@ class Mailbox:
         self._sizes.extend(repeat(each, n))
         self._bytes += each * n
         if self._getters:
-            self._wake_getter()
+            wake_first(self._getters)
         return True
 
     async def put(self, item: tuple[str, Any], nbytes: int = 0) -> None:
@@ -143,25 +135,17 @@ class Mailbox:
 
     def wake_putter(self) -> None:
         """Wake the longest-waiting putter (see :meth:`wait_room`)."""
-        self._wake_putter()
+        wake_first(self._putters)
 
     def give_up_room(self, fut: asyncio.Future[None]) -> None:
         """The caller of :meth:`wait_room` gave up (cancelled): forget its future, so that
         waiters that keep giving up (timeouts) do not pile up here, or, if it had already
         been woken, pass the wake-up on."""
         if fut.done() and not fut.cancelled():
-            self._wake_putter()
+            wake_first(self._putters)
         else:
             with contextlib.suppress(ValueError):
                 self._putters.remove(fut)
-
-    def _wake_putter(self) -> None:
-        putters = self._putters
-        while putters:
-            p = putters.popleft()
-            if not p.done():
-                p.set_result(None)
-                break
 
     async def _wait(self) -> None:
         while not self._items:
@@ -178,7 +162,7 @@ class Mailbox:
                     with contextlib.suppress(ValueError):
                         self._getters.remove(fut)
                 elif self._items and self._getters:  # woken, then cancelled: pass the wake-up on
-                    self._wake_getter()
+                    wake_first(self._getters)
                 raise
 
     async def get(self) -> tuple[str, Any]:
@@ -190,7 +174,7 @@ class Mailbox:
         if self._on_take is not None:
             self._on_take(item[0], n, 1)
         if self._putters:
-            self._wake_putter()
+            wake_first(self._putters)
         return item
 
     async def get_batch(self, limit: int) -> list[tuple[str, Any]]:
@@ -218,7 +202,7 @@ class Mailbox:
             items.clear()
             sizes.clear()
         if self._putters:
-            self._wake_putter()
+            wake_first(self._putters)
         return out
 
     def take_all(self) -> list[tuple[str, Any]]:
@@ -233,7 +217,7 @@ class Mailbox:
             self._sizes.clear()
             self._bytes = 0
             while self._putters:
-                self._wake_putter()
+                wake_first(self._putters)
         return out
 
     def qsize(self) -> int:
