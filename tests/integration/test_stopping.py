@@ -130,7 +130,7 @@ async def test_a_second_stop_returns_once_the_node_has_stopped() -> None:
     a = Node(name="a", listen="tcp://127.0.0.1:0")
     await a.start()
     first = asyncio.ensure_future(a.stop())
-    await asyncio.sleep(0)  # the first stop has begun
+    await wait_for(lambda: a._stopping is not None)  # the first stop has begun
     await a.stop()
     with pytest.raises(PeerUnavailable, match="not running"):
         await a.request("a", "aionet.echo", 1)

@@ -19,6 +19,15 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def full(bound: int = 1) -> RequestSlots:
+    """Slots at their bound: every slot taken, nobody in line yet."""
+    s = RequestSlots()
+    s.set_bound(bound)
+    for _ in range(bound):
+        await s.take()
+    return s
+
+
 def test_the_bound_comes_from_the_peers_handshake_value() -> None:
     s = RequestSlots()
     assert s.bound == UNBOUNDED  # an older peer that does not say
@@ -31,10 +40,7 @@ def test_the_bound_comes_from_the_peers_handshake_value() -> None:
 
 @pytest.mark.timeout(10)
 async def test_callers_beyond_the_bound_wait_and_go_in_call_order() -> None:
-    s = RequestSlots()
-    s.set_bound(2)
-    await s.take()
-    await s.take()
+    s = await full(2)
     order: list[int] = []
 
     async def caller(i: int) -> None:
@@ -56,9 +62,7 @@ async def test_callers_beyond_the_bound_wait_and_go_in_call_order() -> None:
 
 @pytest.mark.timeout(10)
 async def test_a_newcomer_waits_behind_callers_in_line() -> None:
-    s = RequestSlots()
-    s.set_bound(1)
-    await s.take()
+    s = await full()
     first = asyncio.ensure_future(s.take())
     await settle()
     s.release()  # handed to `first`, which has not run yet
@@ -72,9 +76,7 @@ async def test_a_newcomer_waits_behind_callers_in_line() -> None:
 
 @pytest.mark.timeout(10)
 async def test_a_slot_handed_to_a_caller_cancelled_meanwhile_goes_to_the_next() -> None:
-    s = RequestSlots()
-    s.set_bound(1)
-    await s.take()
+    s = await full()
     a = asyncio.ensure_future(s.take())
     b = asyncio.ensure_future(s.take())
     await settle()
@@ -86,9 +88,7 @@ async def test_a_slot_handed_to_a_caller_cancelled_meanwhile_goes_to_the_next() 
 
 @pytest.mark.timeout(10)
 async def test_a_caller_cancelled_in_line_gives_up_its_place_only() -> None:
-    s = RequestSlots()
-    s.set_bound(1)
-    await s.take()
+    s = await full()
     a = asyncio.ensure_future(s.take())
     b = asyncio.ensure_future(s.take())
     await settle()
@@ -104,9 +104,7 @@ async def test_a_caller_cancelled_in_line_gives_up_its_place_only() -> None:
 
 @pytest.mark.timeout(10)
 async def test_callers_in_line_get_the_links_failure_each_its_own() -> None:
-    s = RequestSlots()
-    s.set_bound(1)
-    await s.take()
+    s = await full()
     waiting = [asyncio.ensure_future(s.take()) for _ in range(3)]
     await settle()
     why = PeerUnavailable("p: gone")
@@ -118,9 +116,7 @@ async def test_callers_in_line_get_the_links_failure_each_its_own() -> None:
 
 @pytest.mark.timeout(10)
 async def test_a_larger_bound_lets_callers_in_line_go() -> None:
-    s = RequestSlots()
-    s.set_bound(1)
-    await s.take()
+    s = await full()
     waiting = [asyncio.ensure_future(s.take()) for _ in range(3)]
     await settle()
     s.set_bound(3)  # the peer came back with a larger bound
