@@ -25,6 +25,7 @@ from ..errors import AionetError, NodeClosed, PeerUnavailable, ProtocolError, Re
 from ..instrument import Instruments
 from ..stats import RouterStats
 from .ports import INLINE_MARK
+from .tasks import new_task
 from .waiters import wake_first
 
 # envelope kinds and their layouts: codecs/envelope.py
@@ -325,6 +326,7 @@ class _Deadlines:
 
 # what the caller of a handler cancelled (or never started) because this node stops is told
 SHUTDOWN = "handler cancelled (node shutting down)"
+HANDLER_TASK = "aionet-handler"  # the name of each task that runs an async request handler
 
 
 class Router:
@@ -767,7 +769,7 @@ class Router:
                 # the usual async handler, untimed: what _handle and _start do for it, inline
                 self.running[peer] = running + 1
                 loop = self.loop or asyncio.get_running_loop()
-                task = loop.create_task(self._run_async(entry[0], rid, payload, reply, peer, loop))
+                task = new_task(loop, self._run_async(entry[0], rid, payload, reply, peer, loop), HANDLER_TASK)
                 self.tasks.add(task)
                 if service not in self.uncancellable:
                     self.handling[peer, rid] = task
@@ -841,7 +843,7 @@ class Router:
         loop = self.loop or asyncio.get_running_loop()
         # the task takes itself out of self.tasks as it ends (_run_async): a done callback
         # would cost one more loop iteration per request
-        task = loop.create_task(self._run_async(fn, rid, payload, reply, peer, loop))
+        task = new_task(loop, self._run_async(fn, rid, payload, reply, peer, loop), HANDLER_TASK)
         self.tasks.add(task)
         if cancellable:
             self.handling[peer, rid] = task

@@ -4,8 +4,18 @@ retrieved", and :meth:`OwnedTasks.cancel_all` cancels and awaits whatever still 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Coroutine, Iterator
 from typing import Any
+
+
+def new_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    """``loop.create_task(coro, name=name)``, minus a throwaway name: on Python 3.11 a task
+    created without a name formats "Task-N" at once, and uvloop's ``create_task`` always creates
+    it so and renames it afterwards (a ``printf`` per task, about 3 % of the instructions of a
+    request to an ``async def`` service). A task factory set on the loop is still honoured."""
+    if loop.get_task_factory() is None:
+        return asyncio.Task(coro, loop=loop, name=name)
+    return loop.create_task(coro, name=name)
 
 
 class OwnedTasks:
@@ -21,7 +31,7 @@ class OwnedTasks:
         return len(self._tasks)
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
-        t = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+        t = new_task(asyncio.get_running_loop(), coro, name)  # type: ignore[arg-type]
         self._tasks.add(t)
         t.add_done_callback(self._done)
         return t
@@ -39,4 +49,4 @@ class OwnedTasks:
             await asyncio.wait(tasks, timeout=timeout)
 
 
-__all__ = ["OwnedTasks"]
+__all__ = ["OwnedTasks", "new_task"]
