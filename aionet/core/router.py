@@ -25,7 +25,7 @@ from ..errors import AionetError, NodeClosed, PeerUnavailable, ProtocolError, Re
 from ..instrument import Instruments
 from ..stats import RouterStats
 from .ports import INLINE_MARK
-from .tasks import new_task
+from .tasks import EAGER_TASKS, new_task
 from .waiters import wake_first
 
 # envelope kinds and their layouts: codecs/envelope.py
@@ -383,6 +383,7 @@ class Router:
         # peer -> {rid: (entry, service, payload, reply)}, in arrival order
         self.waiting: dict[str, dict[Any, tuple[tuple[Handler, int], Any, Any, Reply]]] = {}
         self._slot_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._refilling: set[str] = set()  # peers whose waiting requests _handler_done is starting
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """The loop the node runs on (set when it starts, cleared when it stops)."""
@@ -769,7 +770,16 @@ class Router:
                 # the usual async handler, untimed: what _handle and _start do for it, inline
                 self.running[peer] = running + 1
                 loop = self.loop or asyncio.get_running_loop()
-                task = new_task(loop, self._run_async(entry[0], rid, payload, reply, peer, loop), HANDLER_TASK)
+                if EAGER_TASKS and loop.get_task_factory() is None:  # see _start_task
+                    cancellable = 2 if service not in self.uncancellable else 1
+                    new_task(
+                        loop,
+                        self._run_async(entry[0], rid, payload, reply, peer, loop, cancellable),
+                        HANDLER_TASK,
+                        True,
+                    )
+                    return None
+                task = new_task(loop, self._run_async(entry[0], rid, payload, reply, peer, loop, 0), HANDLER_TASK)
                 self.tasks.add(task)
                 if service not in self.uncancellable:
                     self.handling[peer, rid] = task
@@ -840,10 +850,30 @@ class Router:
             self._spawn_reply(reply(ERR, [rid, "asyncio.CancelledError", SHUTDOWN, ""]))
             return
         self.running[peer] = running + 1
-        loop = self.loop or asyncio.get_running_loop()
-        # the task takes itself out of self.tasks as it ends (_run_async): a done callback
-        # would cost one more loop iteration per request
-        task = new_task(loop, self._run_async(fn, rid, payload, reply, peer, loop), HANDLER_TASK)
+        self._start_task(self.loop or asyncio.get_running_loop(), fn, rid, payload, reply, peer, cancellable)
+
+    def _start_task(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fn: Handler,
+        rid: Any,
+        payload: Any,
+        reply: Reply,
+        peer: str,
+        cancellable: bool,
+    ) -> None:
+        """The task of one handler, listed in self.tasks (what drain and a stop from a handler
+        look for) and, when ``cancellable``, in self.handling (what a CANCEL looks for). The
+        task takes itself out as it ends (_run_async): a done callback would cost one more loop
+        iteration per request. Where it starts eagerly (Python 3.12+), its first step lists it
+        itself, before the handler runs: the handler may stop the node, or answer and then wait
+        for room to write the reply (listing it afterwards would leave a stale entry)."""
+        if EAGER_TASKS and loop.get_task_factory() is None:  # (tasks.starts_eagerly, inline)
+            new_task(
+                loop, self._run_async(fn, rid, payload, reply, peer, loop, 2 if cancellable else 1), HANDLER_TASK, True
+            )
+            return
+        task = new_task(loop, self._run_async(fn, rid, payload, reply, peer, loop, 0), HANDLER_TASK)
         self.tasks.add(task)
         if cancellable:
             self.handling[peer, rid] = task
@@ -953,14 +983,21 @@ class Router:
         else:
             del self.running[peer]
         waiting = self.waiting.get(peer)
-        if waiting:
+        if waiting and peer not in self._refilling:
+            # a handler started here may end within _handle (an eager start): its own
+            # _handler_done then only frees its slot, and this loop starts the next one, so
+            # nothing recurses and the queue is walked once
             bound = self.max_concurrent_requests
-            while waiting and self.running.get(peer, 0) < bound:
-                rid = next(iter(waiting))  # the oldest: requests start in the order they came
-                entry, service, payload, reply = waiting.pop(rid)
-                self._handle(entry, rid, service, payload, reply, peer)  # takes the slot (or answers inline)
+            self._refilling.add(peer)
+            try:
+                while waiting and self.running.get(peer, 0) < bound:
+                    rid = next(iter(waiting))  # the oldest: requests start in the order they came
+                    entry, service, payload, reply = waiting.pop(rid)
+                    self._handle(entry, rid, service, payload, reply, peer)  # takes the slot (or answers inline)
+            finally:
+                self._refilling.discard(peer)
             if not waiting:
-                del self.waiting[peer]
+                self.waiting.pop(peer, None)
         if peer in self._slot_waiters:  # (a call per handler otherwise)
             self._wake_slot_waiters(peer)
 
@@ -972,12 +1009,18 @@ class Router:
                     fut.set_result(None)
 
     async def _run_async(
-        self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str, loop: asyncio.AbstractEventLoop
+        self, fn: Handler, rid: int, payload: Any, reply: Reply, peer: str, loop: asyncio.AbstractEventLoop, lists: int
     ) -> None:
         """The task of one async handler: answer with ``await fn(payload)`` (or its error),
         then free the peer's slot and leave self.tasks. (One coroutine, not two: it runs for
-        every request.)"""
+        every request.) ``lists``: 0, :meth:`_start_task` listed the task; 1, list it in
+        self.tasks first; 2, there and in self.handling (an eager start)."""
         key = (peer, rid)
+        if lists:
+            me = asyncio.current_task(loop)
+            self.tasks.add(me)  # type: ignore[arg-type]
+            if lists == 2:
+                self.handling[key] = me  # type: ignore[assignment]
         try:
             try:
                 result = await fn(payload)

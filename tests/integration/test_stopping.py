@@ -303,7 +303,9 @@ async def test_a_dial_under_way_when_the_node_stops_opens_no_link() -> None:
         with pytest.raises(PeerUnavailable, match="not running"):
             await a.connect(b.address)
         assert not a.peers().get("b", {}).get("connected")
-        assert not b.peers().get("a", {}).get("connected")
+        # b learns of the abandoned handshake when its connection closes: a loop step or two
+        # later on Python 3.12's asyncio, within the same one on 3.11
+        await wait_for(lambda: not b.peers().get("a", {}).get("connected"), timeout=5)
 
 
 @pytest.mark.timeout(60)
