@@ -560,6 +560,11 @@ class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
             if wbuf:
                 wlist.append(wbuf)
             t.writelines(wlist)
+            if not self._write_paused and t.get_write_buffer_size() > (high := 0 if self._forced_pause else self._high):
+                # the selector transports of Python 3.12.0-3.12.8 and 3.13.0-3.13.1 never pause
+                # the protocol from writelines (CPython gh-127655): the send buffer would grow
+                # without bound. Setting the limits again makes the transport check and pause.
+                t.set_write_buffer_limits(high=high, low=0)  # type: ignore[attr-defined]
         else:
             t.write(wbuf)
 
