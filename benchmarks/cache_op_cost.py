@@ -26,6 +26,9 @@ callback ends) reads larger there than it is; with ``CACHE_OP_ACK_DELAY=10`` it 
 in the measured loop (requests and replies carry each other's acks) and only the per-request
 path is counted.
 
+The script puts its own tree first on ``sys.path``: to compare two trees, run each tree's copy
+(``OTHER_TREE/benchmarks/cache_op_cost.py``); ``PYTHONPATH`` does not choose the tree.
+
 Under valgrind an op runs ~50x slower, so work done per second rather than per op (the
 cache's once-a-second TTL sweep, heartbeats, delayed acks) is counted in per-op figures
 about 50x too heavily; the more loaded the machine, the more so. Compare trees run side

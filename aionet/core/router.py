@@ -868,7 +868,7 @@ class Router:
         iteration per request. Where it starts eagerly (Python 3.12+), its first step lists it
         itself, before the handler runs: the handler may stop the node, or answer and then wait
         for room to write the reply (listing it afterwards would leave a stale entry)."""
-        if EAGER_TASKS and loop.get_task_factory() is None:  # (tasks.starts_eagerly, inline)
+        if EAGER_TASKS and loop.get_task_factory() is None:  # (what new_task starts eagerly)
             new_task(
                 loop, self._run_async(fn, rid, payload, reply, peer, loop, 2 if cancellable else 1), HANDLER_TASK, True
             )
