@@ -771,10 +771,10 @@ class Router:
                 self.running[peer] = running + 1
                 loop = self.loop or asyncio.get_running_loop()
                 if EAGER_TASKS and loop.get_task_factory() is None:  # see _start_task
-                    cancellable = 2 if service not in self.uncancellable else 1
+                    lists = 2 if service not in self.uncancellable else 1
                     new_task(
                         loop,
-                        self._run_async(entry[0], rid, payload, reply, peer, loop, cancellable),
+                        self._run_async(entry[0], rid, payload, reply, peer, loop, lists),
                         HANDLER_TASK,
                         True,
                     )
