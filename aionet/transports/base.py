@@ -116,10 +116,15 @@ class Connection(abc.ABC):
         Unlike ``send``, the message's place in the stream is fixed by this call, so a caller
         may enqueue from a synchronous callback. Default: a task running ``send`` (tasks
         start in creation order, so order holds for transports whose ``send`` enqueues
-        before its first await); transports override it with a real synchronous enqueue."""
+        before its first await); transports override it with a real synchronous enqueue.
+        The task never leaves a "Task exception was never retrieved": a caller that drops it
+        (a sender cancelled before awaiting what the link handed it) learns of a closed
+        connection from the connection itself."""
         import asyncio
 
-        return asyncio.ensure_future(self.send(frames))
+        task = asyncio.ensure_future(self.send(frames))
+        task.add_done_callback(_consume_exception)
+        return task
 
     def send_nowait(self, frames: Sequence[Buffer]) -> None:
         """Queue a small control message without waiting (ignores back-pressure; for acks
