@@ -767,22 +767,10 @@ class Router:
             if running >= self.max_concurrent_requests:
                 return self._wait(peer, rid, entry, service, payload, reply)
             if mode == ASYNC and self.instruments.request_handled is None and not self._draining:
-                # the usual async handler, untimed: what _handle and _start do for it, inline
+                # the usual async handler, untimed: what _handle and _start do for it, without their checks
                 self.running[peer] = running + 1
                 loop = self.loop or asyncio.get_running_loop()
-                if EAGER_TASKS and loop.get_task_factory() is None:  # see _start_task
-                    lists = 2 if service not in self.uncancellable else 1
-                    new_task(
-                        loop,
-                        self._run_async(entry[0], rid, payload, reply, peer, loop, lists),
-                        HANDLER_TASK,
-                        True,
-                    )
-                    return None
-                task = new_task(loop, self._run_async(entry[0], rid, payload, reply, peer, loop, 0), HANDLER_TASK)
-                self.tasks.add(task)
-                if service not in self.uncancellable:
-                    self.handling[peer, rid] = task
+                self._start_task(loop, entry[0], rid, payload, reply, peer, service not in self.uncancellable)
                 return None
         self._handle(entry, rid, service, payload, reply, peer)
         return None
