@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aionet.codecs.envelope import ERR, REP, REQ, SEND
-from aionet.core.link import Link
+from aionet.core.link import RPC_PIPELINE, Link
 from aionet.errors import PeerUnavailable, WouldBlock
 
 
@@ -230,3 +230,42 @@ def test_lone_requests_and_replies_are_stamped_recorded_and_written_in_order(cal
         want.append([kind, len(want) + 1, link.state.recv_seq, *fields])
     assert _stream(link) == want
     assert [msgpack.unpackb(w) for w in wire.written] == want
+
+
+class _Socket:
+    """A connection stand-in with something else queued this loop iteration (flush_pending
+    True), so requests and replies join a batch; it tells apart writes that go to the socket
+    at once (write_now) from those left for the iteration's flush (write_nowait)."""
+
+    flush_pending = True
+
+    def __init__(self) -> None:
+        self.now: list[list] = []
+        self.later: list[list] = []
+
+    def write_now(self, frames: list) -> None:
+        self.now.append(msgpack.unpackb(bytes(frames[0])))
+
+    def write_nowait(self, frames: list) -> None:
+        self.later.append(msgpack.unpackb(bytes(frames[0])))
+
+
+@pytest.mark.parametrize("kind", [REQ, REP])
+async def test_a_batch_of_requests_or_replies_goes_to_the_socket_once_it_holds_rpc_pipeline(kind):
+    """The peer, in another process, starts on the first RPC_PIPELINE while this side builds
+    the rest: those batches are written at once, not at the end of the loop iteration; the
+    remainder waits for the iteration's seal, and nothing is lost or reordered."""
+    link = _link()
+    link.set_rpc_batch_limit(1024)
+    sock = _Socket()
+    link.current = SimpleNamespace(conn=sock)
+    n = 2 * RPC_PIPELINE + 5
+    for rid in range(n):
+        fields = [rid, "svc", b"x"] if kind == REQ else [rid, b"x"]
+        assert link.post(kind, fields, wait_ack=kind == REQ) is None
+    assert [len(_unbatch(env)) for env in sock.now] == [RPC_PIPELINE, RPC_PIPELINE]
+    assert sock.later == [] and len(link._bitems) == 5  # the rest: sealed at the iteration's end
+    link._seal_soon()
+    envs = sock.now + sock.later
+    assert [rid for env in envs for _k, rid, *_ in _unbatch(env)] == list(range(n))
+    assert [env[1] for env in envs] == [1, 2, 3]  # one sequence number per envelope, in order
