@@ -56,13 +56,15 @@ def spawn():
         p.wait(timeout=10)
 
 
-async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.005):
-    """Poll a cheap predicate (for state we cannot await directly), bounded in time."""
+async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.005, describe=None):
+    """Poll a cheap predicate (for state we cannot await directly), bounded in time.
+    ``describe``: called on a timeout, its text (the state that did not change) goes into
+    the failure, for the rare failure that cannot be reproduced at will."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():
         if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
+            raise AssertionError("condition not reached in time" + (f": {describe()}" if describe else ""))
         await asyncio.sleep(interval)
 
 

@@ -408,10 +408,20 @@ async def test_cancelled_send_aborts_the_transfer_on_the_receiver(scheme):
         sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
         assert sender.cancelled()
-        await wait_for(lambda: a.info()["device"]["incomplete_transfers"] == 0, timeout=10)
+        await wait_for(
+            lambda: a.info()["device"]["incomplete_transfers"] == 0,
+            timeout=10,
+            describe=lambda: str(a.info()["device"]),
+        )
         await b.send("a", "y", CAIArray(np.arange(3 * MiB, dtype=np.uint8)))
         check_equal(await a.recv("y", timeout=20), np.arange(3 * MiB, dtype=np.uint8))
-        await wait_for(lambda: pool_stats(b)["in_use"] == 0, timeout=10)
+        # (failed once in about 70 runs under -X dev on a loaded machine, not reproduced since:
+        # the description says what still held a staging buffer if it happens again)
+        await wait_for(
+            lambda: pool_stats(b)["in_use"] == 0,
+            timeout=10,
+            describe=lambda: f"sender {b.info()['device']}, peers {b.info()['peers']}, receiver {a.info()['device']}",
+        )
 
 
 # ---------------------------------------------------------------------------- faults
