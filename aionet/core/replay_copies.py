@@ -14,8 +14,9 @@ was measured loaded (BENCHMARKS.md, "Large messages", 2026-11-27), the copy (~70
 and the busier receive path of overlapping frames cost more CPU than the idle round trips it
 hides; measured quiet (2026-11-28) it sent 1 MiB messages 1.4-1.7x faster, but ring
 collectives gained nothing at 16 MiB, and the pool holds up to :data:`POOL_BYTES` per link.
-Where a round trip is long against the transfer (a real network) it is the better choice; :data:`COPY_MAX` is the largest bound worth setting (above it the
-round trip is amortized and the copy would cost a third of the transfer).
+Where a round trip is long against the transfer (a real network) it is the better choice;
+:data:`COPY_MAX` is the largest bound worth setting (above it the round trip is amortized
+and the copy would cost a third of the transfer).
 """
 
 from __future__ import annotations
