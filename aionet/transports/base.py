@@ -119,12 +119,17 @@ class Connection(abc.ABC):
         before its first await); transports override it with a real synchronous enqueue.
         The task never leaves a "Task exception was never retrieved": a caller that drops it
         (a sender cancelled before awaiting what the link handed it) learns of a closed
-        connection from the connection itself."""
+        connection from the connection itself. What the caller gets is shielded: a caller
+        cancelled while it waits does not cancel the send, which would take the message out of
+        a stream whose later messages are already numbered after it (the peer would see a
+        gap), and keep its buffers alive in the cancelled task's traceback."""
         import asyncio
 
         task = asyncio.ensure_future(self.send(frames))
         task.add_done_callback(_consume_exception)
-        return task
+        outer = asyncio.shield(task)
+        outer.add_done_callback(_consume_exception)
+        return outer
 
     def send_nowait(self, frames: Sequence[Buffer]) -> None:
         """Queue a small control message without waiting (ignores back-pressure; for acks

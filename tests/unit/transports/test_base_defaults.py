@@ -62,3 +62,95 @@ async def test_an_awaited_write_nowait_still_raises() -> None:
     assert w is not None
     with pytest.raises(ConnectionClosed, match="closed under the sender"):
         await w
+
+
+class _Gated(Connection):
+    """A connection whose sends take their place at once, then wait on a gate (a full peer
+    queue) before they count as sent."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.queued: list[list[Any]] = []
+        self.sent: list[list[Any]] = []
+
+    async def send(self, frames: Sequence[Any]) -> None:
+        msg = list(frames)
+        self.queued.append(msg)
+        await self.gate.wait()
+        self.sent.append(msg)
+
+    async def recv(self) -> list[Any]:
+        raise ConnectionClosed("closed")
+
+    def abort(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+@pytest.mark.timeout(10)
+async def test_a_caller_cancelled_while_it_waits_does_not_take_the_message_out_of_the_stream() -> None:
+    """The message's place was fixed by write_nowait (later ones are numbered after it): a
+    cancelled sender must leave it to go out, or the peer sees a gap."""
+    conn = _Gated()
+    w = conn.write_nowait([b"first"])
+    assert w is not None
+    waiter = asyncio.ensure_future(w)
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    later = conn.write_nowait([b"second"])
+    conn.gate.set()
+    await later
+    await asyncio.sleep(0)
+    assert conn.queued == [[b"first"], [b"second"]]
+    assert sorted(conn.sent) == [[b"first"], [b"second"]]  # the first one was not given up
+
+
+@pytest.mark.timeout(10)
+async def test_a_cancelled_in_process_write_keeps_its_place_and_releases_its_buffers() -> None:
+    """The in-process transport with its peer's queue full: a sender cancelled while it waits
+    for room neither loses its message (a gap in the stream) nor keeps its buffer alive."""
+    import weakref
+
+    import numpy as np
+
+    from aionet.config import LimitsSection
+    from aionet.transports.inproc import InprocTransport
+
+    t = InprocTransport({"max_queued_messages": 1}, LimitsSection())
+    accepted: list[Connection] = []
+
+    async def handler(conn: Connection) -> None:
+        accepted.append(conn)
+
+    listener = await t.listen("inproc://auto", handler)
+    try:
+        client = await t.connect(listener.address)
+        await client.send([b"fills the queue"])
+        buf = np.zeros(1 << 20, np.uint8)
+        gone = weakref.ref(buf)
+        w = client.write_nowait([memoryview(buf)])
+        assert w is not None
+        waiter = asyncio.ensure_future(w)
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        del w, waiter
+        await asyncio.sleep(0)  # the listener's handler task runs
+        server = accepted[0]
+        assert await server.recv() == [b"fills the queue"]
+        got = await asyncio.wait_for(server.recv(), 5)
+        assert len(got) == 1 and bytes(got[0][:4]) == b"\0\0\0\0"
+        del got, buf
+        gc.collect()
+        assert gone() is None
+    finally:
+        await t.aclose()
