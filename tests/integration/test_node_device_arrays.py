@@ -415,8 +415,9 @@ async def test_cancelled_send_aborts_the_transfer_on_the_receiver(scheme):
         )
         await b.send("a", "y", CAIArray(np.arange(3 * MiB, dtype=np.uint8)))
         check_equal(await a.recv("y", timeout=20), np.arange(3 * MiB, dtype=np.uint8))
-        # (failed once in about 70 runs under -X dev on a loaded machine, not reproduced since:
-        # the description says what still held a staging buffer if it happens again)
+        # (this failed now and then until a cancelled sender stopped cancelling the in-process
+        # write it waited on: tests/unit/transports/test_base_defaults.py; should it fail
+        # again, the description says what still holds a staging buffer)
         await wait_for(
             lambda: pool_stats(b)["in_use"] == 0,
             timeout=10,
