@@ -323,6 +323,43 @@ async def check_backpressure_blocks_and_drops_nothing(h: Harness, direction: str
     assert expect in (sent, sent + 1), f"sent {sent}, received {expect}: messages were dropped"
 
 
+async def check_write_nowait_keeps_its_place_when_its_waiter_is_cancelled(h: Harness) -> None:
+    """``write_nowait`` fixes a message's place in the stream (the link numbers the messages
+    after it at once): a caller cancelled while it awaits what ``write_nowait`` returned (the
+    back-pressure wait) must not take the message out of the stream."""
+    client, server = await h.pair()
+    payload = b"p" * (64 << 10)
+    cap = 8_000  # 512 MiB: far above any sane bound
+    cancelled = n = 0
+    while n < cap and cancelled < 3:
+        w = client.write_nowait([struct.pack("!I", n), payload])
+        n += 1
+        if w is None:
+            continue
+        waiter = asyncio.ensure_future(w)
+        await asyncio.sleep(0)
+        if waiter.done():
+            continue
+        waiter.cancel()  # the caller gives up its wait, not its message
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        cancelled += 1
+    assert cancelled, f"{n} x 64 KiB written to a peer that reads nothing: write_nowait never asked to wait"
+
+    async def drain() -> int:
+        expect = 0
+        while True:
+            msg = await server.recv()
+            if bytes(msg[0]) == b"end":
+                return expect
+            got = struct.unpack("!I", bytes(msg[0]))[0]
+            assert got == expect, f"message {expect} is missing (next came {got}) after a cancelled wait"
+            expect += 1
+
+    expect, _ = await h.within(asyncio.gather(drain(), client.send([b"end", b""])), 60)
+    assert expect == n, f"wrote {n}, received {expect}"
+
+
 # ------------------------------------------------------------------------------------------
 # closing
 # ------------------------------------------------------------------------------------------
@@ -610,6 +647,10 @@ CHECKS: tuple[Check, ...] = (
         check_backpressure_blocks_and_drops_nothing,
         "direction",
         ["dialer_to_listener", "listener_to_dialer"],
+    ),
+    Check(
+        "write_nowait_keeps_its_place_when_its_waiter_is_cancelled",
+        check_write_nowait_keeps_its_place_when_its_waiter_is_cancelled,
     ),
     *_variants("close_from_either_side", check_close_from_either_side, "closer", ["dialer", "listener"]),
     Check("pending_recv_raises_on_local_and_remote_close", check_pending_recv_raises_on_local_and_remote_close),
