@@ -339,9 +339,10 @@ class Link(LinkRecovery):
         then takes REP envelopes with many replies too. Off for a peer without it. With
         ``"rpc_wait"`` (``waits``: how many more requests it lets wait for a handler slot
         without stopping to read), their sum is how many of our requests may be unanswered at
-        once (:attr:`requests`); without it (an older peer), ``limit`` alone."""
+        once (:attr:`requests`); without it (an older peer), ``limit`` alone. This side puts at
+        most :data:`RPC_PIPELINE` in one envelope either way."""
         ok = type(limit) is int and limit > 1
-        self._rpc_max = min(BATCH_MESSAGES, limit, RPC_PIPELINE) if ok else 0
+        self._rpc_max = min(limit, RPC_PIPELINE) if ok else 0
         self._rep_max = RPC_PIPELINE if ok else 0
         extra = waits if type(waits) is int and waits > 0 and type(limit) is int else 0
         self.requests.set_bound(limit + extra if extra else limit)
