@@ -309,18 +309,22 @@ async def check_backpressure_blocks_and_drops_nothing(h: Harness, direction: str
     assert blocked, f"{sent} x 64 KiB sent to a peer that reads nothing: sender never back-pressured"
 
     # The timed-out send may or may not have gone out; everything before it must arrive in order.
-    async def drain() -> int:
-        expect = 0
-        while True:
-            msg = await dst.recv()
-            if bytes(msg[0]) == b"end":
-                return expect
-            assert struct.unpack("!I", bytes(msg[0]))[0] == expect
-            assert bytes(msg[1]) == payload
-            expect += 1
-
-    expect, _ = await h.within(asyncio.gather(drain(), src.send([b"end", b""])), 60)
+    expect, _ = await h.within(asyncio.gather(_drain_numbered(dst, payload), src.send([b"end", b""])), 60)
     assert expect in (sent, sent + 1), f"sent {sent}, received {expect}: messages were dropped"
+
+
+async def _drain_numbered(dst: Connection, payload: bytes) -> int:
+    """Receive ``[n, payload]`` messages until ``[b"end", ...]``, checking that ``n`` counts
+    0, 1, 2, ... with none missing; returns how many came."""
+    expect = 0
+    while True:
+        msg = await dst.recv()
+        if bytes(msg[0]) == b"end":
+            return expect
+        got = struct.unpack("!I", bytes(msg[0]))[0]
+        assert got == expect, f"message {expect} is missing (next came {got})"
+        assert bytes(msg[1]) == payload
+        expect += 1
 
 
 async def check_write_nowait_keeps_its_place_when_its_waiter_is_cancelled(h: Harness) -> None:
@@ -345,19 +349,8 @@ async def check_write_nowait_keeps_its_place_when_its_waiter_is_cancelled(h: Har
             await waiter
         cancelled += 1
     assert cancelled, f"{n} x 64 KiB written to a peer that reads nothing: write_nowait never asked to wait"
-
-    async def drain() -> int:
-        expect = 0
-        while True:
-            msg = await server.recv()
-            if bytes(msg[0]) == b"end":
-                return expect
-            got = struct.unpack("!I", bytes(msg[0]))[0]
-            assert got == expect, f"message {expect} is missing (next came {got}) after a cancelled wait"
-            expect += 1
-
-    expect, _ = await h.within(asyncio.gather(drain(), client.send([b"end", b""])), 60)
-    assert expect == n, f"wrote {n}, received {expect}"
+    expect, _ = await h.within(asyncio.gather(_drain_numbered(server, payload), client.send([b"end", b""])), 60)
+    assert expect == n, f"wrote {n}, received {expect}: a cancelled wait took its message out"
 
 
 # ------------------------------------------------------------------------------------------
