@@ -16,12 +16,8 @@ from aionet.errors import ConnectionClosed
 from aionet.transports.base import Connection
 
 
-class _Closed(Connection):
-    """A connection whose sends fail as a closed one's do."""
-
-    async def send(self, frames: Sequence[Any]) -> None:
-        await asyncio.sleep(0)
-        raise ConnectionClosed("closed under the sender")
+class _SendOnly(Connection):
+    """The rest of a Connection, for stand-ins that define only ``send``."""
 
     async def recv(self) -> list[Any]:
         raise ConnectionClosed("closed")
@@ -35,6 +31,14 @@ class _Closed(Connection):
     @property
     def closed(self) -> bool:
         return False
+
+
+class _Closed(_SendOnly):
+    """A connection whose sends fail as a closed one's do."""
+
+    async def send(self, frames: Sequence[Any]) -> None:
+        await asyncio.sleep(0)
+        raise ConnectionClosed("closed under the sender")
 
 
 @pytest.mark.timeout(10)
@@ -64,7 +68,7 @@ async def test_an_awaited_write_nowait_still_raises() -> None:
         await w
 
 
-class _Gated(Connection):
+class _Gated(_SendOnly):
     """A connection whose sends take their place at once, then wait on a gate (a full peer
     queue) before they count as sent."""
 
@@ -78,19 +82,6 @@ class _Gated(Connection):
         self.queued.append(msg)
         await self.gate.wait()
         self.sent.append(msg)
-
-    async def recv(self) -> list[Any]:
-        raise ConnectionClosed("closed")
-
-    def abort(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    @property
-    def closed(self) -> bool:
-        return False
 
 
 @pytest.mark.timeout(10)
