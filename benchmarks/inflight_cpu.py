@@ -56,15 +56,7 @@ async def _client(args: argparse.Namespace, addr: str, srv_pid: int) -> None:
 
     me, srv = psutil.Process(), psutil.Process(srv_pid)
     async with Node(name="cli", listen=f"{args.transport}://127.0.0.1:0", join=[addr]) as cli:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                await cli.request("srv", "bench.echo", b"x", timeout=2)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        await cli.wait_members(["srv"], timeout=30)
         msg = b"x" * 64
         done = [0]
 
