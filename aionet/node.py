@@ -20,6 +20,7 @@ from .codecs.envelope import CONTROL_MIN, INLINE_SERVICES, REQ, SEND
 from .codecs.serialize import Serializer
 from .collectives import Collectives, Group
 from .config import Config
+from .core.busy_poll import BusyPoll
 from .core.connect import Connector
 from .core.device_transfer import DeviceTransfers, StagingRequired
 from .core.dispatch import Dispatcher
@@ -100,6 +101,7 @@ class Node:
         self._running = False
         self._closing = False
         self._starting: asyncio.Task[None] | None = None  # start()'s steps, while they run
+        self._busy: BusyPoll | None = None  # node.busy_poll_us: made at start (it needs the loop)
         self._stopping: asyncio.Task[None] | None = None  # the one stop, once asked for
         self._control_handlers: dict[int, Callable[[str, list[Any]], None]] = {INLINE_SERVICES: self._on_inline}
         # the core, each part given the collaborators it needs (never the Node)
@@ -230,7 +232,11 @@ class Node:
             return
         self._started_at = time.time()
         self._running = True
-        self.router.bind_loop(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self.router.bind_loop(loop)
+        if self.config.node.busy_poll_us > 0:
+            self._busy = BusyPoll(loop, self.config.node.busy_poll_us / 1e6)
+            self._dispatcher.busy_poll = self._busy
         if self._token is None and not all(is_local_address(u) for u in self.config.node.listen):
             self.log.warning("no cluster token configured: accepting connections from this host only")
         self._starting = starting = asyncio.get_running_loop().create_task(self._start(), name="aionet-start")
@@ -343,6 +349,8 @@ class Node:
         self._device.close()
         self._running = False
         self.router.bind_loop(None)
+        if self._busy is not None:
+            self._busy.stop()
         self.log.info("stopped")
 
     # ------------------------------------------------------------------ properties
@@ -440,6 +448,7 @@ class Node:
             membership=self.membership.stats(),
             scheduler=self.scheduler.stats(),
             devices=self.membership.load.last.devices(),
+            busy_poll=self._busy.stats() if self._busy is not None else None,
         )
 
     def info(self) -> dict[str, Any]:
@@ -548,6 +557,8 @@ class Node:
         try:
             aw = link.post(SEND, [channel, obj])
             if aw is not None:
+                if self._busy is not None:  # poll for the ack (or the room) rather than sleep
+                    self._busy.kick()
                 await aw
             return
         except StagingRequired:  # device arrays: staged below, outside this handler (whose
@@ -760,6 +771,8 @@ class Node:
             try:
                 aw = link.post(REQ, [rid, service, obj])
                 sent = True
+                if self._busy is not None:  # poll for the reply rather than sleep
+                    self._busy.kick()
                 if aw is not None:
                     await aw
             except StagingRequired:  # device arrays: staged below, outside the handler

@@ -101,6 +101,19 @@ class RouterStats(Stats):
     running_handlers: int
 
 
+@dataclass(frozen=True, slots=True)
+class BusyPollStats(Stats):
+    """``node.busy_poll_us``: windows the loop was kept awake after a message, the loop
+    iterations spent polling in them, and their total length (``busy_s``, the CPU time polling
+    may have cost; the open window not counted yet)."""
+
+    window_us: float
+    windows: int
+    spins: int
+    busy_s: float
+    active: bool
+
+
 # ---------------------------------------------------------------------------- devices
 @dataclass(frozen=True, slots=True)
 class BufferPoolStats(Stats):
@@ -236,10 +249,12 @@ class NodeStats(Stats):
     membership: MembershipStats
     scheduler: SchedulerStats
     devices: Mapping[str, Any] = field(default_factory=dict)
+    busy_poll: BusyPollStats | None = None  # None: node.busy_poll_us is 0 (off)
 
 
 __all__ = [
     "BufferPoolStats",
+    "BusyPollStats",
     "ConnectionStats",
     "DeviceTransferStats",
     "LinkStats",

@@ -17,6 +17,7 @@ from ..codecs.envelope import ACK, BYE, CANCEL, ERR, PEERS, REP, REQ, SEND, XFER
 from ..codecs.extensions import DecodeDeferred
 from ..codecs.serialize import Serializer
 from ..errors import AionetError, ConnectionClosed, PeerUnavailable, ProtocolError
+from .busy_poll import BusyPoll
 from .device_transfer import DeviceTransfers, StagingRequired
 from .link import Link, nbytes_of
 from .peers import PeerConn, PeerDirectory, Spawn
@@ -53,6 +54,8 @@ class Dispatcher:
         self.log = log
         self._spawn = spawn
         self._closing = closing
+        # node.busy_poll_us: each batch read keeps the loop polling a while (set at start)
+        self.busy_poll: BusyPoll | None = None
 
     def start_reader(self, c: PeerConn, link: Link) -> None:
         """Dispatch straight from the transport's read callback (push mode): no task wake-up
@@ -81,8 +84,17 @@ class Dispatcher:
                 self._spawn(self._finish_reply(aw, link, kind, fields), "aionet-reply")
             return None
 
-        def on_messages(batch: list[Any]) -> Awaitable[None] | None:
-            return self._dispatch(c, link, reply, batch, 0)
+        busy = self.busy_poll
+        if busy is None:
+
+            def on_messages(batch: list[Any]) -> Awaitable[None] | None:
+                return self._dispatch(c, link, reply, batch, 0)
+        else:
+            kick = busy.kick
+
+            def on_messages(batch: list[Any]) -> Awaitable[None] | None:
+                kick()
+                return self._dispatch(c, link, reply, batch, 0)
 
         def on_closed(exc: BaseException) -> None:
             self._conn_closed(c, link, exc)
