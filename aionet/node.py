@@ -598,6 +598,21 @@ class Node:
                 f"a device array to {peer!r} needs staging, which waits: send it with await node.send()"
             ) from None
 
+    def flush(self, peer: str | None = None) -> None:
+        """Write now what this loop iteration queued for ``peer`` (every peer if None).
+
+        Small messages sent in one iteration go out together when it ends, that is when the
+        sending task next waits. Call this before running a while without awaiting (a long
+        computation) so the peer is not kept waiting for what you sent before it."""
+        if peer is not None:
+            p = self._peers.get(peer)
+            if p is not None and p.link is not None:
+                p.link.flush_now()
+            return
+        for p in list(self._peers.values()):
+            if p.link is not None:
+                p.link.flush_now()
+
     async def wait_space(self, peer: str) -> None:
         """Wait until :meth:`send_nowait` to ``peer`` can take a message (connecting first if
         needed). Raises PeerUnavailable if the peer is gone."""

@@ -38,6 +38,22 @@ def setup(node):
             sum(range(int(amount)))
         return time.monotonic() - t0
 
+    @node.service("test.allreduce_then_compute")
+    async def allreduce_then_compute(arg):
+        """Join group ``members`` (name ``step``) and run ``steps`` times: a small allreduce, then
+        ``compute`` seconds of work that does not yield (a training step's forward/backward)."""
+        import time
+
+        import numpy as np
+
+        members, steps, compute = arg
+        grp = node.group(members=members, name="step")
+        x = np.ones(2, dtype=np.float32)
+        for _ in range(steps):
+            await grp.allreduce(x)
+            time.sleep(compute)
+        return steps
+
     @node.service("test.allreduce_loop")
     async def allreduce_loop(arg):
         """Join group ``members`` and allreduce ``n`` float32 ones forever (until killed)."""

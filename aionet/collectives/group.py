@@ -125,6 +125,10 @@ class Group(GroupAlgorithms):
         # posted, so they can go without a task (send_nowait) and be changed right after.
         self._inline_bytes = inline_bytes
         self._nowait = getattr(messaging, "send_nowait", None)
+        # what a call posted goes to the socket before it returns: a caller that computes next
+        # without yielding would otherwise hold its last messages back from the waiting peers
+        self._write_out = getattr(messaging, "flush", None)
+        self._posted: set[int] = set()  # ranks sent to without a task since the last flush
         self._into = receive_into  # the ring's allgather segments land straight in the result
         self._doubling_plan = recursive_doubling(self.size, self.rank)
         # the small allreduce's tags and what it accepts, per (kind, op): no work per call
@@ -379,10 +383,14 @@ class Group(GroupAlgorithms):
             if limit is None:  # the usual case: no timer to arm, no context to enter and leave
                 out = await fn(seq)
                 awaited = await await_sends(sends)
+                if self._posted:
+                    self._flush_posted()
                 return out
             async with asyncio.timeout(limit):
                 out = await fn(seq)
                 awaited = await await_sends(sends)
+                if self._posted:
+                    self._flush_posted()
                 return out
         except TimeoutError:
             if limit is None:
@@ -592,6 +600,7 @@ class Group(GroupAlgorithms):
         ):
             try:
                 nowait(self.members[dst], self.channel, [seq, t, self.rank, payload])
+                self._posted.add(dst)
                 return None
             except (WouldBlock, PeerUnavailable):
                 pass  # the link is busy or not up, or the peer is gone: the task path says so
@@ -600,6 +609,18 @@ class Group(GroupAlgorithms):
         task = asyncio.get_running_loop().create_task(self._send(dst, seq, t, payload))
         self._sends[seq].append(task)
         return task
+
+    def _flush_posted(self) -> None:
+        """Write what this call sent without a task before it returns. Otherwise a call that
+        completes without waiting (its peers' messages were already here) leaves its own last
+        messages in the loop iteration's batch, and a caller that computes next without yielding
+        keeps its peers waiting that long: data-parallel ranks would take turns."""
+        posted, self._posted = self._posted, set()
+        flush = self._write_out
+        if flush is not None:
+            members = self.members
+            for dst in posted:
+                flush(members[dst])
 
     # ------------------------------------------------------------------ reductions
     async def allreduce(

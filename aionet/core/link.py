@@ -503,6 +503,19 @@ class Link(LinkRecovery):
         if self.dead is not None and not b.cancelled() and b.exception() is not None:
             raise self._dead_error()
 
+    def flush_now(self) -> None:
+        """Write what this loop iteration queued for the peer now, not when the iteration ends:
+        for a caller about to run a while without yielding (a collective that returns at once
+        must not hold its last message back from the peers waiting for it)."""
+        if self._bitems:
+            self._seal(now=True)  # as _seal_soon would (which then finds nothing)
+            return
+        c = self.current
+        if c is not None:
+            flush = getattr(c.conn, "flush_now", None)
+            if flush is not None:
+                flush()
+
     def _seal_soon(self) -> None:
         self._seal_scheduled = False
         if self._bitems:

@@ -30,6 +30,8 @@ class Messaging(Protocol):
 
     def send_nowait(self, peer: str, channel: str, obj: Any) -> None: ...  # or raises WouldBlock
 
+    def flush(self, peer: str | None = None) -> None: ...  # this iteration's messages: written now
+
     async def request(self, peer: str, service: str, obj: Any = None, timeout: float | None = None) -> Any: ...
 
     async def recv_batch(self, channel: str, limit: int = 65536) -> list[Any]: ...

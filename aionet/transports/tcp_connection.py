@@ -530,6 +530,14 @@ class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
         read callback, for the write at its end)."""
         return self._flush_scheduled or (self._in_read and bool(self._wbuf))
 
+    def flush_now(self) -> None:
+        """Write what this iteration queued now rather than at the scheduled flush (which then
+        finds nothing); in a read callback it goes at the read's end anyway."""
+        if self._wbuf or self._wlist:
+            if self._in_read:
+                return
+            self._flush()
+
     def write_now(self, frames: Sequence[Buffer]) -> Awaitable[None] | None:
         """:meth:`write_nowait`, then write everything queued now rather than at a flush
         scheduled for the next loop iteration: for a caller that runs at the end of an

@@ -226,3 +226,45 @@ async def test_exactly_once_in_order_across_cuts_with_batches():
         pa.stop_cutting()
         pb.stop_cutting()
         assert got == list(range(n))
+
+
+def _readable(node: Node, peer: str) -> bool:
+    """Whether bytes from ``peer`` wait in ``node``'s socket (the kernel has them), checked
+    without letting the event loop run."""
+    import select
+
+    conn = node._peers[peer].link.current.conn  # type: ignore[union-attr]
+    sock = conn._transport.get_extra_info("socket")
+    return bool(select.select([sock.fileno()], [], [], 0)[0])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["send_nowait", "send"])
+async def test_flush_puts_what_was_sent_on_the_wire_before_the_task_yields(how: str):
+    """Small messages wait for the loop iteration's end (one write per batch); ``flush`` writes
+    them at once, for a caller about to compute without yielding."""
+    async with pair() as (a, b):
+        await asyncio.sleep(0.05)  # (the link's own acks and heartbeats written and read)
+        while _readable(a, "b"):
+            await asyncio.sleep(0.01)
+        for i in range(3):
+            if how == "send":
+                await b.send("a", "ch", i)  # returns without yielding: the batch is open
+            else:
+                b.send_nowait("a", "ch", i)
+        assert not _readable(a, "b")  # still in b's batch
+        b.flush("a")
+        assert _wait_readable(a), "flush wrote nothing"  # (the loop does not run meanwhile)
+        assert await _recv(a, "ch", 3) == [0, 1, 2]
+        b.flush()  # nothing queued, every peer: a no-op
+        b.flush("nobody")  # an unknown peer: nothing to write
+
+
+def _wait_readable(a: Node) -> bool:
+    import time
+
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:  # loopback delivery takes microseconds; no loop runs here
+        if _readable(a, "b"):
+            return True
+    return False
