@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +17,7 @@ from aionet.observe.cluster import _dedupe, members_view, summarize
 from aionet.observe.metrics import NodeMetrics
 from aionet.stats import (
     BufferPoolStats,
+    BusyPollStats,
     DeviceTransferStats,
     LinkStats,
     MembershipStats,
@@ -53,6 +55,7 @@ def _stats(peers: int = 2) -> NodeStats:
             down=(),
         ),
         devices={"gpus": [{"index": 0, "name": "H100", "memory_total": 80, "memory_used": 8, "utilization": 50.0}]},
+        busy_poll=BusyPollStats(50.0, 7, 900, 0.25, False),
     )
 
 
@@ -103,6 +106,13 @@ def test_values_come_from_stats_in_base_units():
     assert v["aionet_heartbeat_rtt_seconds{member=p0}"] == pytest.approx(0.0012)
     assert v["aionet_heartbeat_phi{member=p0}"] == pytest.approx(0.4)
     assert v["process_resident_memory_bytes"] > 0
+    assert v["aionet_busy_poll_seconds_total"] == 0.25
+
+
+def test_busy_polling_time_is_not_exported_when_it_is_off():
+    node = FakeNode()
+    node._stats = dataclasses.replace(node._stats, busy_poll=None)
+    assert not any(k.startswith("aionet_busy_poll") for k in _scrape(NodeMetrics(node)))
 
 
 def test_names_follow_prometheus_conventions():
