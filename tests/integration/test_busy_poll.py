@@ -37,7 +37,7 @@ async def test_requests_and_sends_keep_the_loop_polling_then_it_sleeps_again() -
                 before = cli.stats().busy_poll
                 await asyncio.sleep(0.5)
                 after = cli.stats().busy_poll
-                assert before is not None and after is not None and not after.active
+                assert before is not None and after is not None  # (a window may be open: a heartbeat)
                 assert after.busy_s - before.busy_s < 0.1, (before, after)  # polling all along: ~0.5 s
                 assert cli.info()["busy_poll"]["windows"] == cli.stats().busy_poll.windows  # type: ignore[union-attr]
 
