@@ -604,13 +604,8 @@ class Node:
         Small messages sent in one iteration go out together when it ends, that is when the
         sending task next waits. Call this before running a while without awaiting (a long
         computation) so the peer is not kept waiting for what you sent before it."""
-        if peer is not None:
-            p = self._peers.get(peer)
+        for p in [self._peers.get(peer)] if peer is not None else list(self._peers.values()):
             if p is not None and p.link is not None:
-                p.link.flush_now()
-            return
-        for p in list(self._peers.values()):
-            if p.link is not None:
                 p.link.flush_now()
 
     async def wait_space(self, peer: str) -> None:
