@@ -35,7 +35,7 @@ async def test_requests_and_sends_keep_the_loop_polling_then_it_sleeps_again() -
                 # acks arrive now, each opening one), so the loop mostly sleeps
                 await wait_for(lambda: not cli._busy.active, timeout=5)  # type: ignore[union-attr]
                 before = cli.stats().busy_poll
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # the idle interval measured (not a synchronisation)
                 after = cli.stats().busy_poll
                 assert before is not None and after is not None  # (a window may be open: a heartbeat)
                 assert after.busy_s - before.busy_s < 0.1, (before, after)  # polling all along: ~0.5 s

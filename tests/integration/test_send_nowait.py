@@ -244,10 +244,8 @@ async def test_flush_puts_what_was_sent_on_the_wire_before_the_task_yields():
     them at once, for a caller about to compute without yielding. (send_nowait, which never
     yields: an ``await send`` that had to wait would let the loop write the batch itself.)"""
     async with pair() as (a, b):
-        await asyncio.sleep(0.05)  # (the link's own acks and heartbeats written and read)
         for attempt in range(5):
-            while _readable(a, "b"):
-                await asyncio.sleep(0.01)
+            await wait_for(lambda: not _readable(a, "b"), 5)  # a has read what b sent before
             # from here to the flush the loop does not run: nothing of b's is scheduled to write
             sent = [attempt * 10 + i for i in range(3)]
             for i in sent:

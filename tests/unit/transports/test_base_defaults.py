@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import pytest
@@ -84,18 +84,22 @@ class _Gated(_SendOnly):
         self.sent.append(msg)
 
 
+async def _cancel_while_waiting(w: Awaitable[None] | None) -> None:
+    """Await ``w`` (a write that must wait) from a task, and cancel that task while it waits."""
+    assert w is not None
+    waiter = asyncio.ensure_future(w)
+    await asyncio.sleep(0)  # the waiter starts waiting
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+
+
 @pytest.mark.timeout(10)
 async def test_a_caller_cancelled_while_it_waits_does_not_take_the_message_out_of_the_stream() -> None:
     """The message's place was fixed by write_nowait (later ones are numbered after it): a
     cancelled sender must leave it to go out, or the peer sees a gap."""
     conn = _Gated()
-    w = conn.write_nowait([b"first"])
-    assert w is not None
-    waiter = asyncio.ensure_future(w)
-    await asyncio.sleep(0)
-    waiter.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
+    await _cancel_while_waiting(conn.write_nowait([b"first"]))
     later = conn.write_nowait([b"second"])
     conn.gate.set()
     await later
@@ -127,14 +131,7 @@ async def test_a_cancelled_in_process_write_keeps_its_place_and_releases_its_buf
         await client.send([b"fills the queue"])
         buf = np.zeros(1 << 20, np.uint8)
         gone = weakref.ref(buf)
-        w = client.write_nowait([memoryview(buf)])
-        assert w is not None
-        waiter = asyncio.ensure_future(w)
-        await asyncio.sleep(0)
-        waiter.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiter
-        del w, waiter
+        await _cancel_while_waiting(client.write_nowait([memoryview(buf)]))
         await asyncio.sleep(0)  # the listener's handler task runs
         server = accepted[0]
         assert await server.recv() == [b"fills the queue"]
