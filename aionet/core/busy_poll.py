@@ -5,8 +5,9 @@ and the next request) pays the operating system's wake-up on every message: on a
 machine that is tens of microseconds, more than the rest of a round trip. While the window is
 open, a callback re-queues itself each loop iteration, so the loop polls with a zero timeout
 and reads the next message as soon as the kernel has it. The cost is a busy core for up to
-``window`` after the last message: off by default (``node.busy_poll_us``), for nodes that have
-a core each. The same trade as Linux's ``SO_BUSY_POLL`` or an MPI library's progress polling.
+``window`` after the last message (``node.busy_poll_us``, 200 us by default; only connections
+whose socket the loop reads open windows: ``Connection.busy_polls``). The same trade as
+Linux's ``SO_BUSY_POLL``, Seastar's idle polling or an MPI library's progress polling.
 Each polling iteration calls ``sched_yield``, so a thread or process that waits for this core
 (libzmq's I/O threads, other ranks on an oversubscribed host) still gets it.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 
 from ..stats import BusyPollStats
@@ -43,7 +45,9 @@ class BusyPoll:
         if not window > 0:
             raise ValueError("a busy-poll window must be positive (0 means: do not create one)")
         self._loop = loop
-        self._time = clock if clock is not None else loop.time
+        # not loop.time(): uvloop's reads libuv's cached millisecond clock, which would stretch a
+        # 50 us window to a millisecond or two (and its CPU cost with it)
+        self._time = clock if clock is not None else time.perf_counter
         self._yield: Callable[[], None] = getattr(os, "sched_yield", _nothing)
         self._window = window
         self._until = 0.0
