@@ -44,9 +44,9 @@ class NodeSection:
     world_size: int = 0
     # microseconds the event loop keeps polling after each message (and after a request or a
     # waiting send) before it sleeps: the reply or ack is read without waiting for the OS to
-    # wake the process, at the cost of a busy core meanwhile. 0 (default): off; for nodes with
-    # a core each (README "Busy polling"; aionet/core/busy_poll.py)
-    busy_poll_us: float = 0.0
+    # wake the process, at the cost of up to that much CPU per message. Over tcp:// and tls://
+    # only (README "Busy polling"; aionet/core/busy_poll.py); 0: off
+    busy_poll_us: float = 200.0
 
 
 @dataclass
@@ -382,7 +382,7 @@ class Config:
         if not self.node.join_timeout >= 0:  # also refuses NaN
             raise ConfigError("node.join_timeout must be >= 0 seconds (0 = fail at once if no seed answers)")
         if not 0 <= self.node.busy_poll_us <= 1_000_000:
-            raise ConfigError("node.busy_poll_us must be between 0 (off) and 1000000 microseconds; try 50")
+            raise ConfigError("node.busy_poll_us must be between 0 (off) and 1000000 microseconds (default 200)")
         if isinstance(self.node.listen, str):
             self.node.listen = [self.node.listen]
         if self.log.level and self.log.level.lower() not in LOG_LEVELS:

@@ -11,7 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .cache import Cache
@@ -38,6 +38,9 @@ from .security import is_local_address, load_token
 from .stats import NodeStats
 from .transports.base import Address, Listener
 from .transports.registry import TransportRegistry
+
+if TYPE_CHECKING:
+    from .core.link import Link
 
 _SERVICE_INFO = "aionet.info"
 _SERVICE_ECHO = "aionet.echo"
@@ -537,6 +540,13 @@ class Node:
         return self._directory.known()
 
     # ------------------------------------------------------------------ messaging API
+    def _poll_for(self, link: Link) -> None:
+        """Busy-poll for what ``link`` brings next (a reply, an ack, room) where waiting for
+        it would cost a wake-up: its connection's socket is read by this loop."""
+        c = link.current
+        if c is not None and c.conn.busy_polls:
+            self._busy.kick()  # type: ignore[union-attr]
+
     async def send(self, peer: str, channel: str, obj: Any) -> None:
         """Send ``obj`` to ``peer``'s mailbox ``channel``: ordered, exactly once while both
         nodes live, back-pressured by ``link.max_inflight_bytes``. To this node's own name
@@ -558,7 +568,7 @@ class Node:
             aw = link.post(SEND, [channel, obj])
             if aw is not None:
                 if self._busy is not None:  # poll for the ack (or the room) rather than sleep
-                    self._busy.kick()
+                    self._poll_for(link)
                 await aw
             return
         except StagingRequired:  # device arrays: staged below, outside this handler (whose
@@ -782,7 +792,7 @@ class Node:
                 aw = link.post(REQ, [rid, service, obj])
                 sent = True
                 if self._busy is not None:  # poll for the reply rather than sleep
-                    self._busy.kick()
+                    self._poll_for(link)
                 if aw is not None:
                     await aw
             except StagingRequired:  # device arrays: staged below, outside the handler

@@ -85,7 +85,7 @@ class Dispatcher:
             return None
 
         busy = self.busy_poll
-        if busy is None:
+        if busy is None or not c.conn.busy_polls:
 
             def on_messages(batch: list[Any]) -> Awaitable[None] | None:
                 return self._dispatch(c, link, reply, batch, 0)

@@ -95,6 +95,11 @@ class Connection(abc.ABC):
     #: True when the receiver gets the very frame objects sent (no copy on the way), so a
     #: sender must not hand it memory its caller may change afterwards (inproc://).
     shares_frames: ClassVar[bool] = False
+    #: True when the event loop itself reads this connection's socket, so a process waiting
+    #: for its next message pays an operating-system wake-up that busy polling saves
+    #: (``node.busy_poll_us``). False where bytes move without one (inproc://) or in threads
+    #: of their own that need the core the polling would take (libzmq's I/O threads).
+    busy_polls: ClassVar[bool] = False
 
     local_address: str = ""
     peer_address: str = ""

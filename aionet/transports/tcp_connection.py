@@ -70,6 +70,7 @@ class TCPConnection(PushDelivery, Connection, asyncio.BufferedProtocol):
     """One TCP connection; it is its own asyncio protocol (one object on the hot paths)."""
 
     _log = log  # PushDelivery's warning about a failed consumer
+    busy_polls = True  # the loop reads the socket: each message may cost a wake-up
 
     def __init__(
         self,
