@@ -10,8 +10,11 @@ gives CPU time, minor page faults and context switches per call, summed over the
 moves less than it moves wall time; and ``cpu-bound``, the busbw if that CPU were the only limit
 on this machine's cores (MPI's ranks poll while they wait, so its CPU and that bound include the
 polling); and ``runq``, the time the ranks' threads were runnable but waited for a CPU (Linux
-schedstat run delay, summed over ranks and threads): waiting for the machine, which a rank with
-more threads or a higher priority (``chrt -f 10``) gets less of, not for its peers.
+schedstat run delay, summed over ranks and threads, read before each call's barrier: reading
+it costs ~30 us per thread, which read after the barrier delayed each call's start by the
+slowest rank's read, more for ranks with more threads; from 2026-11-28 12:50 UTC): waiting for
+the machine, which a rank with more threads or a higher priority (``chrt -f 10``) gets less of,
+not for its peers.
 ``--algorithm ring,direct``
 alternates aionet's algorithms call by call in the same processes, so a load change hits each
 alike. By default aionet alternates a preallocated ``out=`` (as the MPI worker's
@@ -145,8 +148,9 @@ def worker_aionet(
                     alg = algs[i % len(algs)]
                     if alg.endswith("+inplace"):
                         z[:] = x  # untimed, as the raw ring's reset and the gloo worker's copy_
+                    q0 = runq_s()  # before the barrier: reading /proc per thread takes 100s of us
                     await grp.barrier()
-                    u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
+                    u0 = resource.getrusage(resource.RUSAGE_SELF)
                     t = time.perf_counter()
                     res = await call(alg)
                     times[alg].append(time.perf_counter() - t)
@@ -196,8 +200,9 @@ def worker_gloo(rank: int, n: int, port: int, sizes: list[int], iters: int) -> N
             times, wrong, cost = [], 0, np.zeros(4)
             for _ in range(k):
                 y.copy_(x)
+                q0 = runq_s()  # all threads, gloo's own included; before the barrier (it is slow)
                 dist.barrier()
-                u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()  # all threads: gloo's own included
+                u0 = resource.getrusage(resource.RUSAGE_SELF)
                 t = time.perf_counter()
                 dist.all_reduce(y)
                 times.append(time.perf_counter() - t)
@@ -389,8 +394,9 @@ def worker_raw(
                     src = dst = y
                 else:
                     src = x
+                q0 = runq_s()  # before the barrier (it is slow)
                 ring.barrier()
-                u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
+                u0 = resource.getrusage(resource.RUSAGE_SELF)
                 t = time.perf_counter()
                 ring.allreduce(src, dst, rbuf, v[1])
                 times[v].append(time.perf_counter() - t)
@@ -438,8 +444,9 @@ for nbytes in sizes:
     comm.Allreduce(x, y)
     times, wrong, cost = [], 0, np.zeros(4)
     for _ in range(k):
+        q0 = runq_s()  # before the barrier (it is slow)
         comm.Barrier()
-        u0, q0 = resource.getrusage(resource.RUSAGE_SELF), runq_s()
+        u0 = resource.getrusage(resource.RUSAGE_SELF)
         t = time.perf_counter()
         comm.Allreduce(x, y)
         times.append(time.perf_counter() - t)
