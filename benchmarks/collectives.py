@@ -12,7 +12,7 @@ on this machine's cores (MPI's ranks poll while they wait, so its CPU and that b
 polling); and ``runq``, the time the ranks' threads were runnable but waited for a CPU (Linux
 schedstat run delay, summed over ranks and threads, read before each call's barrier: reading
 it costs ~30 us per thread, which read after the barrier delayed each call's start by the
-slowest rank's read, more for ranks with more threads; from 2026-11-28 12:50 UTC): waiting for
+slowest rank's read, more for ranks with more threads; from 2026-11-28 12:40 UTC): waiting for
 the machine, which a rank with more threads or a higher priority (``chrt -f 10``) gets less of,
 not for its peers.
 ``--algorithm ring,direct``
