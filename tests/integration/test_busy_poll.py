@@ -92,17 +92,20 @@ def test_a_window_lasts_its_length_under_uvloop_whose_loop_clock_ticks_in_millis
     uvloop = pytest.importorskip("uvloop")
     from aionet.core.busy_poll import BusyPoll
 
-    async def windows() -> tuple[int, float]:
+    async def windows() -> list[float]:
         bp = BusyPoll(asyncio.get_running_loop(), 0.0002)
-        for _ in range(20):
+        lengths = []
+        for _ in range(21):
+            before = bp.busy_s
             bp.kick()
             async with asyncio.timeout(5):
                 while bp.active:  # the window's own callbacks keep the loop turning meanwhile
                     await asyncio.sleep(0)
+            lengths.append(bp.busy_s - before)
             await asyncio.sleep(0.003)  # idle between windows, as between paced messages
-        return bp.windows, bp.busy_s
+        return sorted(lengths)
 
-    n, busy = uvloop.run(windows())
-    assert n == 20
-    # 200 us each, plus scheduling noise; a millisecond-clock window averages 1 ms or more
-    assert busy / n < 0.0006, f"windows averaged {1e6 * busy / n:.0f} us, for a 200 us window"
+    lengths = uvloop.run(windows())
+    # 200 us each plus scheduling noise (the median: a window the OS preempted is an outlier);
+    # on the millisecond clock every window measured 1 ms or 2
+    assert lengths[10] < 0.0006, f"windows' median {1e6 * lengths[10]:.0f} us, for a 200 us window"
