@@ -392,6 +392,22 @@ class Child:
         self.kill()
 
 
+def end_children(procs: Iterable[subprocess.Popen[Any]], timeout: float = 30.0) -> None:
+    """End children that leave when their stdin closes: close every one's stdin, wait, and
+    kill (by its own PID) one that is still there after ``timeout`` seconds."""
+    procs = list(procs)
+    for p in procs:
+        if p.stdin is not None:
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def python_argv(script: Path | str, *args: str) -> list[str]:
     return [sys.executable, str(script), *args]
 

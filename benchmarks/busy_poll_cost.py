@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Any
 
+from _common import end_children
+
 
 async def _member(seed: str | None, name: str) -> None:
     from aionet import Node
@@ -134,17 +136,9 @@ def run_window(window: float, nodes: int, rates: list[float], seconds: float) ->
                 row["srv_cpu"] = (_cpu(ps[:1])[0] - s0[0]) / (time.perf_counter() - ts)
                 out[f"{rate:g}/s"] = row
             finally:
-                cli.stdin.close()  # type: ignore[union-attr]
-                cli.wait(timeout=30)
+                end_children([cli])
     finally:
-        for p in procs:
-            p.stdin.close()  # type: ignore[union-attr]
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        end_children(procs)
     return out
 
 

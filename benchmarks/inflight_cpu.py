@@ -29,6 +29,8 @@ import sys
 import time
 from typing import Any
 
+from _common import end_children
+
 
 def _io(pid: int) -> tuple[int, int]:
     with open(f"/proc/{pid}/io") as f:
@@ -119,13 +121,7 @@ def main() -> None:
             raise SystemExit("the server process did not start (run it with --_serve to see why)")
         uvloop.run(_client(args, addr, child.pid))
     finally:
-        if child.stdin is not None:
-            child.stdin.close()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        end_children([child], timeout=10)
 
 
 if __name__ == "__main__":

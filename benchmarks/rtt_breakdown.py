@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import end_children
+
 HERE = Path(__file__).resolve().parent
 PAYLOAD = b"x" * 64
 
@@ -359,13 +361,7 @@ def session(args: argparse.Namespace, n: int, strace_out: str | None, stamps_dir
         out = subprocess.run([*cmd, *extra], stdout=subprocess.PIPE, text=True, timeout=300, check=True).stdout
         samples = json.loads(out.strip().splitlines()[-1])["samples"]
     finally:
-        assert srv.stdin is not None
-        srv.stdin.close()
-        try:
-            srv.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait()
+        end_children([srv], timeout=20)
     return samples
 
 
