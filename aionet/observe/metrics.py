@@ -240,7 +240,7 @@ class NodeCollector:
         f.add_metric([s.name, s.version, str(s.protocol)], 1)
         yield f
         yield _gauge("aionet_uptime_seconds", "Seconds since the node started.", s.uptime)
-        if (bp := s.busy_poll) is not None:  # node.busy_poll_us set: what the polling cost
+        if (bp := s.busy_poll) is not None:  # node.busy_poll_us not 0: what the polling cost
             yield CounterMetricFamily(
                 "aionet_busy_poll_seconds",
                 "Seconds the event loop polled after messages instead of sleeping (node.busy_poll_us).",
