@@ -23,7 +23,9 @@ ring), and the table takes the better of the two, as it does for raw (in place w
 2026-11-27 14:40 UTC; rows before that are out of place only); ``--out new`` measures a fresh
 result array per call (rows in BENCHMARKS.md before 2026-11-27 05:10 UTC).
 
-- aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``;
+- aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``, started
+  with the settings ``aionet launch`` gives its ranks (from 2026-11-28 15:10 UTC: with more ranks
+  than cores, ``AIONET_COLLECTIVES_PIPELINE_SEGMENTS=1``, whole ring chunks; unless set already);
 - gloo: ``torch.distributed`` with the gloo backend over TCP (skipped without torch);
 - mpi-tcp / mpi-shm: mpi4py ``Allreduce`` under Open MPI's ``mpirun``, ``--mca btl tcp,self``
   and ``vader,self`` (skipped without ``mpirun`` and mpi4py; Debian's ``python3-mpi4py`` for
@@ -484,7 +486,13 @@ def collect(procs: list[subprocess.Popen[str]], first: subprocess.Popen[str], ti
 def run_aionet(
     n: int, sizes: list[int], iters: int, timeout: float, algorithm: str = "auto", out: str = "out"
 ) -> list[dict[str, Any]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # aionet's ranks start as `aionet launch` would start them: with what it gives ranks that
+    # outnumber the cores (aionet.launch.local.shared_cores_settings; a value set here wins)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # the workers get it as PYTHONPATH
+    from aionet.launch.local import shared_cores_settings, usable_cores
+
+    env = {**shared_cores_settings(n, usable_cores()), **os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, str(SCRIPT), "--worker", "aionet", "--size", str(n), "--sizes", json.dumps(sizes)]
     base += ["--iters", str(iters), "--algorithm", algorithm, "--out", out]
     first = subprocess.Popen([*base, "--rank", "0"], stdout=subprocess.PIPE, text=True, env=env)

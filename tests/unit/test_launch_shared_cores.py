@@ -1,0 +1,52 @@
+"""What a local launcher gives ranks that outnumber the host's cores (pure decision), and that
+``aionet launch`` passes it to every rank unless the caller chose the setting."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sys
+
+from aionet.config import Config
+from aionet.launch.local import launch, shared_cores_settings, usable_cores
+
+KEY = "AIONET_COLLECTIVES_PIPELINE_SEGMENTS"
+
+
+def test_more_ranks_than_cores_get_whole_ring_chunks_and_the_setting_is_valid() -> None:
+    settings = shared_cores_settings(4, 2)
+    assert settings == {KEY: "1"}
+    assert Config.from_dict({}, env=settings).collectives.pipeline_segments == 1
+
+
+def test_ranks_that_each_have_a_core_keep_the_default() -> None:
+    assert shared_cores_settings(2, 2) == {}
+    assert shared_cores_settings(4, 8) == {}
+    assert Config.from_dict({}, env={}).collectives.pipeline_segments == 2
+
+
+def test_usable_cores_is_at_least_one() -> None:
+    assert usable_cores() >= 1
+
+
+def _run(nprocs: int, cores: int, env: dict[str, str]) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = f"import os; print(os.environ.get({KEY!r}, 'unset'))"
+    result = asyncio.run(
+        launch([sys.executable, "-c", code], nprocs, prefix=False, out=out, err=err, env=env, cores=cores)
+    )
+    assert result.code == 0, err.getvalue()
+    return out.getvalue(), err.getvalue()
+
+
+def test_launch_gives_every_rank_the_setting_when_ranks_outnumber_cores_and_says_so() -> None:
+    out, err = _run(3, 2, {"PATH": "/usr/bin:/bin"})
+    assert out.split() == ["1", "1", "1"]
+    assert f"3 ranks on 2 cores: every rank gets {KEY}=1" in err
+
+
+def test_launch_keeps_the_callers_own_choice_and_adds_nothing_with_enough_cores() -> None:
+    out, err = _run(3, 2, {"PATH": "/usr/bin:/bin", KEY: "4"})
+    assert out.split() == ["4", "4", "4"] and KEY not in err
+    out, err = _run(2, 8, {"PATH": "/usr/bin:/bin"})
+    assert out.split() == ["unset", "unset"] and err == ""
