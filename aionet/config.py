@@ -461,7 +461,9 @@ def _apply(cfg: Config, data: Mapping[str, Any], where: str) -> None:
             setattr(section, key, _coerce(value, types[key], f"{sname}.{key}"))
 
 
-def _coerce(value: Any, typ: Any, name: str) -> Any:
+def _coerce(value: Any, typ: Any, name: str, key: str | None = None) -> Any:
+    """``value`` as ``typ``; ``name`` says where it came from in errors, ``key`` (default: the
+    name) is the setting's own name, whose ``_bytes`` ending admits sizes such as "1MiB"."""
     origin = typing.get_origin(typ)
     if typ is bool:
         if isinstance(value, bool):
@@ -472,7 +474,7 @@ def _coerce(value: Any, typ: Any, name: str) -> Any:
     if typ is int:
         if isinstance(value, bool):
             raise ConfigError(f"{name} must be an integer, not {value!r}")
-        if isinstance(value, str) and name.endswith("_bytes"):
+        if isinstance(value, str) and (key or name).endswith("_bytes"):
             try:
                 return parse_size(value)  # sizes may be written "256MiB"
             except ConfigError:
@@ -528,7 +530,7 @@ def apply_env(cfg: Config, env: Mapping[str, str]) -> None:
                 value = json.loads(raw)
             except ValueError:
                 raise ConfigError(f"environment variable {var} must be a JSON object") from None
-        setattr(section, key, _coerce(value, typ, f"{sname}.{key} (from {var})"))
+        setattr(section, key, _coerce(value, typ, f"{sname}.{key} (from {var})", key))
 
 
 def parse_size(text: str | int) -> int:

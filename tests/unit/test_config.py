@@ -123,6 +123,17 @@ def test_byte_sizes_accept_units_and_name_the_key_when_wrong():
         Config.from_dict({"link": {"mailbox_bytes": 0}}, env={})
 
 
+def test_byte_sizes_from_the_environment_accept_units_as_the_file_does():
+    # the README writes sizes as "8MiB"; an AIONET_ override of the same key must take them too
+    env = {"AIONET_LINK_BIG_COPY_MAX_BYTES": "8MiB", "AIONET_COLLECTIVES_SEGMENT_BYTES": "4MiB"}
+    cfg = Config.from_dict({}, env=env)
+    assert cfg.link.big_copy_max_bytes == 8 << 20 and cfg.collectives.segment_bytes == 4 << 20
+    with pytest.raises(ConfigError, match=r"link\.mailbox_bytes \(from AIONET_LINK_MAILBOX_BYTES\) must be a size"):
+        Config.from_dict({}, env={"AIONET_LINK_MAILBOX_BYTES": "lots"})
+    with pytest.raises(ConfigError, match="must be an integer"):  # not a size: no units
+        Config.from_dict({}, env={"AIONET_COLLECTIVES_PIPELINE_SEGMENTS": "2MiB"})
+
+
 def test_relative_paths_in_a_config_file_are_relative_to_the_file(tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     (conf / "keys").mkdir(parents=True)
