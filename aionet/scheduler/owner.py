@@ -556,7 +556,12 @@ class Owner:
         thief = str(thief)
         rec.node = thief
         if thief in self.dead or (thief not in self.views and thief != self.name):
-            self._retry(rec, f"node {thief} (which took it over) died", count=True)
+            # Placed again, without using up a retry: the task never ran on the thief as far as
+            # this owner knows (a thief that dies while running it is a death of a node it was
+            # placed on, counted there). A thief declared dead can still be alive and stealing
+            # (a false suspicion, a partition only some nodes see): counting each of its steals
+            # lost tasks that nothing had killed. Its copy's result is still taken if it is first.
+            self._retry(rec, f"node {thief} (which took it over) is dead to this owner", count=False)
             return
         pl = self.placed.get(thief)
         if pl is None:

@@ -11,7 +11,7 @@ import pytest
 from aionet.scheduler import TaskFailed, TaskLost
 from aionet.scheduler.owner import Owner
 from aionet.scheduler.state import InvalidTransition, Rec, TaskState
-from aionet.scheduler.wire import R_ERROR, R_HELD, R_REJECT, R_VALUE
+from aionet.scheduler.wire import R_ERROR, R_HELD, R_MOVED, R_REJECT, R_VALUE
 
 from .fake_host import FakeHost
 
@@ -100,6 +100,23 @@ def test_lost_when_retries_are_used_up(host: FakeHost) -> None:
     host.perform(o.node_dead("w1", graceful=False))
     assert isinstance(ref._rec.fut.exception(), TaskLost)
     assert o.path(ref.id) == [T.WAITING, T.READY, T.PLACED, T.FAILED]
+
+
+def test_steals_by_a_node_declared_dead_do_not_use_up_retries(host: FakeHost) -> None:
+    # w2 is dead to this owner but still alive (a false suspicion): it keeps stealing the task
+    # from w1's queue. Each move places it again; none is a death of a node it ran on.
+    o = owner_with(host, "w1", "w2")
+    ref = o.submit(FN, (1,), None, retries=0, affinity="w1")
+    placed(o, host, ref)
+    host.perform(o.node_dead("w2", graceful=False))
+    for _ in range(5):
+        attempt = ref.attempts
+        host.perform(o.on_results("w1", [[ref._rec.tid, attempt, R_MOVED, "w2", 0.0, 0]], None))
+        assert not ref._rec.fut.done(), "a steal by a dead node lost the task"
+        placed(o, host, ref)
+        assert ref.node == "w1" and ref.attempts == attempt + 1
+    host.perform(o.on_results("w1", [[ref._rec.tid, ref.attempts, R_VALUE, 2, 0.001, 8]], None))
+    assert ref._rec.value == 2 and o.stats().resubmitted == 5
 
 
 def test_rejected_task_is_placed_elsewhere(host: FakeHost) -> None:
