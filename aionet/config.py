@@ -139,7 +139,7 @@ class CollectivesSection:
     segment_bytes: int = 8 * 2**20  # ring chunks travel in pieces this large (pipelined)
     # ... and in at least this many pieces per chunk, so that reducing one overlaps receiving the
     # next. 1: whole chunks (no overlap within a step): on a host with fewer cores than ranks, where
-    # the CPU and not the overlap sets the pace, that measured 15-25 % less CPU per byte at 16 MiB,
+    # the CPU and not the overlap sets the pace, that measured 15-30 % less CPU per byte at 16 MiB,
     # n = 4 (BENCHMARKS.md). Must be equal on every rank; `aionet launch` and `aionet bench` set 1
     # for all their ranks when they outnumber the cores (aionet.launch.local.shared_cores_settings)
     pipeline_segments: int = 2

@@ -79,7 +79,7 @@ def shared_cores_settings(nprocs: int, cores: int) -> dict[str, str]:
 
     There the CPU, not the overlap of one ring piece's reduction with the next one's transfer,
     sets a large collective's pace, and each extra piece costs CPU on both ends: whole ring
-    chunks (``collectives.pipeline_segments = 1``) measured 15-25 % less CPU per byte and a
+    chunks (``collectives.pipeline_segments = 1``) measured 15-30 % less CPU per byte and a
     higher busbw at 16 MiB with 4 ranks on 2 cores (BENCHMARKS.md). The setting must be the same
     on every rank (it decides how the ring cuts its messages), which is why a launcher that
     starts them all decides it rather than each rank for itself; Open MPI's ``mpirun`` likewise
