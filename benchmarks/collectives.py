@@ -487,12 +487,12 @@ def run_aionet(
     n: int, sizes: list[int], iters: int, timeout: float, algorithm: str = "auto", out: str = "out"
 ) -> list[dict[str, Any]]:
     # aionet's ranks start as `aionet launch` would start them: with what it gives ranks that
-    # outnumber the cores (aionet.launch.local.shared_cores_settings; a value set here wins)
+    # outnumber the cores (aionet.launch.local.shared_cores_env; a value set here wins)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # the workers get it as PYTHONPATH
-    from aionet.launch.local import shared_cores_settings, usable_cores
+    from aionet.launch.local import shared_cores_env
 
-    env = {**shared_cores_settings(n, usable_cores()), **os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **shared_cores_env(n, os.environ), "PYTHONPATH": str(ROOT)}
     base = [sys.executable, str(SCRIPT), "--worker", "aionet", "--size", str(n), "--sizes", json.dumps(sizes)]
     base += ["--iters", str(iters), "--algorithm", algorithm, "--out", out]
     first = subprocess.Popen([*base, "--rank", "0"], stdout=subprocess.PIPE, text=True, env=env)

@@ -28,6 +28,7 @@ __all__ = [
     "free_port_block",
     "launch",
     "rank_env",
+    "shared_cores_env",
     "shared_cores_settings",
     "usable_cores",
 ]
@@ -89,6 +90,13 @@ def shared_cores_settings(nprocs: int, cores: int) -> dict[str, str]:
     return {}
 
 
+def shared_cores_env(nprocs: int, env: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
+    """What :func:`shared_cores_settings` adds to ``env`` for ``nprocs`` ranks on ``cores`` (default:
+    :func:`usable_cores`): only the settings ``env`` does not set already (the user's choice wins)."""
+    have = usable_cores() if cores is None else cores
+    return {k: v for k, v in shared_cores_settings(nprocs, have).items() if k not in env}
+
+
 def rank_env(base_env: Mapping[str, str], rank: int, world: int, scheme: str, base_port: int) -> dict[str, str]:
     """The environment of one rank: the world's shape and its addresses (pure)."""
     seeds = [f"{scheme}://127.0.0.1:{base_port + r}" for r in range(min(world, 3))]
@@ -129,12 +137,11 @@ async def launch(
         raise ConfigError("aionet launch: no command given; usage: aionet launch -n 4 -- python app.py")
     out = out or sys.stdout
     err = err or sys.stderr
-    base_env = os.environ if env is None else env
+    base_env: Mapping[str, str] = os.environ if env is None else env
     have = usable_cores() if cores is None else cores
-    shared = {k: v for k, v in shared_cores_settings(nprocs, have).items() if k not in base_env}
-    if shared:  # the caller's own choice of a setting wins
+    if shared := shared_cores_env(nprocs, base_env, have):
         said = " ".join(f"{k}={v}" for k, v in shared.items())
-        print(f"aionet launch: {nprocs} ranks on {have} cores: every rank gets {said} (set it to choose)", file=err)
+        err.write(f"aionet launch: {nprocs} ranks on {have} cores: every rank gets {said} (set it to choose)\n")
         base_env = {**base_env, **shared}
     base = port or free_port_block(nprocs)
     procs: list[asyncio.subprocess.Process] = []

@@ -8,7 +8,7 @@ import io
 import sys
 
 from aionet.config import Config
-from aionet.launch.local import launch, shared_cores_settings, usable_cores
+from aionet.launch.local import launch, shared_cores_env, shared_cores_settings, usable_cores
 
 KEY = "AIONET_COLLECTIVES_PIPELINE_SEGMENTS"
 
@@ -23,6 +23,12 @@ def test_ranks_that_each_have_a_core_keep_the_default() -> None:
     assert shared_cores_settings(2, 2) == {}
     assert shared_cores_settings(4, 8) == {}
     assert Config.from_dict({}, env={}).collectives.pipeline_segments == 2
+
+
+def test_only_settings_the_environment_lacks_are_added() -> None:
+    assert shared_cores_env(4, {}, cores=2) == {KEY: "1"}
+    assert shared_cores_env(4, {KEY: "2"}, cores=2) == {}
+    assert shared_cores_env(2, {}, cores=2) == {}
 
 
 def test_usable_cores_is_at_least_one() -> None:
