@@ -138,10 +138,10 @@ class CollectivesSection:
     small_bytes: int = 65536  # allreduce at or below this: recursive doubling; above: the ring
     segment_bytes: int = 8 * 2**20  # ring chunks travel in pieces this large (pipelined)
     # ... and in at least this many pieces per chunk, so that reducing one overlaps receiving the
-    # next. 1: whole chunks (no overlap within a step): on a host with fewer cores than ranks, where
+    # next. 1: whole chunks (no overlap within a step): when the ranks fill one host's cores, where
     # the CPU and not the overlap sets the pace, that measured 15-30 % less CPU per byte at 16 MiB,
-    # n = 4 (BENCHMARKS.md). Must be equal on every rank; `aionet launch` and `aionet bench` set 1
-    # for all their ranks when they outnumber the cores (aionet.launch.local.shared_cores_settings)
+    # n = 4, and ~12 % at n = 2 (BENCHMARKS.md). Must be equal on every rank; launchers set 1 for
+    # all the ranks of such a world (aionet.launch.cores)
     pipeline_segments: int = 2
     timeout: float = 0.0  # s a collective may take before it raises CollectiveError (0: no limit)
     # bytes a rank holds for calls it has not started yet (a root broadcasting ahead); beyond

@@ -25,7 +25,8 @@ result array per call (rows in BENCHMARKS.md before 2026-11-27 05:10 UTC).
 
 - aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``, started
   with the settings ``aionet launch`` gives its ranks (from 2026-11-28 15:10 UTC: with more ranks
-  than cores, ``AIONET_COLLECTIVES_PIPELINE_SEGMENTS=1``, whole ring chunks; unless set already);
+  than cores, ``AIONET_COLLECTIVES_PIPELINE_SEGMENTS=1``, whole ring chunks; from 17:40 UTC with
+  at least as many ranks as cores, so n = 2 on 2 cores too; unless set already);
 - gloo: ``torch.distributed`` with the gloo backend over TCP (skipped without torch);
 - mpi-tcp / mpi-shm: mpi4py ``Allreduce`` under Open MPI's ``mpirun``, ``--mca btl tcp,self``
   and ``vader,self`` (skipped without ``mpirun`` and mpi4py; Debian's ``python3-mpi4py`` for
@@ -487,7 +488,7 @@ def run_aionet(
     n: int, sizes: list[int], iters: int, timeout: float, algorithm: str = "auto", out: str = "out"
 ) -> list[dict[str, Any]]:
     # aionet's ranks start as `aionet launch` would start them: with what it gives ranks that
-    # outnumber the cores (aionet.launch.local.shared_cores_env; a value set here wins)
+    # fill the cores (aionet.launch.local.shared_cores_env; a value set here wins)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # the workers get it as PYTHONPATH
     from aionet.launch.local import shared_cores_env

@@ -190,11 +190,11 @@ def bench(
     from ..launch.local import shared_cores_env
 
     console = Console(stderr=True)
-    # what `aionet launch` gives ranks that outnumber the cores: this process (rank 0) and the
+    # what `aionet launch` gives ranks that fill the cores: this process (rank 0) and the
     # ones it starts read it from the environment; a value already set there wins
     for key, value in shared_cores_env(nodes, os.environ).items():
         os.environ[key] = value
-        console.print(f"{nodes} ranks, more than this host's cores: {key}={value} (set it to choose)")
+        console.print(f"{nodes} ranks fill this host's cores: {key}={value} (set it to choose)")
     procs: list[subprocess.Popen[bytes]] = []
     with Progress(console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task(f"{op} over {nodes} nodes", total=len(sizes))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from .cores import shared_cores_config
 
 __all__ = ["DEFAULT_PORT", "LaunchInfo", "detect", "expand_nodelist", "expand_tasks_per_node"]
 
@@ -43,9 +44,15 @@ class LaunchInfo:
     seeds: tuple[str, ...] = ()
     name_format: str = "rank-{rank}"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the host's core count, the same for every rank on it (0: not known)
+    host_cores: int = 0
 
     def config(self) -> dict[str, dict[str, Any]]:
-        """Node settings as a config mapping (lowest precedence: files, AIONET_* and arguments win)."""
+        """Node settings as a config mapping (lowest precedence: files, AIONET_* and arguments win).
+
+        A world that runs on one host and fills its cores also gets whole ring chunks
+        (:mod:`aionet.launch.cores`): every rank sees the same world size and core count, so
+        every rank decides alike."""
         node: dict[str, Any] = {"rank": self.rank, "world_size": self.world_size}
         if self.name:
             node["name"] = self.name
@@ -55,7 +62,10 @@ class LaunchInfo:
             node["advertise"] = self.advertise
         if self.seeds:
             node["join"] = list(self.seeds)
-        return {"node": node, "launch": {"name_format": self.name_format}}
+        out: dict[str, dict[str, Any]] = {"node": node, "launch": {"name_format": self.name_format}}
+        if self.local_world_size == self.world_size:
+            out.update(shared_cores_config(self.world_size, self.host_cores))
+        return out
 
 
 def _int(env: Mapping[str, str], var: str) -> int | None:
@@ -95,6 +105,7 @@ def _world(
     name_format: str,
     hostname: str,
     seed_hosts: list[str] | None,
+    cores: int = 0,
 ) -> LaunchInfo:
     """Addresses for a world whose ranks listen on ``base + local_rank`` of their host.
 
@@ -123,6 +134,7 @@ def _world(
         advertise=advertise,
         seeds=tuple(dict.fromkeys(seeds)),
         name_format=name_format,
+        host_cores=cores,
     )
 
 
@@ -196,17 +208,19 @@ def detect(
     *,
     options: Mapping[str, Any] | None = None,
     namespace_file: str | None = None,
+    cores: int = 0,
 ) -> LaunchInfo | None:
     """The launcher this process runs under, or None when it was started by hand.
 
     ``options`` are the ``[launch]`` settings (port, transport, name_format, seed_host, pod,
     world_size, service); ``namespace_file`` is the text of Kubernetes' service-account namespace
-    file, when there is one (read by the caller: this function does no I/O)."""
+    file, when there is one; ``cores`` the host's core count (0: unknown). Both are read by the
+    caller: this function does no I/O."""
     opts = dict(options or {})
     scheme = str(opts.get("transport") or "tcp")
     name_format = str(opts.get("name_format") or "rank-{rank}")
     base = int(opts["port"]) if opts.get("port") else None
-    common: dict[str, Any] = {"scheme": scheme, "name_format": name_format, "hostname": hostname}
+    common: dict[str, Any] = {"scheme": scheme, "name_format": name_format, "hostname": hostname, "cores": cores}
 
     # aionet's own: `aionet launch` (or a user) set rank and world size; listen/join come from AIONET_NODE_*
     rank, world = _int(env, "AIONET_NODE_RANK"), _int(env, "AIONET_NODE_WORLD_SIZE")

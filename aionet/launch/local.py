@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from ..errors import ConfigError
+from .cores import shared_cores_settings
 
 __all__ = [
     "FORWARDED_SIGNALS",
@@ -74,25 +75,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def shared_cores_settings(nprocs: int, cores: int) -> dict[str, str]:
-    """The ``AIONET_`` settings a local launcher gives every rank when it starts more ranks than
-    the host has cores (pure).
-
-    There the CPU, not the overlap of one ring piece's reduction with the next one's transfer,
-    sets a large collective's pace, and each extra piece costs CPU on both ends: whole ring
-    chunks (``collectives.pipeline_segments = 1``) measured 15-30 % less CPU per byte and a
-    higher busbw at 16 MiB with 4 ranks on 2 cores (BENCHMARKS.md). The setting must be the same
-    on every rank (it decides how the ring cuts its messages), which is why a launcher that
-    starts them all decides it rather than each rank for itself; Open MPI's ``mpirun`` likewise
-    tells the ranks it oversubscribes to yield when idle."""
-    if nprocs > cores:
-        return {"AIONET_COLLECTIVES_PIPELINE_SEGMENTS": "1"}
-    return {}
-
-
 def shared_cores_env(nprocs: int, env: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
-    """What :func:`shared_cores_settings` adds to ``env`` for ``nprocs`` ranks on ``cores`` (default:
-    :func:`usable_cores`): only the settings ``env`` does not set already (the user's choice wins)."""
+    """What :func:`~aionet.launch.cores.shared_cores_settings` adds to ``env`` for ``nprocs`` ranks
+    on ``cores`` (default: :func:`usable_cores`): only the settings ``env`` does not set already
+    (the user's choice wins)."""
     have = usable_cores() if cores is None else cores
     return {k: v for k, v in shared_cores_settings(nprocs, have).items() if k not in env}
 
@@ -128,7 +114,7 @@ async def launch(
     """Run ``cmd`` as ranks 0..nprocs-1 and supervise them until all exit or one fails.
 
     ``cores``: the host's usable cores (default: this process's affinity), which decide
-    :func:`shared_cores_settings`."""
+    :func:`~aionet.launch.cores.shared_cores_settings`."""
     if nprocs < 1:
         raise ConfigError("aionet launch: -n must be at least 1")
     if transport not in _NETWORK_SCHEMES:

@@ -1,5 +1,5 @@
-"""What a local launcher gives ranks that outnumber the host's cores (pure decision), and that
-``aionet launch`` passes it to every rank unless the caller chose the setting."""
+"""What a local launcher gives ranks that fill or outnumber the host's cores (pure decision), and
+that ``aionet launch`` passes it to every rank unless the caller chose the setting."""
 
 from __future__ import annotations
 
@@ -8,27 +8,31 @@ import io
 import sys
 
 from aionet.config import Config
+from aionet.launch.cores import shared_cores_config
 from aionet.launch.local import launch, shared_cores_env, shared_cores_settings, usable_cores
 
 KEY = "AIONET_COLLECTIVES_PIPELINE_SEGMENTS"
 
 
-def test_more_ranks_than_cores_get_whole_ring_chunks_and_the_setting_is_valid() -> None:
-    settings = shared_cores_settings(4, 2)
-    assert settings == {KEY: "1"}
-    assert Config.from_dict({}, env=settings).collectives.pipeline_segments == 1
+def test_ranks_that_fill_or_outnumber_the_cores_get_whole_ring_chunks_and_the_setting_is_valid() -> None:
+    for ranks, cores in ((4, 2), (2, 2), (16, 16)):
+        settings = shared_cores_settings(ranks, cores)
+        assert settings == {KEY: "1"}
+        assert Config.from_dict({}, env=settings).collectives.pipeline_segments == 1
+        assert Config.from_dict(shared_cores_config(ranks, cores), env={}).collectives.pipeline_segments == 1
 
 
-def test_ranks_that_each_have_a_core_keep_the_default() -> None:
-    assert shared_cores_settings(2, 2) == {}
-    assert shared_cores_settings(4, 8) == {}
+def test_ranks_with_cores_to_spare_or_an_unknown_core_count_keep_the_default() -> None:
+    for ranks, cores in ((2, 3), (4, 8), (4, 0)):
+        assert shared_cores_settings(ranks, cores) == {}
+        assert shared_cores_config(ranks, cores) == {}
     assert Config.from_dict({}, env={}).collectives.pipeline_segments == 2
 
 
 def test_only_settings_the_environment_lacks_are_added() -> None:
     assert shared_cores_env(4, {}, cores=2) == {KEY: "1"}
     assert shared_cores_env(4, {KEY: "2"}, cores=2) == {}
-    assert shared_cores_env(2, {}, cores=2) == {}
+    assert shared_cores_env(2, {}, cores=3) == {}
 
 
 def test_usable_cores_is_at_least_one() -> None:
@@ -45,10 +49,12 @@ def _run(nprocs: int, cores: int, env: dict[str, str]) -> tuple[str, str]:
     return out.getvalue(), err.getvalue()
 
 
-def test_launch_gives_every_rank_the_setting_when_ranks_outnumber_cores_and_says_so() -> None:
+def test_launch_gives_every_rank_the_setting_when_ranks_fill_the_cores_and_says_so() -> None:
     out, err = _run(3, 2, {"PATH": "/usr/bin:/bin"})
     assert out.split() == ["1", "1", "1"]
     assert f"3 ranks on 2 cores: every rank gets {KEY}=1" in err
+    out, err = _run(2, 2, {"PATH": "/usr/bin:/bin"})
+    assert out.split() == ["1", "1"] and f"2 ranks on 2 cores: every rank gets {KEY}=1" in err
 
 
 def test_launch_keeps_the_callers_own_choice_and_adds_nothing_with_enough_cores() -> None:

@@ -140,6 +140,39 @@ def test_config_file_and_aionet_variables_beat_what_the_launcher_implies(tmp_pat
     assert none is None and off.node.world_size == 0
 
 
+def test_a_one_host_world_that_fills_the_cores_gets_whole_ring_chunks_from_every_launcher() -> None:
+    openmpi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n1"}
+    slurm["SLURM_STEP_TASKS_PER_NODE"] = "2"
+    for env, rank_var in ((openmpi, "OMPI_COMM_WORLD_RANK"), (torchrun, "RANK"), (slurm, "SLURM_PROCID")):
+        for rank in ("0", "1"):  # every rank of the world decides alike
+            cfg, info = config_from_env(None, {**env, rank_var: rank}, cores=2)
+            assert info is not None and info.host_cores == 2 and info.rank == int(rank)
+            assert cfg.collectives.pipeline_segments == 1, info.launcher
+        assert config_from_env(None, env, cores=8)[0].collectives.pipeline_segments == 2  # cores to spare
+        assert config_from_env(None, env, cores=0)[0].collectives.pipeline_segments == 2  # count unknown
+
+
+def test_whole_ring_chunks_stay_off_across_hosts_and_yield_to_the_users_choice() -> None:
+    across = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    across["AIONET_LAUNCH_SEED_HOST"] = "gpu1.example"
+    assert config_from_env(None, across, cores=2)[0].collectives.pipeline_segments == 2  # the NIC overlaps
+    one_host = {"PMI_RANK": "0", "PMI_SIZE": "4", "MPI_LOCALNRANKS": "4"}
+    # the default's own value, named in the environment, is a choice: kept
+    chosen = {**one_host, "AIONET_COLLECTIVES_PIPELINE_SEGMENTS": "2"}
+    assert config_from_env(None, chosen, cores=2)[0].collectives.pipeline_segments == 2
+    assert (
+        config_from_env(None, {**one_host, "AIONET_COLLECTIVES_PIPELINE_SEGMENTS": "3"}, cores=2)[
+            0
+        ].collectives.pipeline_segments
+        == 3
+    )
+    # aionet launch decides for its ranks itself (it sets the variable); its variables alone imply nothing
+    own = {"AIONET_NODE_RANK": "0", "AIONET_NODE_WORLD_SIZE": "4"}
+    assert config_from_env(None, own, cores=2)[0].collectives.pipeline_segments == 2
+
+
 def test_config_rejects_a_rank_outside_the_world_and_a_name_format_without_rank() -> None:
     with pytest.raises(ConfigError, match="node.rank"):
         Config.from_dict({"node": {"rank": 3, "world_size": 2}}, env={})
