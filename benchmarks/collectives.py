@@ -35,19 +35,26 @@ result array per call (rows in BENCHMARKS.md before 2026-11-27 05:10 UTC).
   with no framework at all (plain blocking TCP_NODELAY sockets on 127.0.0.1, a sender thread, numpy
   ``out=`` reductions, pipelined in ``--segment`` pieces), out of place and in place alternated call
   by call; the ratios X/raw say how far each implementation is from what the algorithm reaches on
-  this machine, and whether 1.2x the best TCP peer is above it.
+  this machine, and whether 1.2x the best TCP peer is above it;
+- cring (``--impls cring``, not in the default set, sizes of 1 MiB and up): the same ring in C
+  (``benchmarks/ring_floor.c``, compiled with ``cc -O3 -march=native`` into the temp directory on
+  first use): one thread per rank, non-blocking sockets and ``poll``, the first ``--segment``
+  size as its piece; its CPU per call is the floor any implementation over this machine's TCP
+  sockets stands on.
 
     python benchmarks/collectives.py --nodes 2,4 --sizes 8,1M,16M,64M
     python benchmarks/collectives.py --quick --json /tmp/coll.json
     python benchmarks/collectives.py --nodes 2,4 --sizes 16M,64M --iters 10 --impls aionet,gloo,mpi-tcp,raw
     python benchmarks/collectives.py --nodes 2,4 --sizes 16M,64M --iters 10 --impls aionet,gloo,mpi-tcp --rounds 5
     python benchmarks/collectives.py --nodes 2,4 --sizes 16M,64M --impls raw --segment 256K,1M,4M
+    python benchmarks/collectives.py --nodes 2 --sizes 16M --impls aionet,mpi-tcp,cring --segment 8M --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -55,6 +62,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -523,6 +531,63 @@ def run_raw(n: int, sizes: list[int], iters: int, timeout: float, segments: str,
     return collect(procs, procs[0], timeout)
 
 
+def cring_binary() -> Path:
+    """benchmarks/ring_floor.c, compiled once per source version into the temp directory."""
+    src = ROOT / "benchmarks" / "ring_floor.c"
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+    exe = Path(tempfile.gettempdir()) / f"aionet-ring-floor-{digest}"
+    if not exe.exists():
+        cc = shutil.which("cc") or shutil.which("gcc")
+        assert cc is not None  # available() checked
+        tmp = exe.with_suffix(f".{os.getpid()}")
+        subprocess.run([cc, "-O3", "-march=native", "-o", str(tmp), str(src)], check=True)
+        tmp.replace(exe)
+    return exe
+
+
+def run_cring(n: int, sizes: list[int], iters: int, timeout: float, segment: int) -> list[dict[str, Any]]:
+    """The C ring (sizes of at least 1 MiB): every rank's costs summed, rank 0's times."""
+    big = [b for b in sizes if b >= 1 << 20]
+    if not big:
+        return []
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from aionet.launch.local import free_port_block
+
+    exe = cring_binary()
+    port = free_port_block(n)
+    args = [",".join(map(str, big)), str(iters), str(segment)]
+    procs = [
+        subprocess.Popen([str(exe), str(r), str(n), str(port), *args], stdout=subprocess.PIPE, text=True)
+        for r in range(n)
+    ]
+    rows: dict[tuple[int, str], dict[str, Any]] = {}
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+            p.wait()
+        return []
+    for rank, text in enumerate(outs):
+        for line in text.splitlines():
+            if not line.startswith("RING "):
+                continue
+            _, nbytes, variant, cpu, minflt, csw, runq, wrong, times = line.split()
+            key = (int(nbytes), variant)
+            row = rows.setdefault(
+                key,
+                {"bytes": int(nbytes), "algorithm": f"c ring+{variant} {segment >> 10}K", "times": [], "wrong": 0}
+                | {"cpu": 0.0, "minflt": 0.0, "switches": 0.0, "runq": 0.0},
+            )
+            if rank == 0:
+                row["times"] = [float(t) for t in times.split(",")]
+            row["wrong"] += int(wrong)
+            for k, v in (("cpu", cpu), ("minflt", minflt), ("switches", csw), ("runq", runq)):
+                row[k] += float(v)
+    return [r for r in rows.values() if r["times"]]
+
+
 def run_mpi(n: int, sizes: list[int], iters: int, timeout: float, btl: str, python: str) -> list[dict[str, Any]]:
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), "--mca", "btl", btl]
     if "tcp" in btl:
@@ -535,6 +600,7 @@ def run_mpi(n: int, sizes: list[int], iters: int, timeout: float, btl: str, pyth
 def available(args: argparse.Namespace) -> dict[str, str | None]:
     """impl -> None if it can run here, else why not."""
     out: dict[str, str | None] = {"aionet": None, "raw": None}
+    out["cring"] = None if (shutil.which("cc") or shutil.which("gcc")) else "no C compiler (apt-get install gcc)"
     try:
         import torch.distributed as dist
 
@@ -555,7 +621,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="2,4", help="group sizes, comma separated")
     ap.add_argument("--sizes", default="8,64K,1M,16M,64M", help="bytes per rank, comma separated (K/M/G)")
-    ap.add_argument("--impls", default="aionet,gloo,mpi-tcp,mpi-shm", help="any of aionet,gloo,mpi-tcp,mpi-shm,raw")
+    ap.add_argument(
+        "--impls", default="aionet,gloo,mpi-tcp,mpi-shm", help="any of aionet,gloo,mpi-tcp,mpi-shm,raw,cring"
+    )
     ap.add_argument("--iters", type=int, default=20, help="timed calls at 1 MiB (more below, fewer above)")
     ap.add_argument("--quick", action="store_true", help="8 B, 1 MiB and 16 MiB, 2 and 4 nodes, fewer calls")
     ap.add_argument("--mpi-python", default="/usr/bin/python3", help="python with mpi4py for the MPI runs")
@@ -626,6 +694,8 @@ def main() -> None:
                     res = run_gloo(n, sizes, args.iters, args.timeout)
                 elif impl == "raw":
                     res = run_raw(n, sizes, args.iters, args.timeout, args.segment, args.sockbuf)
+                elif impl == "cring":
+                    res = run_cring(n, sizes, args.iters, args.timeout, parse_size(args.segment.split(",")[0]))
                 else:
                     btl = "tcp,self" if impl == "mpi-tcp" else "vader,self"
                     res = run_mpi(n, sizes, args.iters, args.timeout, btl, args.mpi_python)
