@@ -810,6 +810,10 @@ class Group(GroupAlgorithms):
         if out is not None:
             if res is dest:  # the algorithm worked in out itself: nothing to copy
                 return out
+            # out may be the input itself (the direct exchange never works in place; a tensor's
+            # memory is the array's), which sends of this call may not have taken yet: a peer
+            # whose result does not wait on them would otherwise receive this rank's result
+            await self._flush(seq)
             return write_out(out, res)
         return from_numpy(c, res)
 

@@ -106,6 +106,26 @@ async def test_out_receives_the_result_in_place_or_beside_the_input(groups: list
     assert all(np.array_equal(x, b) for x, b in zip(xs, before, strict=True))  # inputs untouched
 
 
+@pytest.mark.parametrize("algorithm", ["direct", "ring", "doubling", "tree"])
+async def test_in_place_results_wait_for_the_calls_own_slow_sends(groups: list[Group], algorithm: str) -> None:
+    """out= the input while this rank's sends of it are still queued (a busy link, a slow
+    socket): the direct exchange finishes without waiting on its own sends, so writing the
+    result first sent the result instead of the input (a peer got 7 for 1 + 1 + 1 + 1; found
+    in benchmarks with 4 processes, 16 MiB). Rank 0's sends are held back here."""
+    real = groups[0]._send
+
+    async def slow(dst: int, seq: int, t: Any, payload: Any) -> None:
+        await asyncio.sleep(0.2)
+        await real(dst, seq, t, payload)
+
+    groups[0]._send = slow  # type: ignore[method-assign]
+    size = (1 << 19) + 3
+    xs = [np.full(size, r + 1, np.float32) for r in range(N)]
+    await each(groups, lambda g: g.allreduce(xs[g.rank], out=xs[g.rank], algorithm=algorithm))
+    expect = float(sum(range(1, N + 1)))
+    assert [int(np.count_nonzero(x != expect)) for x in xs] == [0] * N
+
+
 async def test_mean_is_right_on_every_rank_of_an_odd_group() -> None:
     """3 ranks: recursive doubling folds one rank in and sends it the result, the tree sends
     the root's result down. Dividing in place before those sends had serialized the buffer gave
