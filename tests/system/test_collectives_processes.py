@@ -12,24 +12,16 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from aionet.launch.local import free_port_block
+from tests.launched import ROOT, clean_env, mpirun_cmd
 
-ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "tests" / "collectives_sweep_app.py")
 N = 4
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIONET_", "OMPI_", "PMI_", "SLURM_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(extra)
-    return env
 
 
 def _check(stdout: str) -> None:
@@ -43,17 +35,20 @@ def _check(stdout: str) -> None:
 
 def test_every_collective_is_exact_between_processes_under_aionet_launch() -> None:
     cmd = [sys.executable, "-m", "aionet", "launch", "-n", str(N), "--", sys.executable, APP]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=_env())
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=clean_env())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     _check(out.stdout)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed (apt: openmpi-bin)")
 def test_every_collective_is_exact_between_processes_under_mpirun() -> None:
-    env = _env(AIONET_LAUNCH_PORT=str(free_port_block(N)))
-    cmd = ["mpirun", "--oversubscribe", "-n", str(N), "-x", "PYTHONPATH", "-x", "AIONET_LAUNCH_PORT"]
-    if os.geteuid() == 0:
-        cmd.insert(1, "--allow-run-as-root")
-    out = subprocess.run([*cmd, sys.executable, APP], capture_output=True, text=True, timeout=200, env=env)
+    env = clean_env(AIONET_LAUNCH_PORT=str(free_port_block(N)))
+    out = subprocess.run(
+        [*mpirun_cmd(N, "AIONET_LAUNCH_PORT"), sys.executable, APP],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     _check(out.stdout)

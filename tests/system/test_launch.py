@@ -5,29 +5,23 @@ default group is the world in rank order (tests/launch_app.py checks it with an 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from aionet.launch.local import free_port_block
+from tests.launched import ROOT, clean_env, mpirun_cmd
 
-ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "tests" / "launch_app.py")
 N = 4
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIONET_", "OMPI_", "PMI_", "SLURM_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(extra)
-    return env
+_env = clean_env
 
 
 def _check_world(stdout: str) -> None:
@@ -91,9 +85,7 @@ def test_aionet_launch_forwards_sigterm_and_exits_with_the_ranks_codes() -> None
 def test_mpirun_open_mpi_forms_one_world() -> None:
     base = free_port_block(N)
     env = _env(AIONET_LAUNCH_PORT=str(base))
-    cmd = ["mpirun", "--oversubscribe", "-n", str(N), "-x", "PYTHONPATH", "-x", "AIONET_LAUNCH_PORT"]
-    if os.geteuid() == 0:
-        cmd.insert(1, "--allow-run-as-root")
+    cmd = mpirun_cmd(N, "AIONET_LAUNCH_PORT")
     out = subprocess.run([*cmd, sys.executable, APP], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     _check_world(out.stdout)
