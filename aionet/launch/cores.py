@@ -5,7 +5,7 @@ their send and receive calls: with every core running a rank there is nothing fo
 piece's reduction to overlap with, and each extra piece costs Python, syscalls and wake-ups at
 both ends. Whole chunks (``collectives.pipeline_segments = 1``) measured less CPU per byte and a
 higher busbw with 4 ranks on 2 cores (16 MiB: 15-30 % less CPU) and with 2 ranks on 2 cores
-(16 MiB: about 12 % less CPU, 1.26-1.30 against 1.35-1.42 GB/s; BENCHMARKS.md). Across hosts the
+(16 MiB: about 12 % less CPU, busbw 1.35-1.42 against 1.26-1.30 GB/s; BENCHMARKS.md). Across hosts the
 NIC moves the bytes while the CPU reduces, which is what the default's two pieces are for.
 
 The setting must be equal on every rank (it decides how the ring cuts its messages), so it is

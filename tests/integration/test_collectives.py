@@ -115,7 +115,7 @@ async def test_in_place_results_wait_for_the_calls_own_slow_sends(groups: list[G
     real = groups[0]._send
 
     async def slow(dst: int, seq: int, t: Any, payload: Any) -> None:
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the slow link under test, not a wait for something else
         await real(dst, seq, t, payload)
 
     groups[0]._send = slow  # type: ignore[method-assign]
