@@ -45,7 +45,8 @@ class NodeSection:
     # microseconds the event loop keeps polling after each message (and after a request or a
     # waiting send) before it sleeps: the reply or ack is read without waiting for the OS to
     # wake the process, at the cost of up to that much CPU per message. Over tcp:// and tls://
-    # only (README "Busy polling"; aionet/core/busy_poll.py); 0: off
+    # only (README "Busy polling"; aionet/core/busy_poll.py); 0: off. Launched ranks that
+    # outnumber their host's cores get 0 (aionet/launch/cores.py)
     busy_poll_us: float = 200.0
 
 

@@ -26,7 +26,9 @@ result array per call (rows in BENCHMARKS.md before 2026-11-27 05:10 UTC).
 - aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``, started
   with the settings ``aionet launch`` gives its ranks (from 2026-11-28 15:10 UTC: with more ranks
   than cores, ``AIONET_COLLECTIVES_PIPELINE_SEGMENTS=1``, whole ring chunks; from 17:40 UTC with
-  at least as many ranks as cores, so n = 2 on 2 cores too; unless set already);
+  at least as many ranks as cores, so n = 2 on 2 cores too; from 21:00 UTC, with more ranks than
+  cores, also ``AIONET_NODE_BUSY_POLL_US=0``, so n = 4 on 2 cores runs without busy polling;
+  unless set already);
 - gloo: ``torch.distributed`` with the gloo backend over TCP (skipped without torch);
 - mpi-tcp / mpi-shm: mpi4py ``Allreduce`` under Open MPI's ``mpirun``, ``--mca btl tcp,self``
   and ``vader,self`` (skipped without ``mpirun`` and mpi4py; Debian's ``python3-mpi4py`` for

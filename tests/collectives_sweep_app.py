@@ -1,7 +1,8 @@
 """A rank of a launched world (tests/system/test_collectives_processes.py): every allreduce
 algorithm into a new array, a separate ``out=`` and in place, then the other collectives, at
 sizes from one segment to many, against numpy's answer over the same inputs. Prints one JSON
-line: the rank, the ring's pieces per chunk it runs with, and every wrong result."""
+line: the rank, the ring's pieces per chunk and the busy-poll window it runs with, and every wrong
+result."""
 
 from __future__ import annotations
 
@@ -67,7 +68,12 @@ async def main() -> int:
     async with aionet.Node.from_env() as node:
         grp = node.group()
         bad = await sweep(grp)
-        out = {"rank": node.rank, "pipeline_segments": node.config.collectives.pipeline_segments, "bad": bad}
+        out = {
+            "rank": node.rank,
+            "pipeline_segments": node.config.collectives.pipeline_segments,
+            "busy_poll_us": node.config.node.busy_poll_us,
+            "bad": bad,
+        }
         print(json.dumps(out), flush=True)
         await grp.barrier()
     return 0

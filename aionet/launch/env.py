@@ -52,7 +52,8 @@ class LaunchInfo:
 
         A world that runs on one host and fills its cores also gets whole ring chunks
         (:mod:`aionet.launch.cores`): every rank sees the same world size and core count, so
-        every rank decides alike."""
+        every rank decides alike. Ranks that outnumber their host's cores get no busy polling
+        (a per-node setting: decided from the ranks on this host, across hosts too)."""
         node: dict[str, Any] = {"rank": self.rank, "world_size": self.world_size}
         if self.name:
             node["name"] = self.name
@@ -63,8 +64,8 @@ class LaunchInfo:
         if self.seeds:
             node["join"] = list(self.seeds)
         out: dict[str, dict[str, Any]] = {"node": node, "launch": {"name_format": self.name_format}}
-        if self.local_world_size == self.world_size:
-            out.update(shared_cores_config(self.world_size, self.host_cores))
+        for section, values in shared_cores_config(self.world_size, self.host_cores, self.local_world_size).items():
+            out.setdefault(section, {}).update(values)
         return out
 
 

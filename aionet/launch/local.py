@@ -127,7 +127,8 @@ async def launch(
     have = usable_cores() if cores is None else cores
     if shared := shared_cores_env(nprocs, base_env, have):
         said = " ".join(f"{k}={v}" for k, v in shared.items())
-        err.write(f"aionet launch: {nprocs} ranks on {have} cores: every rank gets {said} (set it to choose)\n")
+        them = "it" if len(shared) == 1 else "them"
+        err.write(f"aionet launch: {nprocs} ranks on {have} cores: every rank gets {said} (set {them} to choose)\n")
         base_env = {**base_env, **shared}
     base = port or free_port_block(nprocs)
     procs: list[asyncio.subprocess.Process] = []

@@ -2,7 +2,8 @@
 `mpirun`): #wrong must be 0 for every allreduce algorithm, into a new array, a separate
 ``out=`` and in place, up to 16 MiB (tests/collectives_sweep_app.py). In-process tests missed
 an in-place race that only separate processes' timing showed. Also checks that a world filling
-this host's cores runs whole ring chunks under both launchers."""
+this host's cores runs whole ring chunks, and one outnumbering them no busy polling, under both
+launchers."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ def _check(stdout: str) -> None:
     ranks = [json.loads(m) for m in re.findall(r'\{"rank": .*?"bad": \[.*?\]\}', stdout)]
     assert sorted(r["rank"] for r in ranks) == list(range(N)), stdout[-3000:]
     assert [r["bad"] for r in ranks] == [[]] * N
-    # 4 ranks on one host: whole chunks where they fill its cores, the default where they do not
-    want = 1 if (os.cpu_count() or 1) <= N else 2
-    assert {r["pipeline_segments"] for r in ranks} == {want}
+    # 4 ranks on one host: whole chunks where they fill its cores, the default where they do not;
+    # no busy polling where they outnumber the cores
+    cores = os.cpu_count() or 1
+    assert {r["pipeline_segments"] for r in ranks} == {1 if cores <= N else 2}
+    assert {r["busy_poll_us"] for r in ranks} == {0 if cores < N else 200}
 
 
 def test_every_collective_is_exact_between_processes_under_aionet_launch() -> None:

@@ -147,17 +147,26 @@ def test_a_one_host_world_that_fills_the_cores_gets_whole_ring_chunks_from_every
     slurm["SLURM_STEP_TASKS_PER_NODE"] = "2"
     for env, rank_var in ((openmpi, "OMPI_COMM_WORLD_RANK"), (torchrun, "RANK"), (slurm, "SLURM_PROCID")):
         for rank in ("0", "1"):  # every rank of the world decides alike
-            cfg, info = config_from_env(None, {**env, rank_var: rank}, cores=2)
-            assert info is not None and info.host_cores == 2 and info.rank == int(rank)
+            cores = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "2"))  # the world's size: it fills them
+            cfg, info = config_from_env(None, {**env, rank_var: rank}, cores=cores)
+            assert info is not None and info.host_cores == cores and info.rank == int(rank)
             assert cfg.collectives.pipeline_segments == 1, info.launcher
+            # ranks = cores (Open MPI's 4 on 4, the others' 2 on 2): each has a core to poll on
+            assert cfg.node.busy_poll_us == 200, info.launcher
+            crowded = config_from_env(None, {**env, rank_var: rank}, cores=1)[0]
+            assert crowded.collectives.pipeline_segments == 1 and crowded.node.busy_poll_us == 0, info.launcher
         assert config_from_env(None, env, cores=8)[0].collectives.pipeline_segments == 2  # cores to spare
         assert config_from_env(None, env, cores=0)[0].collectives.pipeline_segments == 2  # count unknown
+        assert config_from_env(None, env, cores=0)[0].node.busy_poll_us == 200
 
 
-def test_whole_ring_chunks_stay_off_across_hosts_and_yield_to_the_users_choice() -> None:
+def test_whole_ring_chunks_stay_off_across_hosts_busy_polling_follows_the_host_and_both_yield_to_the_user() -> None:
     across = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
     across["AIONET_LAUNCH_SEED_HOST"] = "gpu1.example"
-    assert config_from_env(None, across, cores=2)[0].collectives.pipeline_segments == 2  # the NIC overlaps
+    spread = config_from_env(None, across, cores=2)[0]
+    assert spread.collectives.pipeline_segments == 2  # the NIC overlaps the pieces
+    assert spread.node.busy_poll_us == 0  # but this host's 4 ranks wait for its 2 cores
+    assert config_from_env(None, across, cores=4)[0].node.busy_poll_us == 200
     one_host = {"PMI_RANK": "0", "PMI_SIZE": "4", "MPI_LOCALNRANKS": "4"}
     # the default's own value, named in the environment, is a choice: kept
     chosen = {**one_host, "AIONET_COLLECTIVES_PIPELINE_SEGMENTS": "2"}
@@ -168,9 +177,13 @@ def test_whole_ring_chunks_stay_off_across_hosts_and_yield_to_the_users_choice()
         ].collectives.pipeline_segments
         == 3
     )
+    polled = config_from_env(None, {**one_host, "AIONET_NODE_BUSY_POLL_US": "200"}, cores=2)[0]
+    assert polled.node.busy_poll_us == 200 and polled.collectives.pipeline_segments == 1
+    assert config_from_env(None, one_host, cores=2)[0].node.busy_poll_us == 0
     # aionet launch decides for its ranks itself (it sets the variable); its variables alone imply nothing
     own = {"AIONET_NODE_RANK": "0", "AIONET_NODE_WORLD_SIZE": "4"}
     assert config_from_env(None, own, cores=2)[0].collectives.pipeline_segments == 2
+    assert config_from_env(None, own, cores=2)[0].node.busy_poll_us == 200
 
 
 def test_config_rejects_a_rank_outside_the_world_and_a_name_format_without_rank() -> None:
