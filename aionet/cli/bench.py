@@ -187,14 +187,18 @@ def bench(
     from rich.console import Console
     from rich.progress import Progress
 
-    from ..launch.local import shared_cores_env
+    from ..launch.local import shared_cores_env, usable_cores
 
     console = Console(stderr=True)
-    # what `aionet launch` gives ranks that fill the cores: this process (rank 0) and the
-    # ones it starts read it from the environment; a value already set there wins
-    for key, value in shared_cores_env(nodes, os.environ).items():
+    # what `aionet launch` gives ranks that fill or outnumber the cores: this process (rank 0)
+    # and the ones it starts read it from the environment; a value already set there wins
+    shared = shared_cores_env(nodes, os.environ)
+    for key, value in shared.items():
         os.environ[key] = value
-        console.print(f"{nodes} ranks fill this host's cores: {key}={value} (set it to choose)")
+    if shared:
+        said = " ".join(f"{k}={v}" for k, v in shared.items())
+        them = "it" if len(shared) == 1 else "them"
+        console.print(f"{nodes} ranks on {usable_cores()} cores: every rank gets {said} (set {them} to choose)")
     procs: list[subprocess.Popen[bytes]] = []
     with Progress(console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task(f"{op} over {nodes} nodes", total=len(sizes))
