@@ -187,18 +187,16 @@ def bench(
     from rich.console import Console
     from rich.progress import Progress
 
-    from ..launch.local import shared_cores_env, usable_cores
+    from ..launch.local import shared_cores_env, shared_cores_notice, usable_cores
 
     console = Console(stderr=True)
     # what `aionet launch` gives ranks that fill or outnumber the cores: this process (rank 0)
     # and the ones it starts read it from the environment; a value already set there wins
-    shared = shared_cores_env(nodes, os.environ)
-    for key, value in shared.items():
-        os.environ[key] = value
+    have = usable_cores()
+    shared = shared_cores_env(nodes, os.environ, have)
+    os.environ.update(shared)
     if shared:
-        said = " ".join(f"{k}={v}" for k, v in shared.items())
-        them = "it" if len(shared) == 1 else "them"
-        console.print(f"{nodes} ranks on {usable_cores()} cores: every rank gets {said} (set {them} to choose)")
+        console.print(shared_cores_notice(nodes, have, shared))
     procs: list[subprocess.Popen[bytes]] = []
     with Progress(console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task(f"{op} over {nodes} nodes", total=len(sizes))

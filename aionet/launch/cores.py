@@ -1,4 +1,4 @@
-"""What the ranks of a world get when they fill the cores of the one host they share (pure).
+"""What the ranks of a world get when they fill or outnumber a host's cores (pure).
 
 On one host a ring collective's "transfer" is kernel copies that the ranks' own cores make, in
 their send and receive calls: with every core running a rank there is nothing for one ring
@@ -17,7 +17,7 @@ With more ranks on a host than it has cores, busy polling is also turned off
 (``node.busy_poll_us = 0``). A rank that spins while it waits holds a core that a peer it waits
 for needs; ``sched_yield`` in the spin does not reliably hand the core over. With 4 ranks on 2
 cores, off measured 10-20 % less CPU per call and a lower 8-byte allreduce latency in 11 of 15
-alternated pairs (median about 1.1 against 1.35 ms), and no loss of busbw (BENCHMARKS.md). Where
+alternated pairs (median 1.11 against 1.36 ms), and no loss of busbw (BENCHMARKS.md). Where
 every rank has a core of its own (ranks = cores), polling keeps its point: no wake-up per
 message. This one is per node, so it follows the ranks on the host, whether or not the world
 spans hosts.

@@ -30,6 +30,7 @@ __all__ = [
     "launch",
     "rank_env",
     "shared_cores_env",
+    "shared_cores_notice",
     "shared_cores_settings",
     "usable_cores",
 ]
@@ -83,6 +84,13 @@ def shared_cores_env(nprocs: int, env: Mapping[str, str], cores: int | None = No
     return {k: v for k, v in shared_cores_settings(nprocs, have).items() if k not in env}
 
 
+def shared_cores_notice(nprocs: int, cores: int, shared: Mapping[str, str]) -> str:
+    """The line a launcher prints when it gives its ranks ``shared`` (:func:`shared_cores_env`)."""
+    said = " ".join(f"{k}={v}" for k, v in shared.items())
+    them = "it" if len(shared) == 1 else "them"
+    return f"{nprocs} ranks on {cores} cores: every rank gets {said} (set {them} to choose)"
+
+
 def rank_env(base_env: Mapping[str, str], rank: int, world: int, scheme: str, base_port: int) -> dict[str, str]:
     """The environment of one rank: the world's shape and its addresses (pure)."""
     seeds = [f"{scheme}://127.0.0.1:{base_port + r}" for r in range(min(world, 3))]
@@ -126,9 +134,7 @@ async def launch(
     base_env: Mapping[str, str] = os.environ if env is None else env
     have = usable_cores() if cores is None else cores
     if shared := shared_cores_env(nprocs, base_env, have):
-        said = " ".join(f"{k}={v}" for k, v in shared.items())
-        them = "it" if len(shared) == 1 else "them"
-        err.write(f"aionet launch: {nprocs} ranks on {have} cores: every rank gets {said} (set {them} to choose)\n")
+        err.write(f"aionet launch: {shared_cores_notice(nprocs, have, shared)}\n")
         base_env = {**base_env, **shared}
     base = port or free_port_block(nprocs)
     procs: list[asyncio.subprocess.Process] = []

@@ -9,7 +9,7 @@ import sys
 
 from aionet.config import Config
 from aionet.launch.cores import shared_cores_config
-from aionet.launch.local import launch, shared_cores_env, shared_cores_settings, usable_cores
+from aionet.launch.local import launch, shared_cores_env, shared_cores_notice, shared_cores_settings, usable_cores
 
 KEY = "AIONET_COLLECTIVES_PIPELINE_SEGMENTS"
 POLL = "AIONET_NODE_BUSY_POLL_US"
@@ -55,6 +55,14 @@ def test_only_settings_the_environment_lacks_are_added() -> None:
     assert shared_cores_env(4, {POLL: "200"}, cores=2) == {KEY: "1"}
     assert shared_cores_env(2, {}, cores=2) == {KEY: "1"}
     assert shared_cores_env(2, {}, cores=3) == {}
+
+
+def test_the_notice_names_every_setting_given_and_how_to_choose() -> None:
+    # what `aionet launch` and `aionet bench` print
+    assert shared_cores_notice(4, 2, {KEY: "1", POLL: "0"}) == (
+        f"4 ranks on 2 cores: every rank gets {KEY}=1 {POLL}=0 (set them to choose)"
+    )
+    assert shared_cores_notice(2, 2, {KEY: "1"}) == f"2 ranks on 2 cores: every rank gets {KEY}=1 (set it to choose)"
 
 
 def test_usable_cores_is_at_least_one() -> None:
