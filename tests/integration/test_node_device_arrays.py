@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from aionet.codecs import handshake
 from aionet.codecs.envelope import XFER
 from aionet.codecs.serialize import Serializer
 from aionet.config import Config
-from aionet.core.device_transfer import StagingRequired
+from aionet.core.device_transfer import StagingRequired, _release_soon
 from aionet.devices import Devices, SimulatedDeviceBackend
 from aionet.errors import ConfigError, DeviceUnavailable, RemoteError, SerializationError
 from aionet.testing import FaultProxy
@@ -425,10 +426,22 @@ async def test_cancelled_send_aborts_the_transfer_on_the_receiver(scheme):
 
 
 def _who_holds(a, b) -> str:
-    """The state behind a staging buffer still in use, then whether a collection frees it."""
+    """The state behind a staging buffer still in use, then whether a collection frees it.
+    (A freed frame's buffer goes back to its pool one loop pass later, so what is counted is
+    the frames still alive: their release finalizers have not run.)"""
     state = f"sender {b.info()['device']}, peers {b.info()['peers']}, receiver {a.info()['device']}"
+    before = _live_pool_frames()
     found = gc.collect()
-    return f"{state}; after gc.collect() ({found} unreachable objects) the sender's in_use is {pool_stats(b)['in_use']}"
+    return (
+        f"{state}; pool frames alive: {before} before gc.collect(), {_live_pool_frames()} after "
+        f"({found} unreachable objects found)"
+    )
+
+
+def _live_pool_frames() -> int:
+    """Frames over pool buffers (device_transfer._pool_frame) that something still references."""
+    registry = getattr(weakref.finalize, "_registry", {})
+    return sum(getattr(info, "func", None) is _release_soon for info in list(registry.values()))
 
 
 # ---------------------------------------------------------------------------- faults
