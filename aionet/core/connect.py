@@ -595,6 +595,12 @@ class Connector:
             frames = await conn.recv()
         except ConnectionClosed as exc:
             raise _ClosedBeforeHello(str(exc)) from exc
+        if self._closing():
+            # A stopping node opens no link: a handshake it completed now would give the dialer
+            # a fresh link (a node already declared dead comes back to life there) only for this
+            # node to close it. The dialer may retry: a restarted node answers.
+            await self._refuse_stopping(conn)
+            return None
         hs = self.handshake(
             handshake.Role.ACCEPTOR,
             self.config.link.handshake_timeout,
@@ -606,6 +612,9 @@ class Connector:
             return None  # a seed list naming this node, or a membership probe: answered, no link
         proven = hs.receive(await conn.recv())  # the dialer's CONFIRM: its proof of the token
         hello = proven.hello
+        if self._closing():  # it began stopping while the dialer proved the token
+            await self._refuse_stopping(conn)
+            return None
         # proven: from here on the dialer is a peer
         created = hello.name not in self._peers.table
         p = self._peers.peer(hello.name)
@@ -631,6 +640,11 @@ class Connector:
         for note in link.apply_resume(resume.link, hello.node_id):
             self.log.info("link resumed", peer=hello.name, note=note)
         return hello, link, resume.peers
+
+    @staticmethod
+    async def _refuse_stopping(conn: Connection) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.send([handshake.reject("the node is stopping", retry=True)]), 1.0)
 
     async def _register(
         self, conn: Connection, hello: handshake.Hello, link: Link, outgoing: bool, peers: dict[str, list[str]]

@@ -356,3 +356,37 @@ async def test_a_goodbye_that_never_ends_is_ended_by_the_stop(monkeypatch: pytes
         assert stuck.is_set()
         left = [t for t in asyncio.all_tasks() if "never_acked" in repr(t.get_coro())]
         assert left == [], left
+
+
+@pytest.mark.timeout(60)
+async def test_a_stopping_node_refuses_handshakes_and_the_dialer_opens_no_link() -> None:
+    """A node that has begun stopping (here: while its leave is announced, before its listeners
+    close) used to complete a dialer's handshake and close the connection right after. The dialer
+    had opened a fresh link by then: to a node its membership may already call dead, a live link
+    that took requests and timed them out instead of failing them. It now answers with a
+    retryable reject, and the dialer keeps no link to it."""
+    from aionet.errors import HandshakeError
+
+    async with Node(name="c", listen="tcp://127.0.0.1:0") as c:
+        b = Node(name="b", listen="tcp://127.0.0.1:0")
+        await b.start()
+        reached, gate = asyncio.Event(), asyncio.Event()
+        membership_stop = b.membership.stop
+
+        async def held_stop() -> None:
+            reached.set()
+            await gate.wait()
+            await membership_stop()
+
+        b.membership.stop = held_stop  # type: ignore[method-assign]
+        stopping = asyncio.ensure_future(b.stop())
+        try:
+            await asyncio.wait_for(reached.wait(), 20)
+            assert b.addresses  # still listening: the window this test is about
+            with pytest.raises(HandshakeError, match="the node is stopping"):
+                await asyncio.wait_for(c._connector.dial(b.address), 20)
+            peer = c._peers.get("b")
+            assert peer is None or peer.link is None, "a link to a stopping node was opened"
+        finally:
+            gate.set()
+            await asyncio.wait_for(stopping, 30)
