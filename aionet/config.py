@@ -151,6 +151,10 @@ class CollectivesSection:
     # float32 allreduce on the wire: "none" | "fp16" | "bf16" (half the bytes; error bound in
     # aionet/collectives/compression.py); allreduce(compression=...) overrides it per call
     compression: str = "none"
+    # allreduces of at least this many bytes go over the group's native ring (TCP streams of its
+    # own, moved by compiled code: aionet/collectives/native.py) where every member listens on
+    # tcp:// and has it built; 0: never. Must be equal on every rank
+    native_bytes: int = 2**20
 
 
 @dataclass
@@ -352,6 +356,8 @@ class Config:
                 "collectives.small_bytes must be >= 0, collectives.segment_bytes >= 4096 and "
                 "collectives.timeout >= 0 (0: no limit), collectives.max_ahead_bytes >= 1"
             )
+        if co.native_bytes < 0:
+            raise ConfigError(f"collectives.native_bytes must be >= 0 (0: no native ring), not {co.native_bytes!r}")
         if not 1 <= co.pipeline_segments <= 64:
             raise ConfigError(f"collectives.pipeline_segments must be between 1 and 64, not {co.pipeline_segments!r}")
         if co.compression not in ("none", "fp16", "bf16"):

@@ -179,6 +179,7 @@ class Node:
             device=self._device,
             inline_bytes=cfg.codec.oob_min_bytes,
             receive_into=self._receive_targets,
+            native_endpoint=self._native_endpoint,
         )
         self.observer: Any = None  # aionet.observe.Observer while [http] port is set
         self._self_full: Any = None  # the own mailbox that last refused a send_nowait to this node
@@ -355,6 +356,19 @@ class Node:
         if self._busy is not None:
             self._busy.stop()
         self.log.info("stopped")
+
+    def _native_endpoint(self) -> tuple[str, str] | str:
+        """Where this node's groups listen for their native ring's streams: the host of its
+        tcp:// listener, and the host peers dial it at. Why not, for a node without one."""
+        for url in self.addresses:
+            a = Address.parse(url)
+            if a.scheme == "tcp":
+                adv = Address.parse(self.address)
+                return a.host, adv.host if adv.scheme == "tcp" and adv.host else a.host
+        return (
+            "the node does not listen on tcp:// (the native ring's streams are plain TCP: groups over "
+            "tls://, zmq+tcp://, ucx://, rdma:// and inproc:// use the ring over their links)"
+        )
 
     # ------------------------------------------------------------------ properties
     @property

@@ -634,7 +634,7 @@ def main() -> None:
     ap.add_argument(
         "--algorithm",
         default="auto",
-        help="aionet's allreduce algorithm (auto, ring, doubling, direct, tree); several, comma separated, "
+        help="aionet's allreduce algorithm (auto, native, ring, doubling, direct, tree); several, comma separated, "
         "alternate call by call",
     )
     ap.add_argument(

@@ -46,6 +46,8 @@ from ..log import get_logger
 from .algorithms import chunk_bounds, recursive_doubling, ring_allgather
 from .compression import WireCodec, wire_codec
 from .group_algorithms import PIPELINE, GroupAlgorithms, _same, await_sends
+from .group_native import GroupNative
+from .native import NativeSupport
 from .ops import OPS, Converted, check_out, finish_mean, for_op, from_numpy, to_numpy, ufunc, work_buffer, write_out
 from .small import MISSING, RAW_MAX, DoublingRun, Key, round_tags
 from .wire import (
@@ -62,7 +64,7 @@ from .wire import (
     tag,
 )
 
-ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree")
+ALGORITHMS = ("auto", "ring", "doubling", "direct", "tree", "native")
 LEAVE_GRACE = 1.0  # s between a member's graceful leave and failing calls that still wait on it
 MAX_ABORTS = 1024  # peers' aborts kept for calls this rank has not reached (a flood beyond is dropped)
 ALGORITHM_BITS = 0x7 << SIG_SHIFT  # a signature's resolved algorithm (wire.py's layout)
@@ -76,7 +78,7 @@ PROBE_AFTER = 0.5
 Want = tuple[Tag, tuple[Tag, ...]]
 
 
-class Group(GroupAlgorithms):
+class Group(GroupAlgorithms, GroupNative):
     """``grp = node.group()``: ``grp.rank``, ``grp.size``, ``grp.members`` and the collectives.
     Every member must create the same group (same members in the same order, same name)."""
 
@@ -100,6 +102,7 @@ class Group(GroupAlgorithms):
         inline_bytes: int = 0,
         receive_into: ReceiveInto | None = None,
         pipeline: int = PIPELINE,
+        native: NativeSupport | None = None,
     ) -> None:
         if messaging.name not in members:
             raise ValueError(f"node {messaging.name!r} is not in the group's members {list(members)}")
@@ -130,6 +133,12 @@ class Group(GroupAlgorithms):
         self._write_out = getattr(messaging, "flush", None)
         self._posted: set[int] = set()  # ranks sent to without a task since the last flush
         self._into = receive_into  # the ring's allgather segments land straight in the result
+        # large allreduces over the group's native ring (.group_native): set up at the first one
+        self._native_support = native
+        self._native = None
+        self._native_state = None  # None: not set up yet; True: in use; False: not (see _native_why)
+        self._native_why = ""
+        self._native_lock = asyncio.Lock()
         self._doubling_plan = recursive_doubling(self.size, self.rank)
         # the small allreduce's tags and what it accepts, per (kind, op): no work per call
         self._small: dict[tuple[str, str], tuple[tuple[Tag, ...], Want]] = {}
@@ -222,6 +231,7 @@ class Group(GroupAlgorithms):
         self._broken_before_close = self._broken
         self._break(CollectiveError(f"group {self.name!r} is closed{f' ({why})' if why else ''}"), quiet=True)
         self._msg.on_channel(self.channel, None)
+        self._native_close()
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
@@ -782,13 +792,26 @@ class Group(GroupAlgorithms):
         if compression is None and c.flat.dtype != np.float32:
             comp = None  # the group's default (collectives.compression) compresses float32 only
         codec = self._codec(comp, c.flat.dtype, algorithm)
-        algo = self._resolve(algorithm, c.flat)
+        if self._native_eligible(c.flat, op, algorithm, codec):
+            algo = "native"  # the native ring, or the ring of the links where the group has none
+        elif algorithm == "native":
+            raise ValueError(
+                "algorithm='native' takes an array of float32, float64, int32 or int64 (sum, mean, prod, min, "
+                "max) with at least one element per rank, no compression, and collectives.native_bytes > 0"
+            )
+        else:
+            algo = self._resolve(algorithm, c.flat)
         want = self._want("allreduce", op, algo)
 
         dest = work_buffer(out, c.flat)
 
         async def go(seq: int) -> Any:
-            res = await self._allreduce_flat(seq, c.flat, fn, algo, want[1][0], codec, dest)
+            if algo == "native":
+                res = await self._native_call(seq, c.flat, op, want[1][0], dest)
+                if res is None:  # the group has no native ring: the ring of the links, same signature
+                    res = await self._ring_allreduce(seq, c.flat, fn, want[1][0], None, dest)
+            else:
+                res = await self._allreduce_flat(seq, c.flat, fn, algo, want[1][0], codec, dest)
             return await self._finish(seq, c, res, op, out, dest)
 
         return await self._run("allreduce", go, timeout, want, c.flat.nbytes)
@@ -827,6 +850,8 @@ class Group(GroupAlgorithms):
         self, xs: list[Any], op: str, algorithm: str, timeout: float | None, compression: str | None
     ) -> list[Any]:
         fn = ufunc(op)
+        if algorithm == "native":
+            raise ValueError("algorithm='native' takes one array, not a list (a list's buckets choose by size)")
         cs = [for_op(to_numpy(x), op) for x in xs]
         # compression applies to the float32 buckets; others travel as they are
         codecs = {c.flat.dtype: self._codec(compression if c.flat.dtype == np.float32 else None, c.flat.dtype,

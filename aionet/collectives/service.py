@@ -8,7 +8,7 @@ holds a member declared dead, restarted or gone, so no collective ever waits for
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config import CollectivesSection
@@ -19,6 +19,7 @@ from ..instrument import Instruments
 from ..log import get_logger
 from .bench import BENCH_SERVICE
 from .group import Group
+from .native import NativeSupport
 
 
 class Collectives:
@@ -32,8 +33,11 @@ class Collectives:
         device: DeviceArrays | None = None,
         inline_bytes: int = 0,
         receive_into: ReceiveInto | None = None,
+        native_endpoint: Callable[[], tuple[str, str] | str] | None = None,
     ) -> None:
         self.cfg = cfg
+        # large allreduces over streams of their own, moved by compiled code (native.py)
+        self._native = NativeSupport(cfg.native_bytes, native_endpoint)
         self._receive_into = receive_into  # large ring segments land straight in the result
         self.inline_bytes = inline_bytes  # arrays smaller than this are packed inline (codec.oob_min_bytes)
         self._device = device  # device (GPU) inputs are reduced through host copies
@@ -80,6 +84,7 @@ class Collectives:
             device=self._device,
             inline_bytes=self.inline_bytes,
             receive_into=self._receive_into,
+            native=self._native,
         )
         self._groups.add(g)
         if epoch > 0:

@@ -45,7 +45,7 @@ KINDS = ("", "allreduce", "reduce", "reduce_scatter", "broadcast", "allgather", 
 ROOTED = frozenset({"reduce", "broadcast", "gather", "scatter"})
 REDUCING = frozenset({"allreduce", "reduce", "reduce_scatter"})  # the kinds whose op is compared
 SIG_OPS = ("", "sum", "mean", "prod", "min", "max")  # ops.OPS's names, by code
-SIG_ALGORITHMS = ("", "ring", "doubling", "direct", "tree")  # resolved algorithms, by code
+SIG_ALGORITHMS = ("", "ring", "doubling", "direct", "tree", "native")  # resolved algorithms, by code
 
 
 def tag(bucket: int, phase: int, step: int, segment: int = 0) -> Tag:

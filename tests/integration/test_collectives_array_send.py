@@ -88,7 +88,7 @@ async def test_pipeline_segments_sets_the_pieces_per_chunk_and_stays_exact(
 ) -> None:
     """n = 2, 4 MiB of float32: 2 MiB chunks go as 1 piece (pipeline_segments = 1) or 2 pieces of
     1 MiB, in each of the 2 ring steps."""
-    cfg = {"collectives": {"small_bytes": 4096, "pipeline_segments": pipeline}}
+    cfg = {"collectives": {"small_bytes": 4096, "pipeline_segments": pipeline, "native_bytes": 0}}  # the links' ring
     async with cluster(2, "tcp", config=cfg) as nodes:
         grps = [node.group() for node in nodes]
         xs = inputs(2, 1 << 20, "float32", 3)

@@ -1,5 +1,6 @@
 """A member SIGKILLed mid-allreduce: every other member's pending call raises CollectiveError
-naming it within 1 s, and after ``shrink()`` the survivors' next allreduce is correct.
+naming it within 1 s, and after ``shrink()`` the survivors' next allreduce is correct. Over the
+group's native ring (its own streams, moved by compiled code) and over the ring of the links.
 
 Three members live in this process, the victim is an ``aionet serve`` process killed by PID."""
 
@@ -15,20 +16,25 @@ import numpy as np
 import pytest
 
 from aionet import CollectiveError, Node, PeerUnavailable, RemoteError
+from aionet.config import Config
 from tests.conftest import wait_for
 
 N_FLOATS = 1 << 20  # 4 MiB: the ring path, several segments in flight at the kill
 
 
 @pytest.mark.timeout(90)
-async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shrink(spawn) -> None:
-    async with Node(name="a", listen="tcp://127.0.0.1:0") as a:  # noqa: SIM117  (b, c join a's address)
+@pytest.mark.parametrize("native", [True, False], ids=["native ring", "links"])
+async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shrink(spawn, native: bool) -> None:
+    native_bytes = 1 << 20 if native else 0
+    cfg = Config.from_dict({"collectives": {"native_bytes": native_bytes}}, env={})
+    async with Node(name="a", listen="tcp://127.0.0.1:0", config=cfg) as a:  # noqa: SIM117  (b, c join a)
         async with (
-            Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address]) as b,
-            Node(name="c", listen="tcp://127.0.0.1:0", join=[a.address]) as c,
+            Node(name="b", listen="tcp://127.0.0.1:0", join=[a.address], config=cfg) as b,
+            Node(name="c", listen="tcp://127.0.0.1:0", join=[a.address], config=cfg) as c,
         ):
             args = ["--name", "v", "--listen", "tcp://127.0.0.1:0", "--join", a.address, "--app", "tests.apps:setup"]
-            victim, _info = await asyncio.to_thread(spawn, *args)  # spawn reads its stdout: not on the loop
+            env = {"AIONET_COLLECTIVES_NATIVE_BYTES": str(native_bytes)}
+            victim, _info = await asyncio.to_thread(spawn, *args, env=env)  # spawn reads stdout: not on the loop
             members = ["a", "b", "c", "v"]
             nodes = [a, b, c]
             await wait_for(
@@ -60,9 +66,12 @@ async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shri
             print("collective error delays after SIGKILL (s):", delays)
             assert max(delays.values()) < 1.0, delays
             assert all(exc.member == "v" and "'v'" in str(exc) for _t, exc in failed.values())
-            # the allgather's segments were received straight into the results (a's left is v,
-            # killed mid-receive), and the failed calls left no place registered for more
-            assert all(n._receive_targets.hits > 0 for n in nodes)
+            if native:  # the calls went over the native ring's streams
+                assert all(g._native_state is True for g in groups)
+            else:
+                # the allgather's segments were received straight into the results (a's left is v,
+                # killed mid-receive), and the failed calls left no place registered for more
+                assert all(n._receive_targets.hits > 0 for n in nodes)
             assert all(n._receive_targets.pending() == 0 for n in nodes)
             with contextlib.suppress(PeerUnavailable, RemoteError):
                 await loop_call

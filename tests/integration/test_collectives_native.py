@@ -1,0 +1,211 @@
+"""The native ring (aionet/collectives/native.py, _ring.c) between real nodes over
+tcp://127.0.0.1:0: exact results for every dtype and op it takes, in place and out of place; the
+fallback to the ring of the links where a group cannot use it; and the failure rules (inputs that
+disagree, a timeout, a cancelled call, a stranger at the setup's listener), where every rank must
+raise a typed error and never hang."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aionet import CollectiveError
+from aionet.collectives import Group
+from aionet.collectives.native import NativeSupport, load_native
+from aionet.testing import cluster
+from tests.conftest import wait_for
+
+_LIB = load_native()  # the compiled ring, or why there is none
+pytestmark = [pytest.mark.timeout(90), pytest.mark.skipif(isinstance(_LIB, str), reason=str(_LIB))]
+N = 4
+CFG = {"collectives": {"native_bytes": 4096}}  # the native ring at small sizes
+
+
+@pytest.fixture
+async def groups() -> AsyncIterator[list[Group]]:
+    async with cluster(N, "tcp", config=CFG) as nodes:
+        yield [n.group() for n in nodes]
+
+
+async def each(groups: list[Group], fn: Any, bound: float = 20) -> list[Any]:
+    return await asyncio.wait_for(asyncio.gather(*(fn(g) for g in groups), return_exceptions=True), bound)
+
+
+REDUCE = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+async def test_every_dtype_op_and_out_is_exact_and_the_same_bits_everywhere(groups: list[Group], dtype: str) -> None:
+    rng = np.random.default_rng(11)
+    for size in (4096, 4099, 100_003):  # a multiple of the group size, and not
+        xs = [rng.integers(-3, 4, size).astype(dtype) for _ in groups]
+        for op in ("sum", "prod", "min", "max", "mean"):
+            outs = await each(groups, lambda g, xs=xs, op=op: g.allreduce(xs[g.rank], op=op))
+            want = np.mean(np.stack(xs), axis=0) if op == "mean" else REDUCE[op](np.stack(xs), axis=0).astype(dtype)
+            assert all(isinstance(o, np.ndarray) for o in outs), outs
+            assert all(np.array_equal(o, outs[0]) for o in outs), (op, size)  # the same bits everywhere
+            assert np.array_equal(outs[0], want), (op, size, dtype)
+        # out= another array, and out= the input itself
+        before = [x.copy() for x in xs]
+        dests = [np.empty_like(x) for x in xs]
+        got = await each(groups, lambda g, xs=xs, dests=dests: g.allreduce(xs[g.rank], out=dests[g.rank]))
+        assert all(o is d for o, d in zip(got, dests, strict=True))
+        assert all(np.array_equal(d, np.sum(np.stack(before), axis=0).astype(dtype)) for d in dests)
+        assert all(np.array_equal(x, b) for x, b in zip(xs, before, strict=True))  # inputs untouched
+        await each(groups, lambda g, xs=xs: g.allreduce(xs[g.rank], out=xs[g.rank]))
+        assert all(np.array_equal(x, np.sum(np.stack(before), axis=0).astype(dtype)) for x in xs)
+    assert all(g._native_state is True for g in groups)
+
+
+async def test_floats_min_max_carry_nan_as_numpy_does(groups: list[Group]) -> None:
+    xs = [np.arange(8192, dtype=np.float64) for _ in groups]
+    xs[2][5] = np.nan
+    for op in ("min", "max", "sum"):
+        outs = await each(groups, lambda g, op=op: g.allreduce(xs[g.rank], op=op))
+        assert all(np.isnan(o[5]) and not np.isnan(o[6]) for o in outs), op
+
+
+async def test_a_group_that_cannot_use_it_goes_over_the_links() -> None:
+    """inproc:// nodes have no TCP listener: the first eligible call finds out, every rank
+    agrees, and this call and the next go over the ring of the links, exact."""
+    async with cluster(3, "inproc", config=CFG) as nodes:
+        groups = [n.group() for n in nodes]
+        for _ in range(2):
+            outs = await each(groups, lambda g: g.allreduce(np.full(10_000, g.rank + 1.0)))
+            assert all(np.array_equal(o, np.full(10_000, 6.0)) for o in outs)
+        assert all(g._native_state is False and "tcp://" in g._native_why for g in groups)
+    async with cluster(2, "tcp", config={"collectives": {"native_bytes": 0}}) as nodes:
+        groups = [n.group() for n in nodes]
+        outs = await each(groups, lambda g: g.allreduce(np.full(1 << 20, 1.0)))
+        assert all(np.array_equal(o, np.full(1 << 20, 2.0)) for o in outs)
+        assert all(g._native_state is None for g in groups)  # off: never set up
+
+
+async def test_arguments_it_does_not_take_are_refused_on_every_rank_and_the_group_goes_on(
+    groups: list[Group],
+) -> None:
+    outs = await each(groups, lambda g: g.allreduce(np.ones(8192, np.int8), algorithm="native"))
+    assert all(isinstance(o, ValueError) and "algorithm='native'" in str(o) for o in outs), outs
+    outs = await each(groups, lambda g: g.allreduce([np.ones(8192)], algorithm="native"))
+    assert all(isinstance(o, ValueError) for o in outs), outs
+    outs = await each(groups, lambda g: g.allreduce(np.ones(8192, np.float32), algorithm="native"))
+    assert all(np.array_equal(o, np.full(8192, float(N), np.float32)) for o in outs), outs
+
+
+async def test_ranks_whose_inputs_differ_all_raise_and_shrink_goes_on(groups: list[Group]) -> None:
+    outs = await each(groups, lambda g: g.allreduce(np.ones(8192 if g.rank else 8196, np.float32)))
+    assert all(isinstance(o, CollectiveError) for o in outs), outs
+    assert any("called allreduce" in str(o) and "8196" in str(o) for o in outs), outs
+    again = await each(groups, lambda g: g.allreduce(np.ones(8192, np.float32)))
+    assert all(isinstance(o, CollectiveError) and "shrink()" in str(o) for o in again), again
+    small = [g.shrink() for g in groups]
+    outs = await each(small, lambda g: g.allreduce(np.ones(8192, np.float32)))
+    assert all(np.array_equal(o, np.full(8192, float(N), np.float32)) for o in outs), outs
+    assert all(g._native_state is True for g in small)
+
+
+async def test_a_rank_that_never_calls_times_the_others_out_and_names_it(groups: list[Group]) -> None:
+    await each(groups, lambda g: g.allreduce(np.ones(8192)))  # set up
+    outs = await each(groups[:3], lambda g: g.allreduce(np.ones(8192), timeout=1.0), bound=15)
+    assert all(isinstance(o, CollectiveError) and "timed out" in str(o) for o in outs), outs
+    late = await each(groups[3:], lambda g: g.allreduce(np.ones(8192)), bound=15)
+    assert isinstance(late[0], CollectiveError), late  # the group broke on every member
+
+
+async def test_a_cancelled_call_fails_the_others_at_once_and_leaves_no_writer(groups: list[Group]) -> None:
+    """Rank 0 cancels its call while the others wait for it: their calls raise, and after rank 0's
+    call returned, nothing writes into its out= any more (the C call was stopped first)."""
+    await each(groups, lambda g: g.allreduce(np.ones(1 << 20)))  # set up
+    out0 = np.zeros(1 << 20)
+    calls = [
+        asyncio.ensure_future(g.allreduce(np.ones(1 << 20), out=out0 if g.rank == 0 else None)) for g in groups[:3]
+    ]  # rank 3 never calls: the ring waits on it
+    await asyncio.sleep(0.2)  # the calls are under way, waiting for rank 3 (nothing to wait on)
+    calls[0].cancel()
+    results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert all(isinstance(r, CollectiveError) for r in results[1:]), results
+    snapshot = out0.copy()
+    await asyncio.sleep(0.1)
+    assert np.array_equal(out0, snapshot)
+
+
+async def test_a_stranger_at_the_setup_listener_is_refused_and_the_ring_still_comes_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone connects to a rank's listener during the setup, first, with 52 bytes that are not
+    the group's secret: that connection is closed with one log line, and the real one is taken."""
+    real = NativeSupport.offer
+
+    def offer(self: NativeSupport, log: Any) -> Any:
+        streams, rec = real(self, log)
+        if rec.get("ok"):
+            stranger = socket.create_connection((rec["host"], rec["port"]))
+            stranger.sendall(b"x" * 52)
+            strangers.append(stranger)
+        return streams, rec
+
+    strangers: list[socket.socket] = []
+    monkeypatch.setattr(NativeSupport, "offer", offer)
+    caplog.set_level(logging.WARNING, logger="aionet.collectives")
+    async with cluster(2, "tcp", config=CFG) as nodes:
+        groups = [n.group() for n in nodes]
+        outs = await each(groups, lambda g: g.allreduce(np.full(8192, g.rank + 1.0)))
+        assert all(np.array_equal(o, np.full(8192, 3.0)) for o in outs), outs
+        assert all(g._native_state is True for g in groups)
+    for s in strangers:
+        s.close()
+    assert len(strangers) == 2
+    assert caplog.text.count("native ring: refused a connection") == 2
+
+
+async def test_stopped_nodes_leave_no_ring_thread() -> None:
+    async with cluster(2, "tcp", config=CFG) as nodes:
+        groups = [n.group() for n in nodes]
+        await each(groups, lambda g: g.allreduce(np.ones(8192)))
+        assert any(t.name.startswith("aionet-ring") for t in threading.enumerate())
+    await wait_for(lambda: not any(t.name.startswith("aionet-ring") for t in threading.enumerate()), 10)
+
+
+async def test_two_groups_over_the_same_members_run_at_once_on_streams_of_their_own() -> None:
+    async with cluster(N, "tcp", config=CFG) as nodes:
+        a = [n.group() for n in nodes]
+        b = [n.group(name="second") for n in nodes]
+        outs = await each(a + b, lambda g: g.allreduce(np.full(8192, 2.0 if g.name == "second" else 1.0)), bound=30)
+        assert all(np.array_equal(o, np.full(8192, float(N))) for o in outs[:N]), outs
+        assert all(np.array_equal(o, np.full(8192, 2.0 * N)) for o in outs[N:]), outs
+        assert all(g._native_state is True for g in a + b)
+
+
+async def test_a_rank_whose_stream_cannot_connect_makes_every_rank_use_the_links(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0's dial to its right neighbour fails (a firewall, say): rank 1 gives up waiting for
+    it, every rank learns that the ring did not come up, and the call goes over the links."""
+    from aionet.collectives import group_native
+    from aionet.collectives.native import RingStreams
+
+    real = RingStreams._dial
+
+    async def dial(self: RingStreams, host: str, port: int, secret: bytes, rank: int) -> socket.socket:
+        if rank == 0:
+            raise ConnectionRefusedError("refused by the test")
+        return await real(self, host, port, secret, rank)
+
+    monkeypatch.setattr(RingStreams, "_dial", dial)
+    monkeypatch.setattr(group_native, "SETUP_TIMEOUT", 1.0)
+    async with cluster(3, "tcp", config=CFG) as nodes:
+        groups = [n.group() for n in nodes]
+        outs = await each(groups, lambda g: g.allreduce(np.full(8192, g.rank + 1.0)))
+        assert all(np.array_equal(o, np.full(8192, 6.0)) for o in outs), outs
+        assert all(g._native_state is False for g in groups)
+        assert "refused by the test" in groups[0]._native_why
+        outs = await each(groups, lambda g: g.allreduce(np.full(8192, 1.0)))  # and the next one too
+        assert all(np.array_equal(o, np.full(8192, 3.0)) for o in outs), outs
