@@ -114,7 +114,7 @@ class GroupNative:
             if not why and streams is not None:
                 to = recs[right]
                 try:
-                    await streams.connect(str(to["host"]), int(to["port"]), bytes(to["secret"]), r, left, SETUP_TIMEOUT)
+                    await streams.connect(str(to["host"]), int(to["port"]), to["secret"], r, left, SETUP_TIMEOUT)
                 except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
                     why = f"rank {r} ({self.members[r]!r}) could not connect its streams: {exc!r}"
             for dst in range(n):

@@ -177,7 +177,7 @@ class RingStreams:
 
     async def connect(self, host: str, port: int, secret: bytes, rank: int, left: int, timeout: float) -> None:
         """Dial the right neighbour (proving its ``secret``) and take the left one's dial."""
-        if len(secret) != 32 or not 0 < port < 65536:
+        if type(secret) is not bytes or len(secret) != 32 or not 0 < port < 65536:  # from the network
             raise ValueError("the right neighbour's native ring record is malformed")
         dial = asyncio.ensure_future(self._dial(host, port, secret, rank))
         accept = asyncio.ensure_future(self._accept(left))

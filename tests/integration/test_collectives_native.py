@@ -209,3 +209,18 @@ async def test_a_rank_whose_stream_cannot_connect_makes_every_rank_use_the_links
         assert "refused by the test" in groups[0]._native_why
         outs = await each(groups, lambda g: g.allreduce(np.full(8192, 1.0)))  # and the next one too
         assert all(np.array_equal(o, np.full(8192, 3.0)) for o in outs), outs
+
+
+async def test_a_malformed_record_from_a_peer_is_refused_before_anything_is_dialed() -> None:
+    """The right neighbour's record comes from the network: a secret that is not 32 bytes (an
+    int, which bytes() would have turned into that many zero bytes) or a bad port is a ValueError."""
+    from aionet.collectives.native import RingStreams
+
+    assert not isinstance(_LIB, str)
+    streams = RingStreams(_LIB, logging.getLogger("test"))
+    try:
+        for secret, port in ((10**12, 1000), (b"short", 1000), (b"s" * 32, 0), (b"s" * 32, 70000)):
+            with pytest.raises(ValueError, match="malformed"):
+                await streams.connect("127.0.0.1", port, secret, 0, 1, 1.0)  # type: ignore[arg-type]
+    finally:
+        streams.close()
