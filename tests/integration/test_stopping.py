@@ -37,6 +37,21 @@ def stray(before: set[asyncio.Task]) -> list[str]:
     return sorted(t.get_name() for t in asyncio.all_tasks() - before if t is not me and not t.done())
 
 
+def hold(obj: object, name: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """Replace the coroutine method ``obj.name`` by one that sets ``reached`` and waits for
+    ``gate`` before it runs the original: a node held at that step."""
+    reached, gate = asyncio.Event(), asyncio.Event()
+    original = getattr(obj, name)
+
+    async def held(*args: object, **kwargs: object) -> object:
+        reached.set()
+        await gate.wait()
+        return await original(*args, **kwargs)
+
+    setattr(obj, name, held)
+    return reached, gate
+
+
 async def stop_during_start(e: Node, reached: asyncio.Event, gate: asyncio.Event) -> None:
     """Start ``e``, stop it once its start has ``reached`` a step held at ``gate``, then let
     that step go on: the start must have ended with NodeClosed (not gone on to start more).
@@ -65,15 +80,7 @@ async def test_stop_while_start_is_starting_the_services_ends_the_start_and_leav
     async with Node(name="seed", listen="tcp://127.0.0.1:0") as seed:
         seed_kids = children() - kids
         e = Node(name="e", listen="tcp://127.0.0.1:0", join=[seed.address])
-        reached, gate = asyncio.Event(), asyncio.Event()
-        start_scheduler = e.scheduler.start
-
-        async def held_start() -> None:
-            reached.set()
-            await gate.wait()
-            await start_scheduler()
-
-        e.scheduler.start = held_start  # type: ignore[method-assign]
+        reached, gate = hold(e.scheduler, "start")
         await stop_during_start(e, reached, gate)
         assert children() - kids == seed_kids  # e's liveness sidecar is gone
     assert stray(before) == []
@@ -370,15 +377,7 @@ async def test_a_stopping_node_refuses_handshakes_and_the_dialer_opens_no_link()
     async with Node(name="c", listen="tcp://127.0.0.1:0") as c:
         b = Node(name="b", listen="tcp://127.0.0.1:0")
         await b.start()
-        reached, gate = asyncio.Event(), asyncio.Event()
-        membership_stop = b.membership.stop
-
-        async def held_stop() -> None:
-            reached.set()
-            await gate.wait()
-            await membership_stop()
-
-        b.membership.stop = held_stop  # type: ignore[method-assign]
+        reached, gate = hold(b.membership, "stop")
         stopping = asyncio.ensure_future(b.stop())
         try:
             await asyncio.wait_for(reached.wait(), 20)
