@@ -53,7 +53,9 @@ _RC_TEXT = {
     -7: "poll failed",
 }
 
-SEGMENT_BYTES = 4 << 20  # pieces of a chunk: 4 MiB cost the C ring the least CPU here (BENCHMARKS.md)
+# pieces of a chunk: at 4 ranks the C ring cost less CPU with 4 MiB than with 256 KiB pieces; at 2
+# ranks, in another run, 128-512 KiB did better (BENCHMARKS.md). Not tuned further
+SEGMENT_BYTES = 4 << 20
 _HELLO = b"aionet-ring/1\0\0\0"  # 16 bytes, then the right neighbour's secret and the dialer's rank
 _AUTH = struct.Struct("!16s32sI")
 
