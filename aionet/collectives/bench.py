@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .aligned import empty_aligned
+
 __all__ = ["BENCH_SERVICE", "BUS", "DEVICES", "OPS", "array_module", "measure", "warm_array_module"]
 
 BENCH_SERVICE = "aionet.collectives.bench"
@@ -82,9 +84,13 @@ async def measure(
             if variant == "in" and (op != "allreduce" or xp is not np):
                 continue  # only allreduce writes into its input (out=), and only host arrays
             times, wrong = [], 0
-            recv = np.empty(count, np.float32) if op == "allreduce" and xp is np else None
+            recv = empty_aligned(count) if op == "allreduce" and xp is np else None  # as torch's would be
             for i in range(warmup + iters):
-                x = xp.full(count, rank + 1, dtype=xp.float32)
+                if xp is np:
+                    x = empty_aligned(count)
+                    x.fill(rank + 1)
+                else:
+                    x = xp.full(count, rank + 1, dtype=xp.float32)
                 await grp.barrier()
                 t = time.perf_counter()
                 got = await _call(grp, op, x, variant, recv)

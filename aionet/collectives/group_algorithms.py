@@ -19,6 +19,7 @@ import numpy as np
 from ..core.ports import ReceiveInto
 from ..errors import CollectiveError
 from .algorithms import DoublingPlan, binomial_tree, chunk_bounds, ring_allgather, ring_reduce_scatter
+from .aligned import empty_like_aligned
 from .compression import WireCodec
 from .ops import frozen
 from .small import RAW_MAX, Key, RawDecoder
@@ -76,7 +77,7 @@ class GroupAlgorithms:
         for j, (a, b) in enumerate(bounds):
             for dst in range(r + 1, r + n):  # the next rank first: every rank's first message differs
                 self._post(dst % n, seq, base | tag(0, 13, 0, j), wire[a:b])
-        res = np.empty_like(own) if dest is None else dest
+        res = empty_like_aligned(own) if dest is None else dest
         for j, (a, b) in enumerate(bounds):
             parts = [own[a:b] if f is None else self._checked(dec(await f), own.dtype, b - a, src)
                      for src, f in enumerate(futs[j])]  # fmt: skip
@@ -155,7 +156,7 @@ class GroupAlgorithms:
         n, r = self.size, self.rank
         left, right = (r - 1) % n, (r + 1) % n
         bounds = chunk_bounds(flat.size, n)
-        res = np.empty_like(flat) if dest is None else dest
+        res = empty_like_aligned(flat) if dest is None else dest
         dt = flat.dtype
         seg = self._segment_items(flat.nbytes, flat.itemsize, n)
         holds: dict[int, list[asyncio.Task[None]]] = {}  # sends still reading a chunk of res

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollectiveError
+from .aligned import empty_like_aligned
 from .compression import WireCodec
 from .native import (
     DTYPES,
@@ -139,7 +140,7 @@ class GroupNative:
         assert self._native is not None
         n, r = self.size, self.rank
         left = (r - 1) % n
-        res = np.empty_like(flat) if dest is None else dest
+        res = empty_like_aligned(flat) if dest is None else dest
         key = (seq, NATIVE, left)
         failed = self._recv(seq, NATIVE, left)
         try:

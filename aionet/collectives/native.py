@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from .aligned import empty_aligned
+
 #: numpy dtype -> the C ring's dtype code
 DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3}
 #: op -> the C ring's op code (mean is a sum divided afterwards, as everywhere else)
@@ -258,7 +260,7 @@ class RingStreams:
         scratch = None
         if res is x:  # in place: a received partial sum needs a place of its own
             if self._scratch is None or self._scratch.dtype != x.dtype or self._scratch.size < seg:
-                self._scratch = np.empty(seg, x.dtype)
+                self._scratch = empty_aligned(seg, x.dtype)
             scratch = self._scratch
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(
