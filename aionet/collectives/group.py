@@ -44,6 +44,7 @@ from ..errors import CollectiveError, PeerUnavailable, WouldBlock
 from ..instrument import Instruments
 from ..log import get_logger
 from .algorithms import chunk_bounds, recursive_doubling, ring_allgather
+from .aligned import empty_aligned
 from .compression import WireCodec, wire_codec
 from .group_algorithms import PIPELINE, GroupAlgorithms, _same, await_sends
 from .group_native import GroupNative
@@ -859,18 +860,28 @@ class Group(GroupAlgorithms, GroupNative):
         by_dtype: dict[np.dtype[Any], list[int]] = {}
         for i, c in enumerate(cs):
             by_dtype.setdefault(c.flat.dtype, []).append(i)
-        fused = [np.concatenate([cs[i].flat for i in idx]) if len(idx) > 1 else cs[idx[0]].flat
+        # a bucket of several arrays is a copy of our own (aligned: the kernel receives into it),
+        # reduced in place; a bucket of one is the caller's array, reduced into a new one
+        fused = [_fuse([cs[i].flat for i in idx]) if len(idx) > 1 else cs[idx[0]].flat
                  for idx in by_dtype.values()]  # fmt: skip
-        # each bucket resolves 'auto' by its own size: the signature of each is its own
-        algos = [self._resolve(algorithm, f) for f in fused]
+        ours = [len(idx) > 1 for idx in by_dtype.values()]
+        # each bucket resolves 'auto' by its own size (a large one takes the native ring, as a
+        # single array would): the signature of each is its own
+        algos = ["native" if self._native_eligible(f, op, algorithm, codecs[f.dtype]) else self._resolve(algorithm, f)
+                 for f in fused]  # fmt: skip
         mask = call_mask("allreduce")
         bases = tuple(signature("allreduce", op, a) | tag(b, 0, 0) for b, a in enumerate(algos))
 
         async def go(seq: int) -> list[Any]:
             results: list[Any] = [None] * len(cs)
             for bucket, idx in enumerate(by_dtype.values()):
-                f = fused[bucket]
-                res = await self._allreduce_flat(seq, f, fn, algos[bucket], bases[bucket], codecs[f.dtype])
+                f, dest = fused[bucket], fused[bucket] if ours[bucket] else None
+                if algos[bucket] == "native":
+                    res = await self._native_call(seq, f, op, bases[bucket], dest)
+                    if res is None:  # the group has no native ring: the ring of the links, same signature
+                        res = await self._ring_allreduce(seq, f, fn, bases[bucket], None, dest)
+                else:
+                    res = await self._allreduce_flat(seq, f, fn, algos[bucket], bases[bucket], codecs[f.dtype], dest)
                 start = 0
                 for i in idx:
                     n = cs[i].flat.size
@@ -1049,6 +1060,13 @@ class Group(GroupAlgorithms, GroupNative):
         """Raise ``exc`` for arguments refused before the call took a number (see :meth:`_skip`)."""
         self._skip(what, exc)
         raise exc
+
+
+def _fuse(parts: list[np.ndarray]) -> np.ndarray:
+    """One aligned array holding ``parts`` (flat, one dtype) back to back: a fusion bucket."""
+    buf = empty_aligned(sum(p.size for p in parts), parts[0].dtype)
+    np.concatenate(parts, out=buf)
+    return buf
 
 
 __all__ = ["ALGORITHMS", "Group"]

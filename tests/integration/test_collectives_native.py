@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from aionet import CollectiveError
-from aionet.collectives import Group
+from aionet.collectives import Group, is_aligned
 from aionet.collectives.native import NativeSupport, load_native
 from aionet.testing import cluster
 from tests.conftest import wait_for
@@ -62,6 +62,43 @@ async def test_every_dtype_op_and_out_is_exact_and_the_same_bits_everywhere(grou
         await each(groups, lambda g, xs=xs: g.allreduce(xs[g.rank], out=xs[g.rank]))
         assert all(np.array_equal(x, np.sum(np.stack(before), axis=0).astype(dtype)) for x in xs)
     assert all(g._native_state is True for g in groups)
+
+
+@pytest.mark.parametrize("native_bytes", [4096, 0])
+async def test_a_result_aionet_allocates_starts_on_a_cache_line(native_bytes: int) -> None:
+    """Without out=, the result array (native ring, or ring of the links with the native ring off)
+    is aionet's own and starts on a 64-byte boundary, where the kernel receives into it fastest;
+    numpy's own large arrays start 16 bytes past one."""
+    async with cluster(2, "tcp", config={"collectives": {"native_bytes": native_bytes}}) as nodes:
+        groups = [n.group() for n in nodes]
+        for size, op in ((1 << 18, "sum"), (100_003, "mean")):
+            outs = await each(groups, lambda g, size=size, op=op: g.allreduce(np.ones(size, np.float32), op=op))
+            assert all(isinstance(o, np.ndarray) and is_aligned(o) for o in outs), [o.ctypes.data % 64 for o in outs]
+            assert all(float(o[-1]) == (1.0 if op == "mean" else 2.0) for o in outs)
+        assert all((g._native_state is True) == (native_bytes > 0) for g in groups)
+
+
+async def test_a_fused_list_takes_the_native_ring_bucket_by_bucket(groups: list[Group]) -> None:
+    """allreduce of a list (tensor fusion): the float32 bucket (many small arrays, above
+    native_bytes) and the float64 one go native, a small int64 one does not; every result is exact,
+    the same bits everywhere, in the list's order and shapes."""
+    rng = np.random.default_rng(5)
+    shapes = [(3, 50), (1000,), (7,), (40, 40)]
+    lists = [
+        [rng.integers(-5, 6, s).astype(np.float32) for s in shapes]
+        + [rng.integers(-5, 6, 2000).astype(np.float64), np.arange(3, dtype=np.int64) + g]
+        for g in range(N)
+    ]
+    for op in ("sum", "mean", "max"):
+        outs = await each(groups, lambda g, op=op: g.allreduce(lists[g.rank], op=op))
+        for i, col in enumerate(zip(*lists, strict=True)):
+            st = np.stack(col)
+            want = st.mean(axis=0) if op == "mean" else (st.sum(axis=0) if op == "sum" else st.max(axis=0))
+            for o in outs:
+                assert o[i].shape == col[0].shape and np.array_equal(o[i], want.astype(o[i].dtype)), (op, i)
+                assert np.array_equal(o[i], outs[0][i])
+    assert all(g._native_state is True for g in groups)
+    assert all(np.array_equal(x, y) for x, y in zip(lists[0], lists[0], strict=True))
 
 
 async def test_floats_min_max_carry_nan_as_numpy_does(groups: list[Group]) -> None:
