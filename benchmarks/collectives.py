@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -106,6 +107,20 @@ def runq_s() -> float:
     return total / 1e9
 
 
+def alloc(count: int, np: Any) -> Any:
+    """An uninitialized float32 array for the timed calls, allocated alike for every
+    implementation (``--arrays``, passed to the workers as BENCH_ARRAYS): "aligned" starts it on a
+    64-byte boundary, as torch's CPU allocator (gloo's tensors) does; "numpy" is ``np.empty``, which
+    starts a large array 16 bytes past one. The kernel receives into the first faster on this
+    machine (BENCHMARKS.md, "Array alignment"), so comparing implementations on different ones
+    would measure the allocator."""
+    if os.environ.get("BENCH_ARRAYS", "aligned") == "numpy":
+        return np.empty(count, np.float32)
+    raw = np.empty(count * 4 + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + count * 4].view(np.float32)
+
+
 def check(out: Any, n: int, np: Any) -> int:
     return int(np.count_nonzero(np.asarray(out) != n))
 
@@ -140,9 +155,9 @@ def worker_aionet(
             suffix = {"new": "", "out": "+out", "inplace": "+inplace"}
             algs = [a + suffix[o] for a in algorithm.split(",") for o in out.split(",")]
             for nbytes in sizes:
-                x = np.ones(max(1, nbytes // 4), dtype=np.float32)
-                y = np.empty_like(x)
-                z = np.empty_like(x)  # the in-place variant's buffer, reset to x before each call
+                x, y = alloc(max(1, nbytes // 4), np), alloc(max(1, nbytes // 4), np)
+                x[:] = 1
+                z = alloc(x.size, np)  # the in-place variant's buffer, reset to x before each call
                 k = iters_for(nbytes, iters)
 
                 async def call(variant: str, x: Any = x, y: Any = y, z: Any = z) -> Any:
@@ -206,9 +221,11 @@ def worker_gloo(rank: int, n: int, port: int, sizes: list[int], iters: int) -> N
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     try:
         for nbytes in sizes:
-            x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+            x = torch.from_numpy(alloc(max(1, nbytes // 4), np))
+            x.fill_(1)
             k = iters_for(nbytes, iters)
-            y = x.clone()
+            y = torch.from_numpy(alloc(x.numel(), np))  # reduced in place, reset to x before each call
+            y.copy_(x)
             dist.all_reduce(y)
             times, wrong, cost = [], 0, np.zeros(4)
             for _ in range(k):
@@ -389,8 +406,8 @@ def worker_raw(
     try:
         ring.barrier()
         for nbytes in sizes:
-            x = np.ones(max(1, nbytes // 4), dtype=np.float32)
-            y = np.empty_like(x)
+            x, y = alloc(max(1, nbytes // 4), np), alloc(max(1, nbytes // 4), np)
+            x[:] = 1
             k = iters_for(nbytes, iters)
             # alternated call by call, so a change in the machine's load hits each alike
             variants = [(v, seg) for seg in segments for v in ("out", "inplace")]
@@ -439,6 +456,7 @@ def worker_raw(
 
 MPI_WORKER = r"""
 import json, os, resource, sys, time
+from typing import Any
 import numpy as np
 def runq_s():
     try:
@@ -450,9 +468,10 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank, n = comm.Get_rank(), comm.Get_size()
 sizes, base = json.loads(sys.argv[1]), int(sys.argv[2])
+ALLOC
 for nbytes in sizes:
-    x = np.ones(max(1, nbytes // 4), dtype=np.float32)
-    y = np.empty_like(x)
+    x, y = alloc(max(1, nbytes // 4), np), alloc(max(1, nbytes // 4), np)
+    x[:] = 1
     k = max(3, min(base, int(base * (1 << 20) / max(nbytes, 1))))
     comm.Allreduce(x, y)
     times, wrong, cost = [], 0, np.zeros(4)
@@ -594,7 +613,8 @@ def run_mpi(n: int, sizes: list[int], iters: int, timeout: float, btl: str, pyth
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), "--mca", "btl", btl]
     if "tcp" in btl:
         cmd += ["--mca", "btl_tcp_if_include", "lo"]
-    cmd += [python, "-c", MPI_WORKER, json.dumps(sizes), str(iters)]
+    worker = MPI_WORKER.replace("ALLOC", inspect.getsource(alloc))  # the same allocation as the others
+    cmd += [python, "-c", worker, json.dumps(sizes), str(iters)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     return collect([p], p, timeout)
 
@@ -649,6 +669,13 @@ def main() -> None:
         default=str(RAW_SEGMENT),
         help="raw: bytes per pipelined piece (K/M); several, comma separated, alternate call by call",
     )
+    ap.add_argument(
+        "--arrays",
+        choices=("aligned", "numpy"),
+        default="aligned",
+        help="how every implementation's arrays are allocated: 'aligned' on 64-byte boundaries (as torch's "
+        "allocator, so gloo's tensors), or 'numpy' (np.empty: 16 bytes past one for large arrays)",
+    )
     ap.add_argument("--sockbuf", default="0", help="raw: SO_SNDBUF/SO_RCVBUF bytes (K/M; 0: the kernel's autotuning)")
     ap.add_argument(
         "--rounds",
@@ -675,6 +702,7 @@ def main() -> None:
         sizes_ = json.loads(args.sizes)
         segs, buf = [parse_size(x) for x in args.segment.split(",")], parse_size(args.sockbuf)
         return worker_raw(args.rank, args.size, json.loads(args.ports), sizes_, args.iters, segs, buf)
+    os.environ["BENCH_ARRAYS"] = args.arrays  # every worker inherits it (alloc())
     if args.quick:
         args.sizes, args.iters = "8,1M,16M", min(args.iters, 10)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
