@@ -222,31 +222,76 @@ class RingStreams:
         return s
 
     async def _accept(self, left: int) -> socket.socket:
-        """The left neighbour's dial: the first connection that proves this rank's secret."""
+        """The left neighbour's dial: the first connection that proves this rank's secret.
+
+        Every connection is checked in a task of its own, so one that stays silent does not hold
+        up the real one. The listener is read with add_reader, not loop.sock_accept: a cancelled
+        sock_accept whose connection arrived in the same loop turn raises InvalidStateError in a
+        loop callback (CPython 3.11) and loses that connection."""
         loop = asyncio.get_running_loop()
-        assert self._listener is not None
-        while True:
-            s, addr = await loop.sock_accept(self._listener)
-            try:
-                s.setblocking(False)
-                buf = bytearray()
-                while len(buf) < _AUTH.size:
-                    chunk = await asyncio.wait_for(loop.sock_recv(s, _AUTH.size - len(buf)), 5.0)
-                    if not chunk:
-                        raise ConnectionError("closed before it proved the secret")
-                    buf += chunk
-                hello, secret, rank = _AUTH.unpack(bytes(buf))
-                if hello != _HELLO or not hmac.compare_digest(secret, self._secret) or rank != left:
-                    raise ConnectionError("it did not prove the group's secret")
-            except (OSError, TimeoutError, ConnectionError) as exc:
-                s.close()
-                self.log.warning("native ring: refused a connection", peer=str(addr), error=str(exc))
-                continue
-            except BaseException:
-                s.close()
-                raise
+        ls = self._listener
+        assert ls is not None
+        won: asyncio.Future[socket.socket] = loop.create_future()
+        checks: set[asyncio.Task[socket.socket | None]] = set()
+
+        def checked(t: asyncio.Task[socket.socket | None]) -> None:
+            checks.discard(t)
+            s = None if t.cancelled() or t.exception() is not None else t.result()
+            if s is not None and won.done():
+                s.close()  # a second proof (a retried dial); the first one won
+            elif s is not None:
+                won.set_result(s)
+
+        def readable() -> None:
+            while not won.done():
+                try:
+                    s, addr = ls.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError as exc:
+                    won.set_exception(exc)
+                    return
+                t = loop.create_task(self._check(s, addr, left))
+                checks.add(t)
+                t.add_done_callback(checked)
+
+        loop.add_reader(ls.fileno(), readable)
+        try:
+            return await won
+        except BaseException:  # cancelled: a connection that had just won is closed, not leaked
+            if won.done() and not won.cancelled() and won.exception() is None:
+                won.result().close()
+            raise
+        finally:
+            loop.remove_reader(ls.fileno())
+            for t in list(checks):
+                t.cancel()
+            if checks:
+                await asyncio.wait(list(checks))
+
+    async def _check(self, s: socket.socket, addr: Any, left: int) -> socket.socket | None:
+        """``s`` if it proves the secret within 5 s (as rank ``left``), else None (closed, logged)."""
+        loop = asyncio.get_running_loop()
+        try:
+            s.setblocking(False)
+            buf = bytearray()
+            while len(buf) < _AUTH.size:
+                chunk = await asyncio.wait_for(loop.sock_recv(s, _AUTH.size - len(buf)), 5.0)
+                if not chunk:
+                    raise ConnectionError("closed before it proved the secret")
+                buf += chunk
+            hello, secret, rank = _AUTH.unpack(bytes(buf))
+            if hello != _HELLO or not hmac.compare_digest(secret, self._secret) or rank != left:
+                raise ConnectionError("it did not prove the group's secret")
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return s
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            s.close()
+            self.log.warning("native ring: refused a connection", peer=str(addr), error=str(exc))
+            return None
+        except BaseException:
+            s.close()
+            raise
+        return s
 
     # ------------------------------------------------------------------ calls
     async def allreduce(

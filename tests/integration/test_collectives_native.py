@@ -65,15 +65,15 @@ async def test_every_dtype_op_and_out_is_exact_and_the_same_bits_everywhere(grou
 
 
 @pytest.mark.parametrize("native_bytes", [4096, 0])
-async def test_a_result_aionet_allocates_starts_on_a_cache_line(native_bytes: int) -> None:
+async def test_a_result_aionet_allocates_starts_on_a_page(native_bytes: int) -> None:
     """Without out=, the result array (native ring, or ring of the links with the native ring off)
-    is aionet's own and starts on a 64-byte boundary, where the kernel receives into it fastest;
+    is aionet's own and starts on a page, where the kernel receives into it fastest here;
     numpy's own large arrays start 16 bytes past one."""
     async with cluster(2, "tcp", config={"collectives": {"native_bytes": native_bytes}}) as nodes:
         groups = [n.group() for n in nodes]
         for size, op in ((1 << 18, "sum"), (100_003, "mean")):
             outs = await each(groups, lambda g, size=size, op=op: g.allreduce(np.ones(size, np.float32), op=op))
-            assert all(isinstance(o, np.ndarray) and is_aligned(o) for o in outs), [o.ctypes.data % 64 for o in outs]
+            assert all(isinstance(o, np.ndarray) and is_aligned(o) for o in outs), [o.ctypes.data % 4096 for o in outs]
             assert all(float(o[-1]) == (1.0 if op == "mean" else 2.0) for o in outs)
         assert all((g._native_state is True) == (native_bytes > 0) for g in groups)
 
@@ -218,6 +218,38 @@ async def test_a_stranger_at_the_setup_listener_is_refused_and_the_ring_still_co
         s.close()
     assert len(strangers) == 2
     assert caplog.text.count("native ring: refused a connection") == 2
+
+
+async def test_a_silent_stranger_at_the_setup_listener_does_not_hold_up_the_ring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Someone connects first and sends nothing: each connection is checked on its own, so the real
+    dial is taken at once (not after the stranger's 5 s), and the stranger's connection is closed
+    when the setup ends."""
+    real = NativeSupport.offer
+
+    def offer(self: NativeSupport, log: Any) -> Any:
+        streams, rec = real(self, log)
+        if rec.get("ok"):
+            strangers.append(socket.create_connection((rec["host"], rec["port"])))
+        return streams, rec
+
+    strangers: list[socket.socket] = []
+    monkeypatch.setattr(NativeSupport, "offer", offer)
+    async with cluster(2, "tcp", config=CFG) as nodes:
+        groups = [n.group() for n in nodes]
+        t0 = asyncio.get_running_loop().time()
+        outs = await each(groups, lambda g: g.allreduce(np.full(8192, g.rank + 1.0)))
+        took = asyncio.get_running_loop().time() - t0
+        assert all(np.array_equal(o, np.full(8192, 3.0)) for o in outs), outs
+        assert all(g._native_state is True for g in groups)
+        assert took < 4.0, took  # a stranger checked first would have held each rank for 5 s
+        for s in strangers:  # closed by the rank it dialled, not left open
+            s.settimeout(5)
+            assert await asyncio.to_thread(s.recv, 1) == b""
+    for s in strangers:
+        s.close()
+    assert len(strangers) == 2
 
 
 async def test_stopped_nodes_leave_no_ring_thread() -> None:
