@@ -110,14 +110,17 @@ def runq_s() -> float:
 def alloc(count: int, np: Any) -> Any:
     """An uninitialized float32 array for the timed calls, allocated alike for every
     implementation (``--arrays``, passed to the workers as BENCH_ARRAYS): "aligned" starts it on a
-    64-byte boundary, as torch's CPU allocator (gloo's tensors) does; "numpy" is ``np.empty``, which
-    starts a large array 16 bytes past one. The kernel receives into the first faster on this
-    machine (BENCHMARKS.md, "Array alignment"), so comparing implementations on different ones
-    would measure the allocator."""
-    if os.environ.get("BENCH_ARRAYS", "aligned") == "numpy":
+    page, as aionet.collectives.empty_aligned does; "numpy" is ``np.empty`` (16 bytes into its
+    mapping for a large array); "torch" 64 bytes past a page, where torch's CPU allocator puts a
+    large tensor (gloo's own, before 2026-11-29). Where the kernel receives into changes the cost
+    on this machine (BENCHMARKS.md, "Array alignment"), so implementations compared on different
+    allocations would partly measure the allocator."""
+    how = os.environ.get("BENCH_ARRAYS", "aligned")
+    if how == "numpy":
         return np.empty(count, np.float32)
-    raw = np.empty(count * 4 + 64, np.uint8)
-    start = -raw.ctypes.data % 64
+    past = 64 if how == "torch" else 0
+    raw = np.empty(count * 4 + 4096 + past, np.uint8)
+    start = -raw.ctypes.data % 4096 + past
     return raw[start : start + count * 4].view(np.float32)
 
 
@@ -671,10 +674,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--arrays",
-        choices=("aligned", "numpy"),
+        choices=("aligned", "numpy", "torch"),
         default="aligned",
-        help="how every implementation's arrays are allocated: 'aligned' on 64-byte boundaries (as torch's "
-        "allocator, so gloo's tensors), or 'numpy' (np.empty: 16 bytes past one for large arrays)",
+        help="how every implementation's arrays are allocated: 'aligned' on a page (aionet's empty_aligned), "
+        "'numpy' (np.empty: 16 bytes into its mapping), or 'torch' (64 bytes past a page, as torch's allocator)",
     )
     ap.add_argument("--sockbuf", default="0", help="raw: SO_SNDBUF/SO_RCVBUF bytes (K/M; 0: the kernel's autotuning)")
     ap.add_argument(

@@ -1,11 +1,14 @@
-"""Arrays that start on a cache-line boundary, for the buffers the kernel receives into.
+"""Arrays that start on a page boundary, for the buffers the kernel receives into.
 
-numpy starts a large array 16 bytes into its mapping. On this project's test machine (AMD EPYC,
-Linux) the kernel's copy of received bytes into such a destination cost measurably more: the
-native ring spent 10-15 % more CPU per 64 MiB allreduce with its result array 16 bytes past a
-64-byte boundary, and about 50 % more at 8 bytes past (BENCHMARKS.md, "Array alignment"). torch's
-CPU allocator already aligns to 64 bytes; these helpers give numpy users the same, and aionet
-allocates its own results and scratch buffers with them.
+numpy starts a large array 16 bytes into its mapping; torch's CPU allocator 64 bytes. On this
+project's test machine (AMD EPYC, Linux) where a received byte lands changed what the native ring
+cost (BENCHMARKS.md, "Array alignment"):
+- at 4 ranks and 64 MiB, 10-15 % more CPU with the result 16 bytes past a 64-byte boundary than
+  on a page, about 50 % more at 8 bytes past;
+- at 2 ranks and 16 MiB, 15-30 % more time with it 64 bytes past a page than on one.
+Page-aligned arrays were the fastest or level in every case measured. aionet allocates its own
+results and scratch buffers with these helpers; numpy users can allocate their ``out=`` arrays
+with them.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-#: Bytes: a cache line, and what torch's CPU allocator guarantees.
-ALIGN = 64
+#: Bytes: a page (the fastest alignment measured; a cache line is not enough, above).
+ALIGN = 4096
 
 
 def empty_aligned(shape: int | tuple[int, ...], dtype: Any = np.float32, *, align: int = ALIGN) -> np.ndarray:

@@ -30,9 +30,9 @@ def test_the_array_starts_on_the_boundary_and_is_the_array_asked_for(
     assert bool((a == 1).all())
 
 
-def test_an_int_shape_and_the_default_dtype() -> None:
+def test_an_int_shape_and_the_defaults_a_page_and_float32() -> None:
     a = empty_aligned(1000)
-    assert a.shape == (1000,) and a.dtype == np.float32 and is_aligned(a)
+    assert a.shape == (1000,) and a.dtype == np.float32 and a.ctypes.data % 4096 == 0
 
 
 def test_two_arrays_never_share_memory() -> None:
@@ -49,8 +49,9 @@ def test_like_takes_shape_and_dtype_and_gives_c_order() -> None:
 
 
 def test_is_aligned_tells_an_offset_view_apart() -> None:
-    a = empty_aligned(64, np.float32)
-    assert is_aligned(a) and not is_aligned(a[1:]) and is_aligned(a[16:])  # 4 and 64 bytes in
+    a = empty_aligned(2048, np.float32)  # on a page by default
+    assert is_aligned(a) and not is_aligned(a[1:]) and not is_aligned(a[16:]) and is_aligned(a[1024:])
+    assert is_aligned(a[16:], 64) and not is_aligned(a[4:], 64)  # 64 and 16 bytes in
 
 
 @pytest.mark.parametrize("align", [0, -64, 3, 48])
