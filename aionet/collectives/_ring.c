@@ -9,8 +9,10 @@
  * the allgather, received). Out of place a received partial sum lands in its place in the result
  * and is reduced there; in place it lands in a scratch segment.
  *
+ * The same loop without its allgather is the reduce-scatter, over the caller's chunk bounds.
+ *
  * Every call first sends the right neighbour a header (sequence number, element count, dtype,
- * op) and checks the left one's: ranks that disagree fail with AIONET_RING_MISMATCH instead of
+ * op and kind, a digest of the bounds) and checks the left one's: ranks that disagree fail with AIONET_RING_MISMATCH instead of
  * reading each other's bytes as data. The call returns when done, when the abort pipe becomes
  * readable (AIONET_RING_ABORTED), or when a stream fails; it never blocks anywhere else, and the
  * Python caller releases the GIL for it (ctypes). A failed call leaves the streams out of step:
@@ -43,13 +45,14 @@ enum {
 
 #define LOWAT_MAX (1 << 20) /* wake once per MiB of a segment, not per few packets */
 #define MAGIC 0x6e6f6961u   /* "aion" */
-#define VERSION 1u
+#define VERSION 2u
 
 typedef struct {
     uint32_t magic, version;
     uint64_t seq, count;
-    uint32_t dtype, op;
-} Header; /* 32 bytes, host order: both ends are this build on the same kind of host */
+    uint32_t dtype, op; /* op: the OP_* code, plus 256 for a reduce-scatter */
+    uint64_t check;     /* the caller's digest of the chunk bounds (0 for an allreduce's own) */
+} Header;               /* 40 bytes, host order: both ends are this build on the same kind of host */
 
 /* out[i] = a[i] op b[i] (out may be a or b). Integers wrap as numpy's do (unsigned arithmetic);
  * float min/max propagate NaN as numpy.minimum/maximum do. */
@@ -125,6 +128,24 @@ static long chunk_len(long count, int n, int c) { return count / n + (c < count 
 
 static int mod(long a, int n) { return (int)(((a % n) + n) % n); }
 
+/* Where chunk c (the schedule's number) lies: the caller's bounds, else near-equal chunks; the
+ * schedule's chunk c is the caller's chunk c + rot. */
+typedef struct {
+    const long long *bounds; /* n + 1 element offsets, or NULL */
+    long count;
+    int n, rot;
+} Chunks;
+
+static long cstart(const Chunks *k, int c) {
+    c = mod(c + k->rot, k->n);
+    return k->bounds ? (long)k->bounds[c] : chunk_start(k->count, k->n, c);
+}
+
+static long clen(const Chunks *k, int c) {
+    c = mod(c + k->rot, k->n);
+    return k->bounds ? (long)(k->bounds[c + 1] - k->bounds[c]) : chunk_len(k->count, k->n, c);
+}
+
 static int aborted(int abort_fd) {
     struct pollfd p = {abort_fd, POLLIN, 0};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
@@ -158,25 +179,34 @@ static void set_lowat(int fd, int *cur, int want) {
     if (want != *cur && !setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want)) *cur = want;
 }
 
-/* The allreduce. Returns RC_OK or a negative RC_*; *err is errno where one applies, and peer[4]
- * the left neighbour's header fields (seq, count, dtype, op) on RC_MISMATCH. */
-int aionet_ring_allreduce(int left, int right, int abort_fd, const void *x, void *res, void *scratch, long long count,
-                          int dtype, int op, int n, int rank, long long seg_items, unsigned long long seq, int *err,
-                          unsigned long long *peer) {
+/* The ring: reduce-scatter, then (phases 2) allgather. Returns RC_OK or a negative RC_*; *err is
+ * errno where one applies, and peer[4] the left neighbour's header fields (seq, count, dtype, op)
+ * on RC_MISMATCH. */
+static int ring(int left, int right, int abort_fd, const void *x, void *res, void *scratch, long long count, int dtype,
+                int op, int n, int rank, long long seg_items, unsigned long long seq, int phases, const long long *bounds,
+                unsigned long long check, int *err, unsigned long long *peer) {
     *err = 0;
     if (n < 2 || rank < 0 || rank >= n || count < 0 || seg_items < 1 || dtype < DT_F32 || dtype > DT_I64 ||
-        op < OP_SUM || op > OP_MAX)
+        op < OP_SUM || op > OP_MAX || phases < 1 || phases > 2)
         return RC_BAD_ARGS;
+    if (bounds) {
+        if (bounds[0] != 0 || bounds[n] != count) return RC_BAD_ARGS;
+        for (int c = 0; c < n; c++)
+            if (bounds[c + 1] < bounds[c]) return RC_BAD_ARGS;
+    }
+    /* a reduce-scatter leaves rank r holding the caller's chunk r: the schedule ends on r + 1 */
+    Chunks k = {bounds, (long)count, n, phases == 1 ? n - 1 : 0};
     if (aborted(abort_fd)) return RC_ABORTED;
     size_t isz = (dtype == DT_F32 || dtype == DT_I32) ? 4 : 8;
     int lowat = -1;
     set_lowat(left, &lowat, 1); /* the header is 32 bytes: a mark left high would never wake */
-    Header mine = {MAGIC, VERSION, seq, (uint64_t)count, (uint32_t)dtype, (uint32_t)op}, theirs;
+    uint32_t opk = (uint32_t)op + (phases == 1 ? 256u : 0u);
+    Header mine = {MAGIC, VERSION, seq, (uint64_t)count, (uint32_t)dtype, opk, (uint64_t)check}, theirs;
     int rc = whole(right, (char *)&mine, sizeof mine, 1, abort_fd, err);
     if (rc == RC_OK) rc = whole(left, (char *)&theirs, sizeof theirs, 0, abort_fd, err);
     if (rc != RC_OK) return rc;
     if (theirs.magic != MAGIC || theirs.version != VERSION || theirs.seq != seq || theirs.count != (uint64_t)count ||
-        theirs.dtype != (uint32_t)dtype || theirs.op != (uint32_t)op) {
+        theirs.dtype != (uint32_t)dtype || theirs.op != opk || theirs.check != (uint64_t)check) {
         peer[0] = theirs.seq;
         peer[1] = theirs.count;
         peer[2] = theirs.dtype;
@@ -186,9 +216,11 @@ int aionet_ring_allreduce(int left, int right, int abort_fd, const void *x, void
     const char *xb = x;
     char *rb = res;
     int inplace = x == res;
-    long maxc = chunk_len(count, n, 0);
+    long maxc = 0;
+    for (int c = 0; c < n; c++)
+        if (clen(&k, c) > maxc) maxc = clen(&k, c);
     long per = maxc ? (maxc + seg_items - 1) / seg_items : 1; /* segments per chunk */
-    long total = 2L * (n - 1) * per;
+    long total = (long)phases * (n - 1) * per;
     long sent = 0, got = 0;
     size_t sent_bytes = 0, got_bytes = 0;
     while (sent < total || got < total) {
@@ -200,9 +232,9 @@ int aionet_ring_allreduce(int left, int right, int abort_fd, const void *x, void
         int s_chunk = 0, g_chunk = 0;
         if (can_send) {
             s_chunk = s_step < n - 1 ? mod(rank - s_step, n) : mod(rank + 1 - (s_step - (n - 1)), n);
-            long cl = chunk_len(count, n, s_chunk), a = s_j * seg_items;
+            long cl = clen(&k, s_chunk), a = s_j * seg_items;
             s_len = a < cl ? (cl - a < seg_items ? cl - a : seg_items) : 0;
-            s_off = chunk_start(count, n, s_chunk) + a;
+            s_off = cstart(&k, s_chunk) + a;
             if (s_len == 0) { /* an empty segment (short chunk): nothing to move */
                 sent++;
                 continue;
@@ -210,9 +242,9 @@ int aionet_ring_allreduce(int left, int right, int abort_fd, const void *x, void
         }
         if (got < total) {
             g_chunk = g_step < n - 1 ? mod(rank - g_step - 1, n) : mod(rank - (g_step - (n - 1)), n);
-            long cl = chunk_len(count, n, g_chunk), a = g_j * seg_items;
+            long cl = clen(&k, g_chunk), a = g_j * seg_items;
             g_len = a < cl ? (cl - a < seg_items ? cl - a : seg_items) : 0;
-            g_off = chunk_start(count, n, g_chunk) + a;
+            g_off = cstart(&k, g_chunk) + a;
             if (g_len == 0) {
                 got++;
                 continue;
@@ -275,6 +307,26 @@ int aionet_ring_allreduce(int left, int right, int abort_fd, const void *x, void
     }
     set_lowat(left, &lowat, 1);
     return rc;
+}
+
+/* The allreduce: res = the reduction of every rank's x (res may be x; in place, scratch holds a
+ * segment). */
+int aionet_ring_allreduce(int left, int right, int abort_fd, const void *x, void *res, void *scratch, long long count,
+                          int dtype, int op, int n, int rank, long long seg_items, unsigned long long seq, int *err,
+                          unsigned long long *peer) {
+    return ring(left, right, abort_fd, x, res, scratch, count, dtype, op, n, rank, seg_items, seq, 2, NULL, 0, err,
+                peer);
+}
+
+/* The reduce-scatter: rank r's chunk of res (bounds[r] to bounds[r + 1]) = the reduction of every
+ * rank's x there; the rest of res is the call's scratch. res must not be x. check: the caller's
+ * digest of the bounds, which every rank's must match. */
+int aionet_ring_reduce_scatter(int left, int right, int abort_fd, const void *x, void *res, long long count, int dtype,
+                               int op, int n, int rank, long long seg_items, unsigned long long seq,
+                               const long long *bounds, unsigned long long check, int *err, unsigned long long *peer) {
+    if (x == res || !bounds) return RC_BAD_ARGS;
+    return ring(left, right, abort_fd, x, res, NULL, count, dtype, op, n, rank, seg_items, seq, 1, bounds, check, err,
+                peer);
 }
 
 static struct PyModuleDef ring_module = {PyModuleDef_HEAD_INIT, "_ring", "aionet's native ring (loaded with ctypes)",

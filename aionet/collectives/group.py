@@ -945,13 +945,19 @@ class Group(GroupAlgorithms, GroupNative):
         rows = chunk_bounds(c.shape[0], self.size)
         per_row = c.flat.size // max(1, c.shape[0])
         bounds = [(a * per_row, b * per_row) for a, b in rows]
-        want = self._want("reduce_scatter", op)
+        # large enough and of a type the native ring takes: over it (the ring of the links where
+        # the group has none), under the native signature on every rank alike
+        native = self._native_eligible(c.flat, op, "auto", None)
+        want = self._want("reduce_scatter", op, "native" if native else "")
 
         async def go(seq: int) -> Any:
             n, r = self.size, self.rank
+            res = None
             if n == 1:
                 res = c.flat.copy()
-            else:
+            elif native:
+                res = await self._native_reduce_scatter(seq, c.flat, op, want[1][0], bounds)
+            if res is None:
                 res = await self._ring_reduce_scatter(seq, c.flat, fn, bounds, want[1][0])
             if op == "mean":
                 await self._flush(seq)  # divided in place: the ring's last sends may still read it

@@ -1,5 +1,6 @@
-"""How a :class:`~aionet.collectives.group.Group` runs an allreduce over its native ring
-(:mod:`.native`): the setup at its first such call, the call itself, and what a failed one does.
+"""How a :class:`~aionet.collectives.group.Group` runs an allreduce or a reduce-scatter over its
+native ring (:mod:`.native`): the setup at its first such call, the call itself, and what a
+failed one does.
 
 A call is *eligible* by what every rank sees alike (``collectives.native_bytes``, the input's
 size, dtype and op, no compression): it then carries the ``native`` signature whichever path moves
@@ -20,7 +21,7 @@ step): the member that failed says so with a breaking ABORT.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,7 @@ class GroupNative:
     async def _native_call(
         self, seq: int, flat: np.ndarray, op: str, base: Tag, dest: np.ndarray | None
     ) -> np.ndarray | None:
-        """The result over the native ring, or None where the group has none (the caller then
+        """The allreduce over the native ring, or None where the group has none (the caller then
         runs the ring of the links under the same signature)."""
         async with self._native_lock:  # taken in sequence order: the streams carry one call at a time
             if self._native_state is None:
@@ -95,6 +96,25 @@ class GroupNative:
             if self._native_state:
                 return await self._native_allreduce(seq, flat, op, dest)
         return None
+
+    async def _native_reduce_scatter(
+        self, seq: int, flat: np.ndarray, op: str, base: Tag, bounds: list[tuple[int, int]]
+    ) -> np.ndarray | None:
+        """This rank's block (``bounds[rank]`` of ``flat``) reduced over the native ring, or None
+        where the group has none."""
+        async with self._native_lock:
+            if self._native_state is None:
+                await self._native_setup(seq, base)
+            if not self._native_state:
+                return None
+            assert self._native is not None
+            work = empty_like_aligned(flat)  # the blocks in flight; this rank's ends reduced
+            native = self._native
+            await self._native_guarded(
+                seq, lambda failed: native.reduce_scatter(seq, flat, work, op, self.size, self.rank, bounds, failed)
+            )
+        a, b = bounds[self.rank]
+        return work[a:b].copy()  # the block alone: the work array is n blocks
 
     async def _native_setup(self, seq: int, base: Tag) -> None:
         n, r = self.size, self.rank
@@ -138,14 +158,19 @@ class GroupNative:
 
     async def _native_allreduce(self, seq: int, flat: np.ndarray, op: str, dest: np.ndarray | None) -> np.ndarray:
         assert self._native is not None
-        n, r = self.size, self.rank
-        left = (r - 1) % n
+        native, n, r = self._native, self.size, self.rank
         res = empty_like_aligned(flat) if dest is None else dest
+        await self._native_guarded(seq, lambda failed: native.allreduce(seq, flat, res, op, n, r, failed))
+        return res
+
+    async def _native_guarded(self, seq: int, call: Callable[[asyncio.Future[Any]], Awaitable[None]]) -> None:
+        """Run one compiled call, given the future the group fails it through; a call that does
+        not complete raises the error every rank should see and breaks the group."""
+        left = (self.rank - 1) % self.size
         key = (seq, NATIVE, left)
         failed = self._recv(seq, NATIVE, left)
         try:
-            await self._native.allreduce(seq, flat, res, op, n, r, failed)
-            return res
+            await call(failed)
         except NativeFailure as exc:
             raise await self._native_failed(seq, exc, failed) from None
         except BaseException as exc:  # the group's failure, a cancellation (timeout, caller)
@@ -161,11 +186,12 @@ class GroupNative:
         left = (self.rank - 1) % self.size
         if exc.rc == RC_MISMATCH:
             got_seq, count, dt, op = exc.peer
+            kind = "reduce_scatter" if op >= 256 else "allreduce"
             err = CollectiveError(
-                f"group {self.name!r}: rank {left} ({self.members[left]!r}) called allreduce #{got_seq} with "
-                f"{count} {_DTYPE_NAMES.get(dt, dt)} elements (op {_OP_NAMES.get(op, op)!r}) where rank "
-                f"{self.rank} called it: call the same collective with the same shape and dtype on every rank; "
-                "the group's native streams are out of step: shrink() on every member to go on",
+                f"group {self.name!r}: rank {left} ({self.members[left]!r}) called {kind} #{got_seq} with "
+                f"{count} {_DTYPE_NAMES.get(dt, dt)} elements (op {_OP_NAMES.get(op % 256, op)!r}) where rank "
+                f"{self.rank} called its own #{seq}: call the same collective with the same shape and dtype on "
+                "every rank; the group's native streams are out of step: shrink() on every member to go on",
                 member=self.members[left],
             )
         else:

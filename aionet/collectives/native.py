@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import hmac
 import importlib.util
 import os
@@ -45,13 +46,14 @@ DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32): 
 OPS = {"sum": 0, "mean": 0, "prod": 1, "min": 2, "max": 3}
 
 RC_OK, RC_ABORTED, RC_LEFT_CLOSED, RC_LEFT_ERROR, RC_RIGHT_ERROR, RC_MISMATCH = 0, -1, -2, -3, -4, -5
+RC_BAD_ARGS = -6
 _RC_TEXT = {
     RC_ABORTED: "aborted",
     RC_LEFT_CLOSED: "the stream from the left neighbour closed",
     RC_LEFT_ERROR: "the stream from the left neighbour failed",
     RC_RIGHT_ERROR: "the stream to the right neighbour failed",
-    RC_MISMATCH: "the left neighbour called another allreduce",
-    -6: "bad arguments",
+    RC_MISMATCH: "the left neighbour called another collective or cut it differently",
+    RC_BAD_ARGS: "bad arguments",
     -7: "poll failed",
 }
 
@@ -84,6 +86,12 @@ class NativeRing:
                        c.POINTER(c.c_ulonglong)]  # fmt: skip
         fn.restype = c.c_int
         self._fn = fn
+        rs = lib.aionet_ring_reduce_scatter
+        rs.argtypes = [c.c_int, c.c_int, c.c_int, c.c_void_p, c.c_void_p, c.c_longlong, c.c_int, c.c_int, c.c_int,
+                       c.c_int, c.c_longlong, c.c_ulonglong, c.POINTER(c.c_longlong), c.c_ulonglong,
+                       c.POINTER(c.c_int), c.POINTER(c.c_ulonglong)]  # fmt: skip
+        rs.restype = c.c_int
+        self._rs = rs
 
     def allreduce(
         self, left: int, right: int, abort: int, x: np.ndarray, res: np.ndarray, scratch: np.ndarray | None,
@@ -94,6 +102,19 @@ class NativeRing:
         rc = self._fn(left, right, abort, x.ctypes.data, res.ctypes.data,
                       None if scratch is None else scratch.ctypes.data, x.size, dtype, op, n, rank, seg_items, seq,
                       ctypes.byref(err), peer)  # fmt: skip
+        return rc, err.value, tuple(peer)
+
+    def reduce_scatter(
+        self, left: int, right: int, abort: int, x: np.ndarray, res: np.ndarray, dtype: int, op: int, n: int,
+        rank: int, seg_items: int, seq: int, bounds: np.ndarray, check: int,
+    ) -> tuple[int, int, tuple[int, ...]]:  # fmt: skip
+        """``res[bounds[rank]:bounds[rank + 1]]`` = the reduction of every rank's ``x`` there
+        (``bounds``: int64, n + 1 offsets; the rest of ``res`` is scratch; ``res`` is not ``x``)."""
+        err = ctypes.c_int(0)
+        peer = (ctypes.c_ulonglong * 4)()
+        rc = self._rs(left, right, abort, x.ctypes.data, res.ctypes.data, x.size, dtype, op, n, rank, seg_items, seq,
+                      bounds.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)), check, ctypes.byref(err),
+                      peer)  # fmt: skip
         return rc, err.value, tuple(peer)
 
 
@@ -299,7 +320,6 @@ class RingStreams:
     ) -> None:
         """``res`` = the reduction of every rank's ``x`` (``res`` may be ``x``). Raises
         NativeFailure, or what ``failed`` (the group's failure for this call) raises first."""
-        assert self._left is not None and self._right is not None and self._pool is not None
         chunk = -(-x.size // n)
         seg = max(1, min(chunk, SEGMENT_BYTES // x.itemsize))
         scratch = None
@@ -307,11 +327,29 @@ class RingStreams:
             if self._scratch is None or self._scratch.dtype != x.dtype or self._scratch.size < seg:
                 self._scratch = empty_aligned(seg, x.dtype)
             scratch = self._scratch
+        await self._call(failed, self._lib.allreduce, x, res, scratch, DTYPES[x.dtype], OPS[op], n, rank, seg, seq)
+
+    async def reduce_scatter(
+        self, seq: int, x: np.ndarray, res: np.ndarray, op: str, n: int, rank: int, bounds: list[tuple[int, int]],
+        failed: asyncio.Future[Any],
+    ) -> None:  # fmt: skip
+        """``res``'s block ``rank`` (``bounds``, element offsets) = the reduction of every rank's
+        ``x`` there; the rest of ``res`` is scratch. Raises as :meth:`allreduce`."""
+        offsets = np.array([a for a, _ in bounds] + [bounds[-1][1]], dtype=np.int64)
+        # every rank must cut alike: the header carries a digest of the cuts, and one that differs
+        # fails the call on every rank (RC_MISMATCH) instead of mixing blocks
+        check = int.from_bytes(hashlib.blake2b(offsets.tobytes(), digest_size=8).digest(), "little")
+        seg = max(1, min(max(b - a for a, b in bounds), SEGMENT_BYTES // x.itemsize))
+        await self._call(
+            failed, self._lib.reduce_scatter, x, res, DTYPES[x.dtype], OPS[op], n, rank, seg, seq, offsets, check
+        )
+
+    async def _call(self, failed: asyncio.Future[Any], fn: Callable[..., Any], *args: Any) -> None:
+        """Run one compiled call in the ring's thread; stop it through the abort pipe if the group
+        fails or this task is cancelled (the thread lets go of the arrays before this returns)."""
+        assert self._left is not None and self._right is not None and self._pool is not None
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(
-            self._pool, self._lib.allreduce, self._left.fileno(), self._right.fileno(), self._abort_r, x, res,
-            scratch, DTYPES[x.dtype], OPS[op], n, rank, seg, seq,
-        )  # fmt: skip
+        job = loop.run_in_executor(self._pool, fn, self._left.fileno(), self._right.fileno(), self._abort_r, *args)
         try:
             await asyncio.wait((job, failed), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # cancelled (a timeout, the caller): the thread must be done with x first

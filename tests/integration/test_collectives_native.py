@@ -148,6 +148,37 @@ async def test_ranks_whose_inputs_differ_all_raise_and_shrink_goes_on(groups: li
     assert all(g._native_state is True for g in small)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+async def test_reduce_scatter_goes_native_exact_for_any_shape_op_and_dtype(groups: list[Group], dtype: str) -> None:
+    """Rank r gets block r of the reduction, the first axis cut as numpy.array_split cuts it: rows
+    that do not divide evenly, rows of several elements, fewer rows than ranks."""
+    rng = np.random.default_rng(3)
+    for shape in ((4099,), (10, 700), (3, 3000), (1001, 7)):
+        xs = [rng.integers(-3, 4, shape).astype(dtype) for _ in groups]
+        for op in ("sum", "prod", "min", "max", "mean"):
+            outs = await each(groups, lambda g, xs=xs, op=op: g.reduce_scatter(xs[g.rank], op=op))
+            st = np.stack(xs)
+            full = st.mean(axis=0) if op == "mean" else REDUCE[op](st, axis=0).astype(dtype)
+            for r, (o, want) in enumerate(zip(outs, np.array_split(full, N), strict=True)):
+                assert isinstance(o, np.ndarray) and o.shape == want.shape and o.dtype == want.dtype, (r, o)
+                assert np.array_equal(o, want), (shape, op, r)
+    assert all(g._native_state is True for g in groups)
+
+
+async def test_reduce_scatters_cut_differently_all_raise_and_shrink_goes_on(groups: list[Group]) -> None:
+    """The same element count in different shapes cuts the blocks differently: every rank raises
+    (the header's digest of the cuts), none mixes blocks; the group is broken, shrink() goes on."""
+    await each(groups, lambda g: g.allreduce(np.ones(8192)))  # set up
+    # 8400 elements each: 7 rows cut 2, 2, 2, 1; 12 rows cut 3, 3, 3, 3
+    outs = await each(groups, lambda g: g.reduce_scatter(np.ones((7, 1200) if g.rank else (12, 700))))
+    assert all(isinstance(o, CollectiveError) for o in outs), outs
+    assert any("called reduce_scatter" in str(o) for o in outs), outs
+    small = [g.shrink() for g in groups]
+    outs = await each(small, lambda g: g.reduce_scatter(np.ones((7, 1200))))
+    assert [o.shape for o in outs] == [(2, 1200), (2, 1200), (2, 1200), (1, 1200)], outs
+    assert all(bool((o == N).all()) for o in outs), outs
+
+
 async def test_a_rank_that_never_calls_times_the_others_out_and_names_it(groups: list[Group]) -> None:
     await each(groups, lambda g: g.allreduce(np.ones(8192)))  # set up
     outs = await each(groups[:3], lambda g: g.allreduce(np.ones(8192), timeout=1.0), bound=15)

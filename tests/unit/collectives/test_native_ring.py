@@ -19,6 +19,7 @@ from aionet.collectives.native import (
     DTYPES,
     OPS,
     RC_ABORTED,
+    RC_BAD_ARGS,
     RC_LEFT_CLOSED,
     RC_MISMATCH,
     RC_OK,
@@ -31,33 +32,24 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(isinstance(_LIB, str),
 REDUCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
 
-def ring(
-    lib: NativeRing, xs: list[np.ndarray], op: str, inplace: bool, seg: int, seqs: list[int] | None = None
-) -> tuple[list[np.ndarray], list[tuple[int, int, tuple[int, ...]]]]:
-    """Every rank's call at once, each in a thread, over socket pairs r -> r + 1. With ``seqs``
-    (ranks at different calls) the ranks still waiting after the others returned are aborted, as
-    the group does when a call fails on a peer."""
-    n = len(xs)
+def ranks(n: int, call: Any, early: bool = False) -> list[Any]:
+    """``call(r, left, right, abort)`` for every rank at once, each in a thread, over socket pairs
+    r -> r + 1. ``early``: ranks still waiting 2 s after the others returned are aborted, as the
+    group does when a call fails on a peer."""
     pairs = [socket.socketpair() for _ in range(n)]
     aborts = [os.pipe() for _ in range(n)]
-    outs = [x if inplace else np.empty_like(x) for x in xs]
     rcs: list[Any] = [None] * n
 
     def go(r: int) -> None:
-        scratch = np.empty(seg, xs[r].dtype) if inplace else None
-        right, left = pairs[r][0].fileno(), pairs[(r - 1) % n][1].fileno()
-        seq = 7 if seqs is None else seqs[r]
-        rcs[r] = lib.allreduce(
-            left, right, aborts[r][0], xs[r], outs[r], scratch, DTYPES[xs[r].dtype], OPS[op], n, r, seg, seq
-        )
+        rcs[r] = call(r, pairs[(r - 1) % n][1].fileno(), pairs[r][0].fileno(), aborts[r][0])
 
     try:
         threads = [threading.Thread(target=go, args=(r,)) for r in range(n)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(30 if seqs is None else 2)
-        if seqs is not None:
+            t.join(2 if early else 30)
+        if early:
             for _r, w in aborts:
                 os.write(w, b"x")
             for t in threads:
@@ -70,7 +62,37 @@ def ring(
         for fds in aborts:
             for fd in fds:
                 os.close(fd)
-    return outs, rcs
+    return rcs
+
+
+def ring(
+    lib: NativeRing, xs: list[np.ndarray], op: str, inplace: bool, seg: int, seqs: list[int] | None = None
+) -> tuple[list[np.ndarray], list[tuple[int, int, tuple[int, ...]]]]:
+    """Every rank's allreduce at once; ``seqs``: ranks at different calls."""
+    n = len(xs)
+    outs = [x if inplace else np.empty_like(x) for x in xs]
+
+    def call(r: int, left: int, right: int, abort: int) -> Any:
+        scratch = np.empty(seg, xs[r].dtype) if inplace else None
+        seq = 7 if seqs is None else seqs[r]
+        return lib.allreduce(left, right, abort, xs[r], outs[r], scratch, DTYPES[xs[r].dtype], OPS[op], n, r, seg, seq)
+
+    return outs, ranks(n, call, early=seqs is not None)
+
+
+def scatter(
+    lib: NativeRing, xs: list[np.ndarray], op: str, seg: int, cuts: list[np.ndarray], checks: list[int]
+) -> tuple[list[np.ndarray], list[tuple[int, int, tuple[int, ...]]]]:
+    """Every rank's reduce-scatter at once, rank r cutting at ``cuts[r]`` with digest ``checks[r]``."""
+    n = len(xs)
+    outs = [np.full_like(x, 99) for x in xs]
+
+    def call(r: int, left: int, right: int, abort: int) -> Any:
+        return lib.reduce_scatter(
+            left, right, abort, xs[r], outs[r], DTYPES[xs[r].dtype], OPS[op], n, r, seg, 7, cuts[r], checks[r]
+        )
+
+    return outs, ranks(n, call, early=len(set(checks)) > 1)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -148,3 +170,66 @@ def test_the_abort_pipe_ends_a_call_that_waits_and_a_closed_stream_is_said() -> 
             s.close()
         os.close(r_fd)
         os.close(w_fd)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(2, 5),
+    sizes=st.lists(st.integers(0, 900), min_size=5, max_size=5),
+    dtype=st.sampled_from(["float32", "float64", "int32", "int64"]),
+    op=st.sampled_from(["sum", "prod", "min", "max"]),
+    seg=st.integers(1, 400),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_reduce_scatter_leaves_each_rank_its_own_block_reduced(
+    n: int, sizes: list[int], dtype: str, op: str, seg: int, seed: int
+) -> None:
+    """Any cut (empty blocks too), dtype, op and segment: rank r's block r of the result is the
+    reduction of everyone's block r, as numpy computes it."""
+    assert not isinstance(_LIB, str)
+    cut = np.concatenate([[0], np.cumsum(sizes[:n])]).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    xs = [rng.integers(-4, 5, int(cut[-1])).astype(dtype) for _ in range(n)]
+    want = REDUCE[op].reduce(np.stack(xs))
+    outs, rcs = scatter(_LIB, xs, op, seg, [cut] * n, [5] * n)
+    assert [rc[0] for rc in rcs] == [RC_OK] * n
+    for r in range(n):
+        a, b = cut[r], cut[r + 1]
+        assert np.array_equal(outs[r][a:b], want[a:b]), r
+
+
+def test_a_reduce_scatter_cut_differently_is_a_mismatch_and_bad_cuts_are_refused() -> None:
+    assert not isinstance(_LIB, str)
+    xs = [np.ones(90, np.float32) for _ in range(3)]
+    cut = np.array([0, 30, 60, 90], np.int64)
+    other = np.array([0, 40, 60, 90], np.int64)
+    _outs, rcs = scatter(_LIB, xs, "sum", 10, [cut, other, cut], [1, 2, 1])
+    # rank 2 reads rank 1's digest (2): a mismatch; rank 1 reads rank 0's (1); rank 0 waits: aborted
+    assert rcs[2][0] == RC_MISMATCH and rcs[2][2][:2] == (7, 90) and rcs[2][2][3] == OPS["sum"] + 256
+    assert rcs[1][0] == RC_MISMATCH
+    assert rcs[0][0] == RC_ABORTED
+    r, w = os.pipe()
+    try:
+        y = np.empty_like(xs[0])
+        for bad in (np.array([0, 30, 60, 80], np.int64), np.array([0, 50, 40, 90], np.int64)):
+            assert _LIB.reduce_scatter(-1, -1, r, xs[0], y, 0, 0, 3, 0, 10, 1, bad, 0)[0] == RC_BAD_ARGS
+        assert _LIB.reduce_scatter(-1, -1, r, xs[0], xs[0], 0, 0, 3, 0, 10, 1, cut, 0)[0] == RC_BAD_ARGS  # in place
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_an_allreduce_and_a_reduce_scatter_at_one_number_are_a_mismatch() -> None:
+    assert not isinstance(_LIB, str)
+    n, xs = 2, [np.ones(64, np.float64) for _ in range(2)]
+    cut = np.array([0, 32, 64], np.int64)
+    outs = [np.empty_like(x) for x in xs]
+
+    def call(r: int, left: int, right: int, abort: int) -> Any:
+        if r == 0:
+            return _LIB.allreduce(left, right, abort, xs[0], outs[0], None, DTYPES[xs[0].dtype], 0, n, 0, 8, 7)
+        return _LIB.reduce_scatter(left, right, abort, xs[1], outs[1], DTYPES[xs[1].dtype], 0, n, 1, 8, 7, cut, 0)
+
+    rcs = ranks(n, call, early=True)
+    assert rcs[0][0] == RC_MISMATCH and rcs[0][2][3] == 256  # rank 0 read rank 1's reduce-scatter header
+    assert rcs[1][0] == RC_MISMATCH and rcs[1][2][3] == 0
