@@ -56,11 +56,12 @@ def setup(node):
 
     @node.service("test.allreduce_loop")
     async def allreduce_loop(arg):
-        """Join group ``members`` and allreduce ``n`` float32 ones forever (until killed)."""
+        """Join group ``members`` and allreduce (or reduce-scatter) ``n`` float32 ones forever (until killed)."""
         import numpy as np
 
-        members, n = arg
+        members, n, *kind = arg  # kind: "allreduce" (the default) or "reduce_scatter"
         grp = node.group(members=members, name="loop")
         x = np.ones(n, dtype=np.float32)
+        call = grp.reduce_scatter if kind == ["reduce_scatter"] else grp.allreduce
         while True:
-            await grp.allreduce(x)
+            await call(x)

@@ -1,6 +1,7 @@
-"""A member SIGKILLed mid-allreduce: every other member's pending call raises CollectiveError
-naming it within 1 s, and after ``shrink()`` the survivors' next allreduce is correct. Over the
-group's native ring (its own streams, moved by compiled code) and over the ring of the links.
+"""A member SIGKILLed mid-allreduce (or mid-reduce_scatter, over the native ring): every other
+member's pending call raises CollectiveError naming it within 1 s, and after ``shrink()`` the
+survivors' next allreduce is correct. Over the group's native ring (its own streams, moved by
+compiled code) and over the ring of the links.
 
 Three members live in this process, the victim is an ``aionet serve`` process killed by PID."""
 
@@ -23,8 +24,14 @@ N_FLOATS = 1 << 20  # 4 MiB: the ring path, several segments in flight at the ki
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("native", [True, False], ids=["native ring", "links"])
-async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shrink(spawn, native: bool) -> None:
+@pytest.mark.parametrize(
+    ("native", "kind"),
+    [(True, "allreduce"), (False, "allreduce"), (True, "reduce_scatter")],
+    ids=["native ring", "links", "native reduce_scatter"],
+)
+async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shrink(
+    spawn, native: bool, kind: str
+) -> None:
     native_bytes = 1 << 20 if native else 0
     cfg = Config.from_dict({"collectives": {"native_bytes": native_bytes}}, env={})
     async with Node(name="a", listen="tcp://127.0.0.1:0", config=cfg) as a:  # noqa: SIM117  (b, c join a)
@@ -40,7 +47,7 @@ async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shri
             await wait_for(
                 lambda: all(n.members().get(m, {}).get("state") == "alive" for n in nodes for m in members), 20
             )
-            loop_call = asyncio.ensure_future(a.request("v", "test.allreduce_loop", [members, N_FLOATS]))
+            loop_call = asyncio.ensure_future(a.request("v", "test.allreduce_loop", [members, N_FLOATS, kind]))
             groups = [n.group(members=members, name="loop") for n in nodes]
             rounds = [0, 0, 0]
             failed: dict[int, tuple[float, CollectiveError]] = {}
@@ -49,10 +56,11 @@ async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shri
                 x = np.ones(N_FLOATS, dtype=np.float32)
                 while True:
                     try:
-                        out = await groups[i].allreduce(x)
+                        out = await getattr(groups[i], kind)(x)
                     except CollectiveError as exc:
                         failed[i] = (time.monotonic(), exc)
                         return
+                    assert out.size == N_FLOATS // (4 if kind == "reduce_scatter" else 1)
                     assert out[0] == 4.0 and out[-1] == 4.0
                     rounds[i] += 1
 
@@ -66,7 +74,7 @@ async def test_sigkill_mid_allreduce_raises_everywhere_within_a_second_then_shri
             print("collective error delays after SIGKILL (s):", delays)
             assert max(delays.values()) < 1.0, delays
             assert all(exc.member == "v" and "'v'" in str(exc) for _t, exc in failed.values())
-            if native:  # the calls went over the native ring's streams
+            if native:  # the calls went over the native ring's streams (a reduce_scatter's too)
                 assert all(g._native_state is True for g in groups)
             else:
                 # the allgather's segments were received straight into the results (a's left is v,
