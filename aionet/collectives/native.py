@@ -57,9 +57,10 @@ _RC_TEXT = {
     -7: "poll failed",
 }
 
-# pieces of a chunk: at 4 ranks the C ring cost less CPU with 4 MiB than with 256 KiB pieces; at 2
-# ranks, in another run, 128-512 KiB did better (BENCHMARKS.md). Not tuned further
-SEGMENT_BYTES = 4 << 20
+# pieces of a chunk: alternated call by call in the same ranks (page-aligned arrays, 2026-11-29),
+# 1 and 2 MiB pieces beat 4 MiB by 5-12 % at 2 and 4 ranks, 16 and 64 MiB, and 512 KiB was level
+# with them but at 2 ranks, 64 MiB; 256 KiB lost to 1 MiB (BENCHMARKS.md, "Piece size")
+SEGMENT_BYTES = 1 << 20
 _HELLO = b"aionet-ring/1\0\0\0"  # 16 bytes, then the right neighbour's secret and the dialer's rank
 _AUTH = struct.Struct("!16s32sI")
 
