@@ -28,7 +28,6 @@ from typing import Any
 
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent
-SEGMENT_BYTES = 4 << 20  # the piece aionet's native ring uses (aionet/collectives/native.py)
 
 
 def parse_size(s: str) -> int:
@@ -47,7 +46,7 @@ def placed(count: int, variant: str, np: Any) -> Any:
     return raw[start : start + count * 4].view(np.float32)
 
 
-def worker(rank: int, n: int, ports: list[int], nbytes: int, iters: int, variants: list[str]) -> None:
+def worker(rank: int, n: int, ports: list[int], nbytes: int, iters: int, variants: list[str], segment: int) -> None:
     import numpy as np
 
     from aionet.collectives.native import load_native
@@ -78,7 +77,7 @@ def worker(rank: int, n: int, ports: list[int], nbytes: int, iters: int, variant
         x[:] = 1
         y[:] = 0
         bufs[v] = (x, y)
-    seg = SEGMENT_BYTES // 4
+    seg = segment // 4
     seq = 0
     cost: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     wrong = 0
@@ -107,13 +106,20 @@ def main() -> None:
         default="numpy,0,16,8,torch+64",
         help="comma separated: 'numpy', or bytes past a page (0, 8, 16, 64, ...); 'torch+64' is torch's placement",
     )
+    ap.add_argument("--segment", help="bytes per piece (K/M; default: the native ring's, SEGMENT_BYTES)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ports", help=argparse.SUPPRESS)
     args = ap.parse_args()
     nbytes, variants = parse_size(args.size), args.variants.split(",")
+    if args.segment is None:
+        sys.path.insert(0, str(ROOT))
+        from aionet.collectives.native import SEGMENT_BYTES
+
+        args.segment = str(SEGMENT_BYTES)
+    segment = parse_size(args.segment)
     if args.worker is not None:
-        return worker(args.worker, args.nodes, json.loads(args.ports), nbytes, args.iters, variants)
+        return worker(args.worker, args.nodes, json.loads(args.ports), nbytes, args.iters, variants, segment)
     ports = []
     holders = []
     for _ in range(args.nodes):  # distinct free ports, held until all are chosen
@@ -126,6 +132,7 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, str(SCRIPT), "--nodes", str(args.nodes), "--size", args.size]
     base += ["--iters", str(args.iters), "--variants", args.variants, "--ports", json.dumps(ports)]
+    base += ["--segment", str(segment)]
     procs = [
         subprocess.Popen([*base, "--worker", str(r)], stdout=subprocess.PIPE, text=True, env=env)
         for r in range(args.nodes)
@@ -142,7 +149,10 @@ def main() -> None:
                 p.wait()
     if len(results) != args.nodes:
         raise SystemExit(f"{len(results)} of {args.nodes} ranks reported")
-    print(f"{args.nodes} ranks, {nbytes} bytes, float32 sum, {args.iters} calls per variant, alternated")
+    print(
+        f"{args.nodes} ranks, {nbytes} bytes, float32 sum, {segment >> 10} KiB pieces, "
+        f"{args.iters} calls per variant, alternated"
+    )
     print(f"{'variant':>10} {'ms/call':>8} {'CPU ms/call':>12}   (mean over ranks of each rank's median; #wrong)")
     for v in variants:
         wall = statistics.mean(r["variants"][v][0] for r in results) * 1e3
