@@ -26,14 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from collectives import parse_size  # benchmarks/collectives.py, beside this script
+
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
 
 
 def placed(count: int, variant: str, np: Any) -> Any:
