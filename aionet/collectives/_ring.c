@@ -1,4 +1,4 @@
-/* aionet's native ring allreduce over two TCP streams (aionet/collectives/native.py drives it).
+/* aionet's native ring allreduce and reduce-scatter over two TCP streams (native.py drives it).
  *
  * Why C: on one host a rank's kernel time for a ring allreduce is the same in Python and in C
  * (the socket copies); what the interpreter adds is a few ms of user time per call and rank,
@@ -12,9 +12,9 @@
  * The same loop without its allgather is the reduce-scatter, over the caller's chunk bounds.
  *
  * Every call first sends the right neighbour a header (sequence number, element count, dtype,
- * op and kind, a digest of the bounds) and checks the left one's: ranks that disagree fail with AIONET_RING_MISMATCH instead of
- * reading each other's bytes as data. The call returns when done, when the abort pipe becomes
- * readable (AIONET_RING_ABORTED), or when a stream fails; it never blocks anywhere else, and the
+ * op and kind, a digest of the bounds) and checks the left one's: ranks that disagree fail with
+ * RC_MISMATCH instead of reading each other's bytes as data. The call returns when done, when the
+ * abort pipe becomes readable (RC_ABORTED), or when a stream fails; it never blocks anywhere else, and the
  * Python caller releases the GIL for it (ctypes). A failed call leaves the streams out of step:
  * the caller drops them.
  *
@@ -199,7 +199,7 @@ static int ring(int left, int right, int abort_fd, const void *x, void *res, voi
     if (aborted(abort_fd)) return RC_ABORTED;
     size_t isz = (dtype == DT_F32 || dtype == DT_I32) ? 4 : 8;
     int lowat = -1;
-    set_lowat(left, &lowat, 1); /* the header is 32 bytes: a mark left high would never wake */
+    set_lowat(left, &lowat, 1); /* the header is 40 bytes: a mark left high would never wake */
     uint32_t opk = (uint32_t)op + (phases == 1 ? 256u : 0u);
     Header mine = {MAGIC, VERSION, seq, (uint64_t)count, (uint32_t)dtype, opk, (uint64_t)check}, theirs;
     int rc = whole(right, (char *)&mine, sizeof mine, 1, abort_fd, err);

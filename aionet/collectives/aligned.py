@@ -5,7 +5,7 @@ project's test machine (AMD EPYC, Linux) where a received byte lands changed wha
 cost (BENCHMARKS.md, "Array alignment"):
 - at 4 ranks and 64 MiB, 5-20 % more CPU with the arrays 16 bytes past a page than on one,
   50-60 % more at 8 bytes past;
-- at 2 ranks and 16 MiB, 15-40 % more time with them 64 bytes past a page than on one.
+- at 2 ranks and 16 MiB, 15-50 % more time with them 64 bytes past a page than on one.
 Page-aligned arrays were the fastest or level in every case measured. aionet allocates its own
 results and scratch buffers with these helpers; numpy users can allocate their ``out=`` arrays
 with them.

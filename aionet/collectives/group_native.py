@@ -111,7 +111,9 @@ class GroupNative:
             work = empty_like_aligned(flat)  # the blocks in flight; this rank's ends reduced
             native = self._native
             await self._native_guarded(
-                seq, lambda failed: native.reduce_scatter(seq, flat, work, op, self.size, self.rank, bounds, failed)
+                seq,
+                "reduce_scatter",
+                lambda failed: native.reduce_scatter(seq, flat, work, op, self.size, self.rank, bounds, failed),
             )
         a, b = bounds[self.rank]
         return work[a:b].copy()  # the block alone: the work array is n blocks
@@ -154,43 +156,47 @@ class GroupNative:
             streams.close()
         self._native_state = False
         self._native_why = why or "another rank could not connect its streams"
-        self.log.info("native ring not used: allreduces go over the ring of the links", reason=self._native_why)
+        self.log.info("native ring not used: calls go over the ring of the links", reason=self._native_why)
 
     async def _native_allreduce(self, seq: int, flat: np.ndarray, op: str, dest: np.ndarray | None) -> np.ndarray:
         assert self._native is not None
         native, n, r = self._native, self.size, self.rank
         res = empty_like_aligned(flat) if dest is None else dest
-        await self._native_guarded(seq, lambda failed: native.allreduce(seq, flat, res, op, n, r, failed))
+        await self._native_guarded(seq, "allreduce", lambda failed: native.allreduce(seq, flat, res, op, n, r, failed))
         return res
 
-    async def _native_guarded(self, seq: int, call: Callable[[asyncio.Future[Any]], Awaitable[None]]) -> None:
-        """Run one compiled call, given the future the group fails it through; a call that does
-        not complete raises the error every rank should see and breaks the group."""
+    async def _native_guarded(
+        self, seq: int, kind: str, call: Callable[[asyncio.Future[Any]], Awaitable[None]]
+    ) -> None:
+        """Run one compiled call of ``kind``, given the future the group fails it through; a call
+        that does not complete raises the error every rank should see and breaks the group."""
         left = (self.rank - 1) % self.size
         key = (seq, NATIVE, left)
         failed = self._recv(seq, NATIVE, left)
         try:
             await call(failed)
         except NativeFailure as exc:
-            raise await self._native_failed(seq, exc, failed) from None
+            raise await self._native_failed(seq, kind, exc, failed) from None
         except BaseException as exc:  # the group's failure, a cancellation (timeout, caller)
-            self._native_broken(seq, exc)
+            self._native_broken(seq, kind, exc)
             raise
         finally:
             self._waiting.pop(key, None)
 
-    async def _native_failed(self, seq: int, exc: NativeFailure, failed: asyncio.Future[Any]) -> BaseException:
+    async def _native_failed(
+        self, seq: int, kind: str, exc: NativeFailure, failed: asyncio.Future[Any]
+    ) -> BaseException:
         """The error a failed native call raises: the group's own reason when it comes (a
         closed stream usually means a member died, and membership says which), else one naming
         the stream that failed."""
         left = (self.rank - 1) % self.size
         if exc.rc == RC_MISMATCH:
             got_seq, count, dt, op = exc.peer
-            kind = "reduce_scatter" if op >= 256 else "allreduce"
+            theirs = "reduce_scatter" if op >= 256 else "allreduce"
             err = CollectiveError(
-                f"group {self.name!r}: rank {left} ({self.members[left]!r}) called {kind} #{got_seq} with "
+                f"group {self.name!r}: rank {left} ({self.members[left]!r}) called {theirs} #{got_seq} with "
                 f"{count} {_DTYPE_NAMES.get(dt, dt)} elements (op {_OP_NAMES.get(op % 256, op)!r}) where rank "
-                f"{self.rank} called its own #{seq}: call the same collective with the same shape and dtype on "
+                f"{self.rank} called {kind} #{seq}: call the same collective with the same shape and dtype on "
                 "every rank; the group's native streams are out of step: shrink() on every member to go on",
                 member=self.members[left],
             )
@@ -209,21 +215,21 @@ class GroupNative:
                     f"({self.members[peer]!r}) failed: {exc}; shrink() on every member to go on",
                     member=self.members[peer],
                 )
-        self._native_broken(seq, err)
+        self._native_broken(seq, kind, err)
         return err
 
-    def _native_broken(self, seq: int, exc: BaseException) -> None:
+    def _native_broken(self, seq: int, kind: str, exc: BaseException) -> None:
         """A native call ended without completing: the streams are out of step everywhere."""
         if self._native is not None:
             self._native.close()
         first = self._broken is None
         reason = exc if isinstance(exc, CollectiveError) else CollectiveError(
-            f"group {self.name!r}: allreduce #{seq} on the native ring ended on rank {self.rank} "
+            f"group {self.name!r}: {kind} #{seq} on the native ring ended on rank {self.rank} "
             f"({type(exc).__name__}): its streams are out of step; shrink() on every member to go on"
         )  # fmt: skip
         self._break(reason)
         if first:
-            self._tell_abort(seq, "allreduce", str(reason), breaks=True)
+            self._tell_abort(seq, kind, str(reason), breaks=True)
 
     def _native_close(self) -> None:
         if self._native is not None:

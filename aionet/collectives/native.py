@@ -1,10 +1,11 @@
-"""The native ring: a group's large allreduces over TCP streams of its own, moved by C.
+"""The native ring: a group's large allreduces and reduce-scatters over TCP streams of its own,
+moved by C.
 
 On one host a rank's kernel time for a ring allreduce is the same whether Python or C drives
 the sockets; what the event loop, the framing and the acks add is a few ms of user time per call
 and rank (BENCHMARKS.md). So a group whose members all listen on plain ``tcp://`` and have the
 compiled ring (``aionet/collectives/_ring.c``, built at install where a C compiler is found) sets
-up, at its first large allreduce, one stream from each rank to its right neighbour:
+up, at its first native call, one stream from each rank to its right neighbour:
 
 - every rank opens a listener on its node's listen host and tells the others its port and a
   fresh 32-byte secret, in an allgather over the group's links (authenticated by the cluster
@@ -13,11 +14,12 @@ up, at its first large allreduce, one stream from each rank to its right neighbo
   does not prove it is closed with one log line;
 - an allreduce of the outcome makes every rank agree: all streams up, or none used.
 
-Each native call then runs ``aionet_ring_allreduce`` in a thread of the group's own (ctypes
-releases the GIL), watching an abort pipe. The call's failure rules stay the group's: a member
-declared dead, a peer's abort or a timeout writes the pipe and the call raises what the group
-says. A native call that does not complete leaves the streams out of step, so it breaks the group
-on every member (``shrink()`` goes on, with a new group and new streams).
+Each native call then runs ``aionet_ring_allreduce`` (or ``aionet_ring_reduce_scatter``) in a
+thread of the group's own (ctypes releases the GIL), watching an abort pipe. The call's failure
+rules stay the group's: a member declared dead, a peer's abort or a timeout writes the pipe and
+the call raises what the group says. A native call that does not complete leaves the streams out
+of step, so it breaks the group on every member (``shrink()`` goes on, with a new group and new
+streams).
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ _RC_TEXT = {
     -7: "poll failed",
 }
 
-# pieces of a chunk: alternated call by call in the same ranks (page-aligned arrays, 2026-11-29),
-# 1 and 2 MiB pieces beat 4 MiB by 5-12 % at 2 and 4 ranks, 16 and 64 MiB, and 512 KiB was level
-# with them but at 2 ranks, 64 MiB; 256 KiB lost to 1 MiB (BENCHMARKS.md, "Piece size")
+# pieces of a chunk, alternated call by call in the same ranks (page-aligned arrays, 2026-11-29):
+# 4 MiB was the slowest or tied at 2 and 4 ranks, 16 and 64 MiB; 1 and 2 MiB were within each
+# other's spread; 512 KiB was level except at 2 ranks, 64 MiB; 256 KiB (2 ranks, 16 MiB only) lost
+# to all (BENCHMARKS.md, "Piece size")
 SEGMENT_BYTES = 1 << 20
 _HELLO = b"aionet-ring/1\0\0\0"  # 16 bytes, then the right neighbour's secret and the dialer's rank
 _AUTH = struct.Struct("!16s32sI")
