@@ -21,7 +21,11 @@ alike. By default aionet alternates a preallocated ``out=`` (as the MPI worker's
 ``Allreduce(x, y)``) and in place (``out=`` the input, as gloo reduces and as raw's in-place
 ring), and the table takes the better of the two, as it does for raw (in place was added
 2026-11-27 14:40 UTC; rows before that are out of place only); ``--out new`` measures a fresh
-result array per call (rows in BENCHMARKS.md before 2026-11-27 05:10 UTC).
+result array per call (rows in BENCHMARKS.md before 2026-11-27 05:10 UTC). ``--arrays`` allocates
+every implementation's arrays alike (from 2026-11-29 02:42 UTC; gloo's were torch's own before,
+the others numpy's): on a page by default, or as numpy or torch place them; the kernel's copy into
+the receiving array depends on where it starts (BENCHMARKS.md, "Array alignment"). cring's arrays
+are its own, 2 MiB-aligned.
 
 - aionet: ``aionet.Node`` processes over tcp://127.0.0.1, ``node.group().allreduce``, started
   with the settings ``aionet launch`` gives its ranks (from 2026-11-28 15:10 UTC: with more ranks
